@@ -1,0 +1,146 @@
+"""The command line: the only place that prints usage errors and picks the exit code.
+
+Exit codes follow the Nagios plugin convention: 0 OK, 1 warning, 2 critical,
+3 unknown (ddpdoctor itself could not run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn, Optional, Sequence
+
+from ddpdoctor import __version__
+from ddpdoctor.errors import UsageError
+from ddpdoctor.findings import EXIT_UNKNOWN
+
+DEBUG_VAR = "DDPDOCTOR_DEBUG"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.5 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{value:g} is out of range: give between 0.5 and 86400 seconds")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (1-65535)")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ddpdoctor", description="Diagnose PyTorch DDP jobs: what is wrong, on which rank and node, and the fix.")
+    parser.add_argument("--version", action="version", version=f"ddpdoctor {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    check = sub.add_parser("check", help="run the probes on every rank and report",
+                           description="Run the probes on every rank. With no rank variables in the environment, "
+                                       "spawns --nproc local ranks; under torchrun or srun, each process is one rank.")
+    check.add_argument("--nproc", type=_positive_int, help="local ranks to spawn (default: visible GPUs, else 2)")
+    check.add_argument("--probes", default=None, help="comma-separated probe names, 'all' or 'default' (see `ddpdoctor probes`)")
+    check.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    check.add_argument("--timeout", type=_seconds, default=None,
+                       help="deadline in seconds for each stage (rendezvous, init, each probe step); default 30")
+    check.add_argument("--json", dest="json_path", metavar="PATH", help="also write the report as JSON to PATH")
+    check.add_argument("--inject", default=None,
+                       help="make a rank misbehave on purpose, e.g. crash:rank=1:stage=train (also DDPDOCTOR_INJECT)")
+    check.add_argument("--steps", type=_positive_int, default=5, help="measured DDP training steps (default 5)")
+    check.add_argument("--port", type=_port, default=None, help="standalone: loopback port for the rendezvous store (default: a free one)")
+    check.add_argument("--no-live", action="store_true", help="no live view of the ranks while they run")
+    sub.add_parser("probes", help="list the probes with one line each")
+    return parser
+
+
+def _config(args: argparse.Namespace):
+    from ddpdoctor import probes
+    from ddpdoctor.config import DEFAULT_TIMEOUT_S, CheckConfig
+    from ddpdoctor.inject import ENV_VAR, parse_faults
+
+    if args.json_path:
+        directory = os.path.dirname(os.path.abspath(args.json_path))
+        if not os.path.isdir(directory):
+            raise UsageError(f"--json {args.json_path}: folder {directory} does not exist")
+        if not os.access(directory, os.W_OK):
+            raise UsageError(f"--json {args.json_path}: folder {directory} is not writable")
+        if os.path.isdir(args.json_path):
+            raise UsageError(f"--json {args.json_path} is a folder: give a file path")
+    spec = args.inject if args.inject is not None else os.environ.get(ENV_VAR)
+    return CheckConfig(
+        probes=probes.select(args.probes), nproc=args.nproc, backend=args.backend, device=args.device,
+        timeout_s=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
+        json_path=args.json_path, inject=parse_faults(spec), steps=args.steps, port=args.port,
+        live=not args.no_live)
+
+
+def _check(args: argparse.Namespace, argv: list[str]) -> int:
+    from ddpdoctor import launch_env
+
+    cfg = _config(args)
+    env = launch_env.detect(os.environ)
+    command = ["ddpdoctor", *argv]
+    if env is None:
+        from ddpdoctor.launcher import run_standalone
+
+        return run_standalone(cfg, argv, command)
+    from ddpdoctor.rank_runtime import run_rank
+
+    return run_rank(cfg, env, command)
+
+
+def _list_probes() -> int:
+    from ddpdoctor.probes import DEFAULT_PROBES, all_probes
+
+    for name, probe in all_probes().items():
+        mark = "*" if name in DEFAULT_PROBES else " "
+        print(f"{mark} {name:<14} {probe.summary}")
+    print("(* runs by default)")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(args_list)
+        if args.command == "check":
+            return _check(args, args_list)
+        if args.command == "probes":
+            return _list_probes()
+        build_parser().print_help()
+        return EXIT_UNKNOWN
+    except UsageError as exc:
+        sys.stderr.write(f"ddpdoctor: error: {exc}\n")
+        return EXIT_UNKNOWN
+    except KeyboardInterrupt:
+        sys.stderr.write("ddpdoctor: interrupted\n")
+        return EXIT_UNKNOWN
+    except Exception as exc:  # never a traceback for users; DDPDOCTOR_DEBUG=1 shows it
+        if os.environ.get(DEBUG_VAR):
+            raise
+        sys.stderr.write(f"ddpdoctor: internal error: {type(exc).__name__}: {exc} "
+                         f"(rerun with {DEBUG_VAR}=1 for the traceback, and report it)\n")
+        return EXIT_UNKNOWN

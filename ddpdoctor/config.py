@@ -1,0 +1,41 @@
+"""The run's settings, parsed once by the CLI and read everywhere else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ddpdoctor.inject import Fault
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    probes: tuple[str, ...]
+    nproc: Optional[int] = None
+    backend: str = "auto"  # auto | gloo | nccl
+    device: str = "auto"  # auto | cpu | cuda
+    # Per-stage deadline. NCCL's 10 minutes is what makes hangs silent; a pre-flight
+    # check whose stages take a second each can afford to give up after 30 s.
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    json_path: Optional[str] = None
+    inject: tuple[Fault, ...] = ()
+    steps: int = 5
+    warmup: int = 2
+    port: Optional[int] = None
+    live: bool = True
+
+    @property
+    def heartbeat_s(self) -> float:
+        return 0.5
+
+    @property
+    def silent_after_s(self) -> float:
+        """A rank whose heartbeat is this old is frozen (stopped, or stuck holding the GIL)."""
+        return max(5.0, min(self.timeout_s, 15.0))
+
+    @property
+    def startup_allowance_s(self) -> float:
+        """Importing torch on a loaded node can take many seconds before any heartbeat."""
+        return self.timeout_s + 60.0

@@ -1,0 +1,137 @@
+"""Fault injection: make a chosen rank really misbehave, as a test and a fire drill.
+
+One grammar, parsed in one place: `KIND:key=value[:key=value...][,KIND:...]`,
+from `--inject` or the DDPDOCTOR_INJECT variable (for ranks started by torchrun or
+srun, where we do not own the command line). Faults are always recorded in the report.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from ddpdoctor.errors import UsageError
+
+ENV_VAR = "DDPDOCTOR_INJECT"
+
+# Exit status of a rank that crashed on purpose; distinct from Python's 1 so the
+# report can tell an injected crash from a real one without guessing.
+INJECTED_CRASH_EXIT = 86
+
+STAGES = ("rendezvous", "init", "ddp", "train", "verify", "report")
+
+_KEYS = {
+    "slow": {"rank": True, "factor": True},
+    "hang": {"rank": True, "stage": True},
+    "crash": {"rank": True, "stage": True},
+    "diverge": {"rank": True},
+}
+
+_HELP = (
+    "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init "
+    "or diverge:rank=1; stages: " + ", ".join(STAGES)
+)
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    stage: Optional[str] = None
+    factor: Optional[float] = None
+
+    def describe(self) -> str:
+        parts = [self.kind, f"rank={self.rank}"]
+        if self.stage is not None:
+            parts.append(f"stage={self.stage}")
+        if self.factor is not None:
+            parts.append(f"factor={self.factor:g}")
+        return ":".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def parse_faults(spec: Optional[str]) -> tuple[Fault, ...]:
+    if not spec or not spec.strip():
+        return ()
+    return tuple(_parse_one(item.strip()) for item in spec.split(",") if item.strip())
+
+
+def _parse_one(item: str) -> Fault:
+    kind, *pairs = item.split(":")
+    kind = kind.strip().lower()
+    if kind not in _KEYS:
+        raise UsageError(f"unknown fault kind {kind!r} in --inject {item!r}: {_HELP}")
+    values: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in _KEYS[kind]:
+            raise UsageError(f"bad option {pair!r} for fault {kind!r} in --inject {item!r}: {_HELP}")
+        values[key] = value.strip()
+    missing = [k for k in _KEYS[kind] if k not in values]
+    if missing:
+        raise UsageError(f"fault {kind!r} needs {', '.join(missing)} in --inject {item!r}: {_HELP}")
+    try:
+        rank = int(values["rank"])
+    except ValueError:
+        raise UsageError(f"rank must be an integer in --inject {item!r}") from None
+    if rank < 0:
+        raise UsageError(f"rank must be >= 0 in --inject {item!r}")
+    stage = values.get("stage")
+    if stage is not None and stage not in STAGES:
+        raise UsageError(f"unknown stage {stage!r} in --inject {item!r}: {_HELP}")
+    factor = None
+    if "factor" in values:
+        try:
+            factor = float(values["factor"])
+        except ValueError:
+            raise UsageError(f"factor must be a number in --inject {item!r}") from None
+        if not 1.0 <= factor <= 1000.0:
+            raise UsageError(f"factor must be between 1 and 1000 in --inject {item!r}")
+    return Fault(kind=kind, rank=rank, stage=stage, factor=factor)
+
+
+def check_ranks(faults: tuple[Fault, ...], world_size: int) -> None:
+    for fault in faults:
+        if fault.rank >= world_size:
+            raise UsageError(
+                f"--inject {fault.describe()} names rank {fault.rank}, but there are only "
+                f"{world_size} ranks (0-{world_size - 1})"
+            )
+
+
+class Injector:
+    """The per-rank hooks. Each stage calls `at_stage`; the workload asks `slow_factor`."""
+
+    def __init__(self, faults: tuple[Fault, ...], rank: int) -> None:
+        self.faults = tuple(f for f in faults if f.rank == rank)
+        self.rank = rank
+
+    def at_stage(self, stage: str) -> None:
+        for fault in self.faults:
+            if fault.stage != stage:
+                continue
+            if fault.kind == "crash":
+                sys.stderr.write(f"ddpdoctor: injected crash on rank {self.rank} in stage {stage}\n")
+                sys.stderr.flush()
+                os._exit(INJECTED_CRASH_EXIT)
+            if fault.kind == "hang":
+                _hang_forever()
+
+    def slow_factor(self) -> float:
+        factors = [f.factor for f in self.faults if f.kind == "slow" and f.factor]
+        return max(factors, default=1.0)
+
+    def diverges(self) -> bool:
+        return any(f.kind == "diverge" for f in self.faults)
+
+
+def _hang_forever() -> None:
+    # A real hang in Python code: only a deadline or a signal ends it.
+    while True:
+        time.sleep(3600)

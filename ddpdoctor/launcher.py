@@ -1,0 +1,252 @@
+"""The standalone launcher: `ddpdoctor check` with no rank variables spawns local ranks.
+
+Spawning and killing use torch's own elastic multiprocessing (`start_processes`: each
+rank in its own session, logs to files, SIGTERM then SIGKILL on close). What it lacks,
+and what is written here: a store that outlives the ranks and listens on loopback only,
+deadlines for ranks that hang rather than exit, stacks of stuck ranks before they are
+killed, a live view, and a report that is written whatever happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import shutil
+import time
+import uuid
+from typing import Any, Optional
+
+from ddpdoctor.channel import Channel
+from ddpdoctor.config import CheckConfig
+from ddpdoctor.errors import UsageError
+from ddpdoctor.findings import EXIT_UNKNOWN
+from ddpdoctor.inject import check_ranks
+from ddpdoctor.launch_env import BACKEND_VAR, DEVICE_VAR, LAUNCHER_PID_VAR, RUN_ID_VAR
+from ddpdoctor.run_record import ExitInfo, RunRecord, read_record
+
+STOP_GRACE_S = 3.0  # SIGTERM → SIGKILL
+
+
+def default_nproc() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() and torch.cuda.device_count() > 0 else 2
+
+
+def resolve_backend(cfg: CheckConfig, nproc: int) -> tuple[str, str]:
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise UsageError("this torch build has no torch.distributed: install a standard PyTorch wheel")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = cfg.device
+    if device == "auto":
+        device = "cuda" if gpus >= nproc and cfg.backend != "gloo" else "cpu"
+    if device == "cuda" and gpus == 0:
+        raise UsageError("--device cuda: torch sees no CUDA device here; use --device cpu")
+    backend = cfg.backend
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise UsageError("--backend nccl: this torch build has no NCCL (CPU-only wheel?); use --backend gloo")
+        if device != "cuda":
+            raise UsageError("--backend nccl needs GPUs: use --backend gloo for CPU ranks")
+        if gpus < nproc:
+            raise UsageError(f"--backend nccl with {nproc} ranks needs {nproc} GPUs, torch sees {gpus}: "
+                             f"use --nproc {gpus} or --backend gloo")
+    if backend == "gloo" and not dist.is_gloo_available():
+        raise UsageError("this torch build has no gloo backend: install a standard PyTorch wheel")
+    return backend, device
+
+
+def _listen(port: Optional[int]) -> tuple[socket.socket, int]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", port or 0))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"port {port} on 127.0.0.1 is not free ({exc.strerror}): choose another with --port, "
+                         "or leave --port out to pick a free one") from None
+    return sock, sock.getsockname()[1]
+
+
+def _tail(path: Optional[str], lines: int = 20) -> list[str]:
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 16384))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+class _Interrupted(Exception):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int:
+    from ddpdoctor.render import LiveView, make_console, render_report
+    from ddpdoctor.report import build_report, write_json
+
+    nproc = cfg.nproc if cfg.nproc is not None else default_nproc()
+    check_ranks(cfg.inject, nproc)
+    backend, device = resolve_backend(cfg, nproc)
+    sock, port = _listen(cfg.port)
+    listen_fd = sock.detach()  # the store owns the socket from here on
+    channel = Channel.connect("127.0.0.1", port, cfg.timeout_s, is_master=True, listen_fd=listen_fd)
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    run_id = uuid.uuid4().hex[:12]
+    log_root = tempfile.mkdtemp(prefix="ddpdoctor-")
+    threads = max(1, (os.cpu_count() or 1) // nproc)
+    envs: dict[int, dict[str, str]] = {}
+    for rank in range(nproc):
+        env = {
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            LAUNCHER_PID_VAR: str(os.getpid()), RUN_ID_VAR: run_id,
+            BACKEND_VAR: backend, DEVICE_VAR: device, "PYTHONUNBUFFERED": "1",
+            "TORCHELASTIC_RUN_ID": run_id,
+        }
+        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(threads)))
+        if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+            env["GLOO_SOCKET_IFNAME"] = _loopback_ifname()
+        envs[rank] = env
+    record = RunRecord(world_size=nproc, mode="ddpdoctor", probes=cfg.probes, started=time.time(),
+                       faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s)
+    console = make_console()
+    pcontext = None
+    try:
+        # Torch's handlers (SIGTERM/SIGINT → SignalException) are installed by start().
+        pcontext = start_processes(
+            name="ddpdoctor", entrypoint=sys.executable,
+            args={r: ("-m", "ddpdoctor", *argv) for r in range(nproc)}, envs=envs,
+            logs_specs=DefaultLogsSpecs(log_dir=log_root, redirects=Std.ALL))
+        try:
+            with LiveView(console, nproc, cfg.live) as view:
+                _supervise(pcontext, channel, record, cfg, view)
+        except SignalException as exc:
+            record.interrupted = signal.Signals(exc.sigval).name
+        except KeyboardInterrupt:
+            record.interrupted = "SIGINT"
+        if record.interrupted:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
+            _stop_all(pcontext, record, "interrupted by " + record.interrupted)
+    finally:
+        if pcontext is not None:
+            _stop_all(pcontext, record, "ddpdoctor is exiting")
+            for rank, path in pcontext.stderrs.items():
+                if rank in record.exits:
+                    record.exits[rank].log_tail = _tail(path)
+        read_record(channel, record)
+        shutil.rmtree(log_root, ignore_errors=True)
+    report = build_report(record, backend, device, command)
+    if cfg.json_path:
+        write_json(report, cfg.json_path)
+    render_report(report, console)
+    del channel  # closes the store and frees the port
+    return report.exit_code if not record.interrupted else EXIT_UNKNOWN
+
+
+def _loopback_ifname() -> str:
+    try:
+        import psutil
+
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs):
+                return name
+    except Exception:
+        pass
+    return "lo"
+
+
+def _procs(pcontext: Any) -> dict[int, Any]:
+    return {rank: handler.proc for rank, handler in pcontext.subprocess_handlers.items()}
+
+
+def _stop_all(pcontext: Any, record: RunRecord, reason: str) -> None:
+    procs = _procs(pcontext)
+    now = time.time()
+    for rank, proc in procs.items():
+        if proc.poll() is None and rank not in record.exits:
+            record.exits[rank] = ExitInfo(code=None, t=now, killed_by_us=reason)
+    pcontext.close(death_sig=signal.SIGTERM, timeout=int(STOP_GRACE_S))
+    for rank, proc in procs.items():
+        info = record.exits.setdefault(rank, ExitInfo(code=proc.poll(), t=time.time()))
+        if info.code is None:
+            info.code = proc.poll()
+
+
+def _request_stacks(proc: Any) -> None:
+    """SIGUSR1: the rank's faulthandler writes every thread's stack to its log."""
+    try:
+        os.kill(proc.pid, signal.SIGUSR1)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _supervise(pcontext: Any, channel: Channel, record: RunRecord, cfg: CheckConfig, view: Any) -> None:
+    """Poll until every rank has exited; end the ones that are stuck, with their stacks."""
+    procs = _procs(pcontext)
+    first_failure: Optional[float] = None
+    grace_s = min(cfg.timeout_s, 10.0)
+    while True:
+        now = time.time()
+        for rank, proc in procs.items():
+            code = proc.poll()
+            if code is not None and rank not in record.exits:
+                record.exits[rank] = ExitInfo(code=code, t=now,
+                                              signal=signal.Signals(-code).name if code < 0 else None)
+                if code != 0 and first_failure is None:
+                    first_failure = now
+        try:
+            read_record(channel, record)
+        except Exception:
+            pass
+        states = {r: ("exited %s" % record.exits[r].code) if r in record.exits else "running" for r in procs}
+        view.update(record.heartbeats, states)
+        running = [r for r in procs if r not in record.exits]
+        if not running:
+            return
+        to_stop: dict[int, str] = {}
+        for rank in running:
+            hb = record.heartbeats.get(rank)
+            if hb is None:
+                if now - record.started > cfg.startup_allowance_s:
+                    to_stop[rank] = f"silent: no heartbeat {cfg.startup_allowance_s:g}s after start"
+            elif now - float(hb["t"]) > cfg.silent_after_s:
+                to_stop[rank] = f"silent: no heartbeat for {now - float(hb['t']):.1f}s"
+            elif now - float(hb.get("stage_started", now)) > cfg.timeout_s * (3 + 4 * len(cfg.probes)) + 10:
+                to_stop[rank] = f"stuck in stage {hb.get('stage')} past every deadline"
+            elif first_failure is not None and now - first_failure > grace_s:
+                to_stop[rank] = f"stopped {grace_s:g}s after another rank failed"
+        if to_stop:
+            for rank in to_stop:
+                _request_stacks(procs[rank])
+            time.sleep(0.5)
+            for rank, reason in to_stop.items():
+                record.exits[rank] = ExitInfo(code=None, t=time.time(), killed_by_us=reason)
+                try:
+                    os.killpg(procs[rank].pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                procs[rank].wait(timeout=STOP_GRACE_S)
+                record.exits[rank].code = procs[rank].poll()
+        time.sleep(0.1)

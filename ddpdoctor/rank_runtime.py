@@ -1,0 +1,263 @@
+"""One rank's life: rendezvous, init, probes, report, each a stage with a deadline.
+
+The same code runs under our own launcher, torchrun and srun; only who hosts the store
+and who writes the report differ (see launch_env).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any, Optional
+
+from ddpdoctor.channel import Channel
+from ddpdoctor.config import CheckConfig
+from ddpdoctor.context import RankContext, StageFailed
+from ddpdoctor.errors import UsageError
+from ddpdoctor.findings import EXIT_CRITICAL, EXIT_UNKNOWN
+from ddpdoctor.inject import Injector, check_ranks
+from ddpdoctor.launch_env import BACKEND_VAR, DEVICE_VAR, LaunchEnv, launcher_pid
+from ddpdoctor.liveness import Heartbeat, SideChannel, Watchdog
+from ddpdoctor.rank_state import RankState
+from ddpdoctor.run_record import RunRecord, read_record
+
+
+class _Terminated(BaseException):
+    """SIGTERM from our launcher or torchrun's agent: stop, but report first."""
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this rank if its launcher dies, even by SIGKILL."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the heartbeat thread's parent check still applies
+
+
+def _connect(env: LaunchEnv, cfg: CheckConfig) -> Channel:
+    where = f"{env.master_addr}:{env.master_port}"
+    try:
+        socket.getaddrinfo(env.master_addr, env.master_port)
+    except socket.gaierror as exc:
+        raise UsageError(f"MASTER_ADDR={env.master_addr!r} does not resolve on {env.hostname} ({exc.strerror}): "
+                         "use an address every node can resolve, e.g. the first node's IP") from None
+    try:
+        return Channel.connect(env.master_addr, env.master_port, cfg.timeout_s, is_master=env.hosts_store)
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if env.hosts_store:
+            raise UsageError(f"rank 0 could not listen on port {env.master_port} ({text}): the port is in use "
+                             "or not allowed; set MASTER_PORT to a free port") from None
+        raise _Unreachable(f"rank {env.rank} on {env.hostname} could not reach the rendezvous store at {where} "
+                           f"within {cfg.timeout_s:g}s ({text}): check MASTER_ADDR/MASTER_PORT, that rank 0 "
+                           "is running, and that no firewall blocks the port") from None
+
+
+class _Unreachable(Exception):
+    pass
+
+
+def _hello(ctx: RankContext) -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {"rank": ctx.rank, "host": ctx.env.hostname, "pid": os.getpid(), "local_rank": ctx.env.local_rank,
+            "local_world_size": ctx.env.local_world_size, "world_size": ctx.world_size, "mode": ctx.env.mode,
+            "cuda_devices": torch.cuda.device_count() if cuda else 0, "t": time.time(),
+            "torch": torch.__version__}
+
+
+def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:
+    """Everyone says hello; a missing rank is named here, before any collective waits on it."""
+    ctx.channel.set(f"hello/{ctx.rank}", _hello(ctx))
+    keys = [f"hello/{r}" for r in range(ctx.world_size)]
+    with ctx.collective("rendezvous"):
+        present = ctx.channel.wait(keys, ctx.cfg.timeout_s)
+    missing = [r for r in range(ctx.world_size) if f"hello/{r}" not in present]
+    if missing:
+        raise RuntimeError(f"ranks {missing} did not arrive within {ctx.cfg.timeout_s:g}s "
+                           f"({len(present)} of {ctx.world_size} arrived)")
+    hellos = ctx.channel.collect("hello/{rank}", range(ctx.world_size))
+    hosts: list[str] = []
+    for r in range(ctx.world_size):
+        if hellos[r]["host"] not in hosts:
+            hosts.append(hellos[r]["host"])
+    ctx.node_index = hosts.index(ctx.env.hostname)
+    return hellos
+
+
+def choose_backend(requested_backend: str, requested_device: str, hellos: dict[int, dict[str, Any]]) -> tuple[str, str]:
+    """NCCL only when every rank can own a GPU; decided from all ranks' hellos so all agree."""
+    every_rank_has_gpu = all(h.get("cuda_devices", 0) >= h.get("local_world_size", 1) for h in hellos.values())
+    device = requested_device
+    if device == "auto":
+        device = "cuda" if every_rank_has_gpu else "cpu"
+    backend = requested_backend
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    return backend, device
+
+
+def _init(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    backend, device = choose_backend(os.environ.get(BACKEND_VAR, ctx.cfg.backend),
+                                     os.environ.get(DEVICE_VAR, ctx.cfg.device), hellos)
+    if backend == "nccl" and not dist.is_nccl_available():
+        raise RuntimeError("the NCCL backend is not available in this torch build; use --backend gloo")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device on this rank")
+        torch.cuda.set_device(ctx.env.local_rank % max(1, torch.cuda.device_count()))
+        ctx.device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        ctx.device = torch.device("cpu")
+    ctx.backend = backend
+    with ctx.collective("init_process_group", backend=backend):
+        dist.init_process_group(backend, store=ctx.channel.pg_store(), rank=ctx.rank,
+                                world_size=ctx.world_size,
+                                timeout=datetime.timedelta(seconds=ctx.cfg.timeout_s))
+
+
+def _wait_for_ranks(channel: Channel, record: RunRecord, cfg: CheckConfig) -> None:
+    """The reporter waits until every rank is done or failed, or has gone silent."""
+    while True:
+        read_record(channel, record)
+        now = time.time()
+        pending = []
+        for r in range(record.world_size):
+            if r in record.done or r in record.errors or r in record.timeouts:
+                continue
+            hb = record.heartbeats.get(r)
+            if hb is None:
+                if now - record.started < cfg.timeout_s:
+                    pending.append(r)
+            elif now - float(hb.get("t", 0)) < cfg.silent_after_s:
+                pending.append(r)
+        if not pending:
+            return
+        time.sleep(0.1)
+
+
+def _report_as_reporter(ctx: RankContext, record: RunRecord, channel: Channel, command: list[str],
+                        wait: bool = True) -> int:
+    from ddpdoctor.render import make_console, render_report
+    from ddpdoctor.report import build_report, write_json
+
+    if wait:
+        _wait_for_ranks(channel, record, ctx.cfg)
+    read_record(channel, record)
+    report = build_report(record, ctx.backend, str(ctx.device.type if ctx.device is not None else ""), command)
+    if ctx.cfg.json_path:
+        write_json(report, ctx.cfg.json_path)
+    render_report(report, make_console())
+    return report.exit_code
+
+
+def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
+    parent = launcher_pid(os.environ)
+    if parent is not None:
+        _die_with_parent()
+        if os.getppid() != parent:
+            return EXIT_UNKNOWN  # the launcher died before we got here
+    faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks for our stacks
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    check_ranks(cfg.inject, env.world_size)
+    record = RunRecord(world_size=env.world_size, mode=env.mode, probes=cfg.probes, started=time.time(),
+                       faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s)
+    try:
+        channel = _connect(env, cfg)
+        side = SideChannel(Channel.connect(env.master_addr, env.master_port, cfg.timeout_s))
+    except _Unreachable as exc:
+        sys.stderr.write(f"ddpdoctor: {exc}\n")
+        return EXIT_CRITICAL
+
+    state = RankState()
+    ctx_holder: dict[str, RankContext] = {}
+
+    def emergency_report() -> None:
+        # Our own stage deadline fired on the reporter: say what we know before exiting.
+        if env.is_reporter:
+            time.sleep(min(2.0, cfg.timeout_s / 2))
+            _report_as_reporter(ctx_holder["ctx"], record, side.channel, command, wait=False)
+
+    watchdog = Watchdog(side, env.rank, state, on_fire=emergency_report)
+    watchdog.start()
+    heartbeat = Heartbeat(side, env.rank, state, cfg.heartbeat_s, cfg.silent_after_s, parent)
+    heartbeat.start()
+    ctx = RankContext(env, cfg, channel, Injector(cfg.inject, env.rank), state, watchdog)
+    ctx_holder["ctx"] = ctx
+
+    from ddpdoctor.probes import get_probe
+
+    healthy = True
+    code = 0
+    try:
+        try:
+            with ctx.stage("rendezvous"):
+                hellos = _rendezvous(ctx)
+            with ctx.stage("init"):
+                _init(ctx, hellos)
+            for name in cfg.probes:
+                with ctx.stage(f"probe:{name}", inject_as="", deadline_s=cfg.timeout_s):
+                    channel.set(f"result/{name}/{env.rank}", get_probe(name).collect(ctx))
+        except StageFailed:
+            healthy = False
+        # The reporter waits for every other rank's stages, so its own deadline spans them.
+        report_deadline = cfg.timeout_s * (3 + 4 * len(cfg.probes)) if env.is_reporter else cfg.timeout_s
+        with ctx.stage("report", deadline_s=report_deadline):
+            if healthy:
+                channel.set(f"done/{env.rank}", time.time())
+            if env.is_reporter:
+                code = _report_as_reporter(ctx, record, channel, command)
+                channel.set("verdict", code)
+            elif env.store_host != "launcher":
+                with ctx.collective("wait_for_verdict"):
+                    got = channel.wait(["verdict"], cfg.timeout_s + cfg.silent_after_s)
+                code = int(channel.get("verdict")) if got else EXIT_CRITICAL
+            else:
+                code = 0 if healthy else 1
+            channel.set(f"bye/{env.rank}", time.time())
+            if env.hosts_store:
+                # Keep the store up until the others have read the verdict.
+                channel.wait([f"bye/{r}" for r in range(env.world_size)], 3.0)
+    except StageFailed:
+        code = code or 1
+    except (_Terminated, KeyboardInterrupt):
+        watchdog.close()
+        if env.is_reporter:
+            record.interrupted = "SIGTERM"
+            try:
+                code = _report_as_reporter(ctx, record, side.channel, command, wait=False)
+            except Exception:
+                pass
+        return EXIT_UNKNOWN
+    finally:
+        watchdog.close()
+        heartbeat.stop()
+        _teardown()
+    return code
+
+
+def _teardown() -> None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass

@@ -1,0 +1,119 @@
+"""Terminal output with rich: a live view while ranks run, then one screen of verdict.
+
+Rendering never decides anything: severities and texts come from the findings.
+rich honours NO_COLOR and drops colour and live updates when stdout is not a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Mapping, Optional
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from ddpdoctor.findings import Finding, Severity, rank_ranges
+from ddpdoctor.report import Report
+
+_STYLE = {Severity.OK: "green", Severity.INFO: "cyan", Severity.WARN: "yellow", Severity.CRITICAL: "bold red"}
+_VERDICT = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
+
+
+def make_console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+class LiveView:
+    """Which stage each rank is in, refreshed from heartbeats. Silent off a terminal."""
+
+    def __init__(self, console: Console, world_size: int, enabled: bool) -> None:
+        self.console = console
+        self.world_size = world_size
+        self.live: Optional[Live] = None
+        if enabled and console.is_terminal:
+            self.live = Live(self._table({}, {}), console=console, refresh_per_second=4, transient=True)
+
+    def __enter__(self) -> "LiveView":
+        if self.live:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live:
+            self.live.__exit__(*exc)
+
+    def update(self, heartbeats: Mapping[int, Mapping[str, Any]], states: Mapping[int, str]) -> None:
+        if self.live:
+            self.live.update(self._table(heartbeats, states))
+
+    def _table(self, heartbeats: Mapping[int, Mapping[str, Any]], states: Mapping[int, str]) -> Table:
+        table = Table(title="ddpdoctor: ranks at work", title_justify="left", expand=False)
+        for col in ("rank", "stage", "for", "waiting in", "state"):
+            table.add_column(col)
+        now = time.time()
+        for rank in range(self.world_size):
+            hb = heartbeats.get(rank) or {}
+            coll = hb.get("collective") or {}
+            since = hb.get("stage_started")
+            table.add_row(str(rank), str(hb.get("stage", "starting")),
+                          f"{now - since:.1f}s" if since else "",
+                          f"{coll.get('op')} #{coll.get('seq')}" if coll else "",
+                          states.get(rank, "running"))
+        return table
+
+
+def _evidence_lines(evidence: Mapping[str, Any], width: int = 110) -> list[str]:
+    lines = []
+    for key, value in evidence.items():
+        if value in (None, "", [], {}):
+            continue
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            lines.append(f"{key}:")
+            lines.extend(f"    {v}" for v in value)
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        if len(text) > width:
+            text = text[: width - 3] + "..."
+        lines.append(f"{key}: {text}")
+    return lines
+
+
+def render_report(report: Report, console: Console) -> None:
+    data_nodes = report.nodes()
+    rec = report.record
+    code = report.exit_code
+    head = Text()
+    head.append("ddpdoctor check  ", style="bold")
+    head.append(_VERDICT[code], style=_STYLE[report.verdict] if code != 3 else "bold magenta")
+    head.append(f"  {rec.world_size} ranks on {len(data_nodes)} node{'s' if len(data_nodes) != 1 else ''}")
+    if data_nodes:
+        head.append(f" ({', '.join(data_nodes[:4])}{', ...' if len(data_nodes) > 4 else ''})")
+    if report.backend:
+        head.append(f"  {report.backend}/{report.device}")
+    head.append(f"  {max(0.0, rec.ended - rec.started):.1f}s")
+    console.print(head)
+
+    table = Table(show_header=True, header_style="bold", expand=False, box=None, pad_edge=False)
+    for col in ("severity", "code", "finding", "ranks", "nodes"):
+        table.add_column(col, overflow="fold")
+    ordered = sorted(report.findings, key=lambda f: (-int(f.severity), f.code))
+    for f in ordered:
+        table.add_row(Text(f.severity.label, style=_STYLE[f.severity]), f.code, f.title,
+                      rank_ranges(f.ranks), ",".join(f.nodes))
+    console.print(table)
+
+    details = [f for f in ordered if f.severity >= Severity.WARN]
+    for f in details:
+        console.print()
+        console.print(Text(f"{f.code} {f.title}", style=_STYLE[f.severity]))
+        if f.why:
+            console.print(Text(f"  why: {f.why}"))
+        for line in _evidence_lines(f.evidence):
+            console.print(Text(f"  {line}", style="dim"))
+        if f.fix:
+            console.print(Text(f"  fix: {f.fix}", style="bold"))
+    status = ", ".join(f"{p.name}: {p.status}" for p in report.probes)
+    console.print(Text(f"probes: {status}   exit {code} ({_VERDICT[code]})", style="dim"))

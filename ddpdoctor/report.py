@@ -1,0 +1,143 @@
+"""The report: versioned JSON for machines, the same content the terminal shows.
+
+Built from a RunRecord and the probes' diagnoses; written atomically (temp file +
+rename) so a killed run never leaves half a JSON behind.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ddpdoctor import __version__
+from ddpdoctor.findings import EXIT_UNKNOWN, Finding, Severity, exit_code_for
+from ddpdoctor.run_diagnosis import diagnose_run, rank_fates
+from ddpdoctor.run_record import RunRecord
+
+SCHEMA = "ddpdoctor.report/1"
+
+
+@dataclass
+class ProbeSection:
+    name: str
+    status: str  # ok | incomplete | not-run
+    findings: list[Finding]
+    facts: dict[int, dict[str, Any]]
+
+
+@dataclass
+class Report:
+    record: RunRecord
+    run_findings: list[Finding]
+    probes: list[ProbeSection]
+    backend: str = ""
+    device: str = ""
+    command: list[str] = field(default_factory=list)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.run_findings + [f for p in self.probes for f in p.findings]
+
+    @property
+    def exit_code(self) -> int:
+        if self.record.interrupted:
+            return EXIT_UNKNOWN
+        return exit_code_for(f.severity for f in self.findings)
+
+    @property
+    def verdict(self) -> Severity:
+        return max((f.severity for f in self.findings), default=Severity.OK)
+
+    def nodes(self) -> list[str]:
+        hosts = [self.record.host(r) for r in range(self.record.world_size)]
+        return sorted({h for h in hosts if h != "?"}, key=hosts.index)
+
+    def to_json(self) -> dict[str, Any]:
+        rec = self.record
+        fates = rank_fates(rec)
+        nodes = self.nodes()
+        return {
+            "schema": SCHEMA,
+            "ddpdoctor_version": __version__,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": self.command,
+            "mode": rec.mode,
+            "world_size": rec.world_size,
+            "nodes": nodes,
+            "backend": self.backend,
+            "device": self.device,
+            "python": platform.python_version(),
+            "injected_faults": list(rec.faults),
+            "interrupted": rec.interrupted or None,
+            "duration_s": round(max(0.0, rec.ended - rec.started), 3),
+            "verdict": self.verdict.label,
+            "exit_code": self.exit_code,
+            "ranks": [
+                {
+                    "rank": r,
+                    "host": rec.host(r),
+                    "node_index": nodes.index(rec.host(r)) if rec.host(r) in nodes else None,
+                    "local_rank": (rec.hellos.get(r) or {}).get("local_rank"),
+                    "pid": (rec.hellos.get(r) or {}).get("pid"),
+                    "state": fates[r].kind,
+                    "last_stage": fates[r].stage,
+                    "collective_in_flight": fates[r].in_collective,
+                    "exit": rec.exits[r].to_json() if r in rec.exits else None,
+                    "timeline": rec.timelines.get(r, []),
+                }
+                for r in range(rec.world_size)
+            ],
+            "findings": [f.to_json() for f in self.findings],
+            "probes": [
+                {"name": p.name, "status": p.status,
+                 "findings": [f.code for f in p.findings],
+                 "facts": {str(r): v for r, v in sorted(p.facts.items())}}
+                for p in self.probes
+            ],
+        }
+
+
+def build_report(record: RunRecord, backend: str = "", device: str = "",
+                 command: Optional[list[str]] = None) -> Report:
+    from ddpdoctor.probes import RunView, get_probe
+
+    view = RunView(world_size=record.world_size,
+                   hosts={r: record.host(r) for r in record.hellos},
+                   injected=record.faults)
+    sections = []
+    for name in record.probes:
+        facts = record.results.get(name, {})
+        try:
+            findings = get_probe(name).diagnose(facts, view) if facts else []
+        except Exception as exc:  # a diagnosis bug must not lose the measurements
+            findings = [Finding(code="RUN011", severity=Severity.WARN, probe=name,
+                                title=f"The {name} diagnosis failed: {type(exc).__name__}: {exc}",
+                                evidence={"traceback": traceback.format_exc().splitlines()[-6:]},
+                                fix="Report this bug to ddpdoctor with the JSON report attached.")]
+        status = "ok" if len(facts) == record.world_size else ("incomplete" if facts else "not-run")
+        sections.append(ProbeSection(name, status, findings, facts))
+    return Report(record, diagnose_run(record), sections, backend, device, list(command or sys.argv))
+
+
+def write_json(report: Report, path: str) -> None:
+    import json
+
+    data = json.dumps(report.to_json(), indent=2, default=str, allow_nan=True)
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".ddpdoctor-", suffix=".json.tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(data + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,259 @@
+"""Judging the run itself: who never arrived, who crashed, who hung, who was only waiting.
+
+A failure on one rank makes its peers fail too (a collective with a dead peer errors or
+times out), so findings name the *first cause* and list the ranks it dragged down as
+`affected_ranks`, instead of N alarms for one fault. The rule: a rank that failed while
+waiting inside a collective is a victim whenever some rank failed outside one.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ddpdoctor.findings import Finding, Severity, rank_ranges
+from ddpdoctor.inject import INJECTED_CRASH_EXIT
+from ddpdoctor.liveness import ORPHANED_EXIT, STAGE_TIMEOUT_EXIT
+from ddpdoctor.run_record import RunRecord
+
+PROBE = "run"
+
+
+@dataclass(frozen=True)
+class RankFate:
+    rank: int
+    kind: str  # ok | crash | error | timeout | silent | stopped | missing | interrupted
+    t: float
+    in_collective: Optional[dict[str, Any]]
+    stage: str
+    detail: dict[str, Any]
+
+    @property
+    def waiting_on_peers(self) -> bool:
+        return self.in_collective is not None or self.kind in ("stopped", "interrupted")
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return _signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def rank_fates(record: RunRecord) -> dict[int, RankFate]:
+    fates: dict[int, RankFate] = {}
+    for rank in range(record.world_size):
+        stage = record.last_stage(rank)
+        exit_info = record.exits.get(rank)
+        hb = record.heartbeats.get(rank) or {}
+        if rank in record.timeouts:
+            t = record.timeouts[rank]
+            fates[rank] = RankFate(rank, "timeout", float(t.get("t", 0)), t.get("collective"), str(t.get("stage", stage)),
+                                   {"deadline_s": t.get("deadline_s"), "stack": t.get("stack", "")})
+        elif rank in record.errors:
+            e = record.errors[rank]
+            fates[rank] = RankFate(rank, "error", float(e.get("t", 0)), e.get("collective"), str(e.get("stage", stage)),
+                                   {"error": f"{e.get('type')}: {e.get('message')}", "traceback": e.get("traceback", "")})
+        elif exit_info is not None and exit_info.killed_by_us:
+            kind = "silent" if exit_info.killed_by_us.startswith("silent") else "stopped"
+            if record.interrupted:
+                kind = "interrupted"
+            fates[rank] = RankFate(rank, kind, exit_info.t, hb.get("collective"), str(hb.get("stage", stage)),
+                                   {"reason": exit_info.killed_by_us, "log_tail": exit_info.log_tail})
+        elif exit_info is not None and exit_info.code not in (0, None):
+            code = int(exit_info.code)
+            detail: dict[str, Any] = {"exit_code": code, "log_tail": exit_info.log_tail}
+            if code < 0:
+                detail["signal"] = _signal_name(code)
+            if code == INJECTED_CRASH_EXIT:
+                detail["injected"] = True
+            if code == STAGE_TIMEOUT_EXIT:
+                detail["note"] = "the rank's own stage deadline fired, but its report did not reach the store"
+            if code == ORPHANED_EXIT:
+                detail["note"] = "the rank lost its launcher or the out-of-band store"
+            fates[rank] = RankFate(rank, "crash", exit_info.t, hb.get("collective"), str(hb.get("stage", stage)), detail)
+        elif rank in record.done:
+            fates[rank] = RankFate(rank, "ok", 0.0, None, stage, {})
+        elif rank not in record.hellos and not record.heartbeats.get(rank):
+            fates[rank] = RankFate(rank, "missing", record.ended, None, "rendezvous", {})
+        elif record.interrupted:
+            fates[rank] = RankFate(rank, "interrupted", record.ended, hb.get("collective"), str(hb.get("stage", stage)), {})
+        else:
+            age = record.ended - float(hb.get("t", record.started))
+            fates[rank] = RankFate(rank, "silent", float(hb.get("t", record.ended)), hb.get("collective"),
+                                   str(hb.get("stage", stage)), {"heartbeat_age_s": round(age, 1)})
+    return fates
+
+
+def diagnose_run(record: RunRecord) -> list[Finding]:
+    findings: list[Finding] = []
+    fates = rank_fates(record)
+    hosts = {r: record.host(r) for r in range(record.world_size)}
+
+    def nodes(ranks: Any) -> tuple[str, ...]:
+        return tuple(sorted({hosts[r] for r in ranks if hosts[r] != "?"}))
+
+    if record.faults:
+        findings.append(Finding(
+            code="RUN010", severity=Severity.INFO, probe=PROBE,
+            title="Faults were injected on purpose: " + ", ".join(record.faults),
+            evidence={"injected": list(record.faults)},
+            why="--inject or DDPDOCTOR_INJECT asked ddpdoctor to make ranks misbehave (a fire drill or a test).",
+            fix="Run without --inject and without DDPDOCTOR_INJECT for a real check.",
+        ))
+
+    sizes = {r: h.get("world_size") for r, h in record.hellos.items()}
+    odd_sizes = sorted(r for r, s in sizes.items() if s != record.world_size)
+    if odd_sizes:
+        findings.append(Finding(
+            code="RUN007", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"Ranks disagree on the world size: rank {rank_ranges(odd_sizes)} expected a different WORLD_SIZE",
+            ranks=tuple(odd_sizes), nodes=nodes(odd_sizes),
+            evidence={"world_size_by_rank": sizes, "expected": record.world_size},
+            why="Every rank must be started with the same WORLD_SIZE; these were launched with another value.",
+            fix="Launch every node with the same --nnodes/--nproc_per_node (torchrun) or --ntasks (srun).",
+        ))
+
+    if record.interrupted:
+        findings.append(Finding(
+            code="RUN006", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"The run was interrupted by {record.interrupted}; results are partial",
+            ranks=tuple(r for r, f in fates.items() if f.kind == "interrupted"),
+            evidence={"signal": record.interrupted,
+                      "stage_by_rank": {r: f.stage for r, f in fates.items()}},
+            why="ddpdoctor was stopped before every probe finished; every rank was terminated.",
+            fix="Run the check again and let it finish; every stage has its own deadline (--timeout).",
+        ))
+
+    failed = {r: f for r, f in fates.items() if f.kind not in ("ok", "interrupted")}
+    primaries = {r: f for r, f in failed.items() if not f.waiting_on_peers}
+    victims = {r: f for r, f in failed.items() if f.waiting_on_peers}
+
+    missing = sorted(r for r, f in primaries.items() if f.kind == "missing")
+    arrived = sorted(record.hellos)
+    if missing:
+        findings.append(Finding(
+            code="RUN001", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"Rank {rank_ranges(missing)} never arrived ({len(arrived)} of {record.world_size} ranks connected)",
+            ranks=tuple(missing),
+            evidence={"arrived_ranks": rank_ranges(arrived) or "none", "expected_world_size": record.world_size,
+                      "arrived_hosts": sorted({hosts[r] for r in arrived}),
+                      "affected_ranks": _victims_evidence(victims)},
+            why=("These ranks never reached the rendezvous: fewer processes were launched than WORLD_SIZE says, they "
+                 "crashed while starting, or they could not reach MASTER_ADDR:MASTER_PORT (wrong address, another "
+                 "port, a firewall)."),
+            fix=("Check that WORLD_SIZE equals nodes x processes per node, that every node uses the same MASTER_ADDR "
+                 "and MASTER_PORT, and that the port is open between nodes (`nc -zv MASTER_ADDR MASTER_PORT`)."),
+        ))
+
+    for rank, fate in sorted(primaries.items(), key=lambda kv: kv[1].t):
+        if fate.kind == "missing":
+            continue
+        findings.append(_primary_finding(rank, fate, hosts[rank], victims))
+
+    if victims and not primaries:
+        findings.append(_collective_hang(victims, hosts))
+    return findings
+
+
+def _victims_evidence(victims: dict[int, RankFate]) -> dict[str, Any]:
+    return {str(r): f"{f.kind} in {f.stage}" + (f" waiting in {_coll(f.in_collective)}" if f.in_collective else "")
+            for r, f in sorted(victims.items())}
+
+
+def _coll(c: Optional[dict[str, Any]]) -> str:
+    if not c:
+        return "no collective"
+    extra = ", ".join(f"{k}={v}" for k, v in c.items() if k not in ("op", "seq"))
+    return f"{c.get('op')} #{c.get('seq')}" + (f" ({extra})" if extra else "")
+
+
+def _tail(text: str, lines: int = 12) -> list[str]:
+    return [line for line in str(text).rstrip().splitlines()][-lines:]
+
+
+def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, RankFate]) -> Finding:
+    affected = _victims_evidence(victims)
+    where = f"rank {rank} ({host})"
+    if fate.kind == "crash":
+        how = fate.detail.get("signal") or f"exit code {fate.detail.get('exit_code')}"
+        injected = fate.detail.get("injected")
+        killed_oom = fate.detail.get("signal") == "SIGKILL"
+        return Finding(
+            code="RUN002", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"{where} crashed in stage {fate.stage} ({how})" + (" [injected]" if injected else ""),
+            ranks=(rank,), nodes=(host,) if host != "?" else (),
+            evidence={"stage": fate.stage, **{k: v for k, v in fate.detail.items() if k != "log_tail"},
+                      "last_output": fate.detail.get("log_tail", [])[-12:], "affected_ranks": affected},
+            why=("The process died; its peers then failed or were stopped waiting for it. "
+                 + ("SIGKILL without a Python error is most often the kernel's out-of-memory killer. " if killed_oom else "")
+                 + ("This crash was injected by --inject." if injected else "")).strip(),
+            fix=("Read the rank's last output above; for SIGKILL check `dmesg | grep -i oom` on that host; "
+                 "rerun with fewer ranks per node or a smaller batch if memory is short."),
+        )
+    if fate.kind == "error":
+        return Finding(
+            code="RUN003", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"{where} failed in stage {fate.stage}: {fate.detail.get('error')}",
+            ranks=(rank,), nodes=(host,) if host != "?" else (),
+            evidence={"stage": fate.stage, "error": fate.detail.get("error"),
+                      "traceback": _tail(fate.detail.get("traceback", ""), 6), "affected_ranks": affected},
+            why="An exception ended this stage on this rank; the ranks waiting for it could not go on.",
+            fix="Fix the error shown; if it names a backend or device, see docs/runtime.md for that message.",
+        )
+    if fate.kind == "timeout":
+        return Finding(
+            code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"{where} hung in stage {fate.stage}, outside any collective; the others waited for it",
+            ranks=(rank,), nodes=(host,) if host != "?" else (),
+            evidence={"stage": fate.stage, "deadline_s": fate.detail.get("deadline_s"),
+                      "python_stack": _tail(fate.detail.get("stack", ""), 16), "affected_ranks": affected},
+            why=("This rank did not finish its stage within the deadline and was not waiting on a peer: it is stuck "
+                 "in its own code (see its stack); every other rank was blocked waiting for it."),
+            fix=("Read the stack: a hang in data loading, a lock, I/O or a rank-dependent branch is the usual cause. "
+                 "Raise --timeout only if the stage is legitimately slow."),
+        )
+    # silent: frozen (no heartbeat) or stopped while running
+    return Finding(
+        code="RUN005", severity=Severity.CRITICAL, probe=PROBE,
+        title=f"{where} stopped answering in stage {fate.stage}",
+        ranks=(rank,), nodes=(host,) if host != "?" else (),
+        evidence={"stage": fate.stage, **{k: v for k, v in fate.detail.items() if k != "log_tail"},
+                  "last_output": fate.detail.get("log_tail", [])[-12:], "affected_ranks": affected},
+        why=("Its heartbeat stopped while the process still existed: it is frozen (stopped by a signal, swapping, "
+             "or stuck in native code holding the interpreter lock), or its node lost the network."),
+        fix="Log in to that host and run `py-spy dump --pid PID`; check `dmesg` and memory pressure there.",
+    )
+
+
+def _collective_hang(victims: dict[int, RankFate], hosts: dict[int, str]) -> Finding:
+    """Every failed rank was inside a collective: a desync, or the transport itself."""
+    ops = {r: (f.in_collective or {}).get("op") for r, f in victims.items()}
+    ranks = tuple(sorted(victims))
+    nodes = tuple(sorted({hosts[r] for r in ranks if hosts[r] != "?"}))
+    evidence = {"collective_by_rank": {str(r): _coll(f.in_collective) for r, f in sorted(victims.items())},
+                "state_by_rank": {str(r): f.kind for r, f in sorted(victims.items())}}
+    if len(set(ops.values())) > 1:
+        groups: dict[str, list[int]] = {}
+        for r, op in ops.items():
+            groups.setdefault(str(op), []).append(r)
+        desc = "; ".join(f"rank {rank_ranges(rs)} in {op}" for op, rs in sorted(groups.items()))
+        return Finding(
+            code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"Collective mismatch (desync): {desc}",
+            ranks=ranks, nodes=nodes, evidence=evidence,
+            why="Ranks called different collectives at the same point, so each waits for a partner that never comes.",
+            fix="Make every rank issue the same collectives in the same order (no rank-0-only all_reduce or barrier).",
+        )
+    errors = {str(r): f.detail.get("error") for r, f in victims.items() if f.detail.get("error")}
+    if errors:
+        evidence["errors"] = errors
+    return Finding(
+        code="RUN008", severity=Severity.CRITICAL, probe=PROBE,
+        title=f"All ranks failed inside {next(iter(ops.values()))}: the collective itself did not complete",
+        ranks=ranks, nodes=nodes, evidence=evidence,
+        why="Every rank entered the same collective and none finished it: the transport between ranks is broken or blocked.",
+        fix=("Check the network interface the backend uses (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME), firewalls "
+             "between nodes, and for NCCL run with NCCL_DEBUG=INFO."),
+    )

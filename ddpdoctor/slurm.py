@@ -1,0 +1,58 @@
+"""Slurm's compressed host lists, e.g. `gpu[01-04,07],login1`."""
+
+from __future__ import annotations
+
+import re
+
+from ddpdoctor.errors import UsageError
+
+
+def expand_nodelist(text: str) -> list[str]:
+    hosts: list[str] = []
+    for item in _split_top_level(text.strip()):
+        match = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", item)
+        if not match:
+            if "[" in item or "]" in item or not item:
+                raise UsageError(f"cannot read Slurm node list {text!r}: set MASTER_ADDR to the first node's address")
+            hosts.append(item)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for part in ranges.split(","):
+            lo, sep, hi = part.partition("-")
+            if not sep:
+                hosts.append(f"{prefix}{lo}{suffix}")
+                continue
+            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
+                raise UsageError(f"cannot read Slurm node list {text!r}: set MASTER_ADDR to the first node's address")
+            width = len(lo)
+            hosts.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(int(lo), int(hi) + 1))
+    return hosts
+
+
+def first_host(text: str) -> str:
+    hosts = expand_nodelist(text)
+    if not hosts:
+        raise UsageError(f"Slurm node list {text!r} is empty: set MASTER_ADDR to the first node's address")
+    return hosts[0]
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [i.strip() for i in items]
+
+
+def tasks_per_node(text: str) -> int:
+    """`4(x2),3` → the first node's count: Slurm's SLURM_TASKS_PER_NODE format."""
+    match = re.match(r"\s*(\d+)", text)
+    if not match:
+        raise UsageError(f"cannot read SLURM_TASKS_PER_NODE={text!r}")
+    return int(match.group(1))

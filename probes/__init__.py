@@ -1,0 +1,35 @@
+"""The probe registry. Installed as `ddpdoctor.probes` (see pyproject's package-dir)."""
+
+from __future__ import annotations
+
+from ddpdoctor.errors import UsageError
+
+from .base import Probe, RunView
+from .ddp_smoke import DdpSmoke
+
+_PROBES: dict[str, Probe] = {p.name: p for p in (DdpSmoke(),)}
+DEFAULT_PROBES: tuple[str, ...] = ("ddp-smoke",)
+
+
+def all_probes() -> dict[str, Probe]:
+    return dict(_PROBES)
+
+
+def get_probe(name: str) -> Probe:
+    return _PROBES[name]
+
+
+def select(spec: str | None) -> tuple[str, ...]:
+    """`--probes a,b` → validated names, in the order given."""
+    if spec is None or spec.strip() in ("", "default"):
+        return DEFAULT_PROBES
+    if spec.strip() == "all":
+        return tuple(_PROBES)
+    names = tuple(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
+    unknown = [n for n in names if n not in _PROBES]
+    if unknown:
+        raise UsageError(f"unknown probe {unknown[0]!r}: choose from {', '.join(_PROBES)} (see `ddpdoctor probes`)")
+    return names
+
+
+__all__ = ["Probe", "RunView", "all_probes", "get_probe", "select", "DEFAULT_PROBES"]

@@ -1,0 +1,37 @@
+"""What a probe is: collect on each rank, gather (shared), diagnose on all ranks' facts.
+
+`diagnose` is pure, so it is tested on recorded facts without starting a process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
+
+from ddpdoctor.findings import Finding
+
+if TYPE_CHECKING:
+    from ddpdoctor.context import RankContext
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What a diagnosis may know about the run besides the facts."""
+
+    world_size: int
+    hosts: Mapping[int, str] = field(default_factory=dict)
+    injected: tuple[str, ...] = ()
+
+    def nodes_of(self, ranks: Any) -> tuple[str, ...]:
+        return tuple(sorted({self.hosts[r] for r in ranks if r in self.hosts}))
+
+
+class Probe(Protocol):
+    name: str
+    summary: str
+
+    def collect(self, ctx: "RankContext") -> Mapping[str, Any]:
+        """Measure on this rank; returns JSON-able facts."""
+
+    def diagnose(self, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+        """All ranks' facts (absent ranks are missing keys) to findings."""
