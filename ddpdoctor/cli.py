@@ -109,7 +109,12 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
         return run_standalone(cfg, argv, command)
     from ddpdoctor.rank_runtime import run_rank
 
-    return run_rank(cfg, env, command)
+    code = run_rank(cfg, env, command)
+    # Everything this rank knows is published and flushed; interpreter teardown with torch
+    # loaded costs about a second per rank and can itself hang on a broken backend.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _list_probes() -> int:
