@@ -36,6 +36,8 @@ def python_stacks(skip_current: bool = True) -> str:
     for ident in order:
         if skip_current and ident == me:
             continue
+        if str(names.get(ident, "")).startswith("ddpdoctor-"):
+            continue  # our own heartbeat and watchdog threads: never the culprit
         stack = "".join(traceback.format_stack(frames[ident]))
         chunks.append(f"Thread {names.get(ident, ident)}:\n{stack}")
     return "\n".join(chunks)

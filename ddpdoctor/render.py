@@ -7,6 +7,7 @@ rich honours NO_COLOR and drops colour and live updates when stdout is not a ter
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any, Mapping, Optional
 
@@ -23,7 +24,11 @@ _VERDICT = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
 
 
 def make_console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    console = Console(stderr=stderr, highlight=False, soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # Logs and CI: wide lines beat a finding folded over five lines.
+        console = Console(stderr=stderr, highlight=False, soft_wrap=False, width=120)
+    return console
 
 
 class LiveView:
@@ -58,10 +63,10 @@ class LiveView:
             hb = heartbeats.get(rank) or {}
             coll = hb.get("collective") or {}
             since = hb.get("stage_started")
-            table.add_row(str(rank), str(hb.get("stage", "starting")),
-                          f"{now - since:.1f}s" if since else "",
-                          f"{coll.get('op')} #{coll.get('seq')}" if coll else "",
-                          states.get(rank, "running"))
+            table.add_row(Text(str(rank)), Text(str(hb.get("stage", "starting"))),
+                          Text(f"{now - since:.1f}s" if since else ""),
+                          Text(f"{coll.get('op')} #{coll.get('seq')}" if coll else ""),
+                          Text(states.get(rank, "running")))
         return table
 
 
@@ -99,10 +104,11 @@ def render_report(report: Report, console: Console) -> None:
     table = Table(show_header=True, header_style="bold", expand=False, box=None, pad_edge=False)
     for col in ("severity", "code", "finding", "ranks", "nodes"):
         table.add_column(col, overflow="fold")
-    ordered = sorted(report.findings, key=lambda f: (-int(f.severity), f.code))
+    # Causes first: the run's own findings explain the probes' consequences.
+    ordered = sorted(report.findings, key=lambda f: (-int(f.severity), f.probe != "run", f.code))
     for f in ordered:
-        table.add_row(Text(f.severity.label, style=_STYLE[f.severity]), f.code, f.title,
-                      rank_ranges(f.ranks), ",".join(f.nodes))
+        table.add_row(Text(f.severity.label, style=_STYLE[f.severity]), Text(f.code), Text(f.title),
+                      Text(rank_ranges(f.ranks)), Text(",".join(f.nodes)))
     console.print(table)
 
     details = [f for f in ordered if f.severity >= Severity.WARN]

@@ -59,7 +59,7 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
             kind = "silent" if exit_info.killed_by_us.startswith("silent") else "stopped"
             if record.interrupted:
                 kind = "interrupted"
-            fates[rank] = RankFate(rank, kind, exit_info.t, hb.get("collective"), str(hb.get("stage", stage)),
+            fates[rank] = RankFate(rank, kind, exit_info.t, hb.get("collective"), stage,
                                    {"reason": exit_info.killed_by_us, "log_tail": exit_info.log_tail})
         elif exit_info is not None and exit_info.code not in (0, None):
             code = int(exit_info.code)
@@ -72,13 +72,13 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
                 detail["note"] = "the rank's own stage deadline fired, but its report did not reach the store"
             if code == ORPHANED_EXIT:
                 detail["note"] = "the rank lost its launcher or the out-of-band store"
-            fates[rank] = RankFate(rank, "crash", exit_info.t, hb.get("collective"), str(hb.get("stage", stage)), detail)
+            fates[rank] = RankFate(rank, "crash", exit_info.t, None, stage, detail)
         elif rank in record.done:
             fates[rank] = RankFate(rank, "ok", 0.0, None, stage, {})
         elif rank not in record.hellos and not record.heartbeats.get(rank):
             fates[rank] = RankFate(rank, "missing", record.ended, None, "rendezvous", {})
         elif record.interrupted:
-            fates[rank] = RankFate(rank, "interrupted", record.ended, hb.get("collective"), str(hb.get("stage", stage)), {})
+            fates[rank] = RankFate(rank, "interrupted", record.ended, hb.get("collective"), stage, {})
         else:
             age = record.ended - float(hb.get("t", record.started))
             fates[rank] = RankFate(rank, "silent", float(hb.get("t", record.ended)), hb.get("collective"),
@@ -120,6 +120,7 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
             code="RUN006", severity=Severity.CRITICAL, probe=PROBE,
             title=f"The run was interrupted by {record.interrupted}; results are partial",
             ranks=tuple(r for r, f in fates.items() if f.kind == "interrupted"),
+            nodes=nodes(r for r, f in fates.items() if f.kind == "interrupted"),
             evidence={"signal": record.interrupted,
                       "stage_by_rank": {r: f.stage for r, f in fates.items()}},
             why="ddpdoctor was stopped before every probe finished; every rank was terminated.",
@@ -205,7 +206,8 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
     if fate.kind == "timeout":
         return Finding(
             code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
-            title=f"{where} hung in stage {fate.stage}, outside any collective; the others waited for it",
+            title=f"{where} hung in stage {fate.stage}, outside any collective"
+                  + ("; the others waited for it" if victims else ""),
             ranks=(rank,), nodes=(host,) if host != "?" else (),
             evidence={"stage": fate.stage, "deadline_s": fate.detail.get("deadline_s"),
                       "python_stack": _tail(fate.detail.get("stack", ""), 16), "affected_ranks": affected},

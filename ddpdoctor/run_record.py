@@ -46,10 +46,12 @@ class RunRecord:
     interrupted: str = ""  # the signal that stopped the launcher or reporter, if any
     faults: tuple[str, ...] = ()
     silent_after_s: float = 15.0
+    default_host: str = "?"  # the standalone launcher knows every rank's host: its own
+
 
     def host(self, rank: int) -> str:
         hello = self.hellos.get(rank)
-        return str(hello["host"]) if hello else "?"
+        return str(hello["host"]) if hello else self.default_host
 
     def last_stage(self, rank: int) -> str:
         timeline = self.timelines.get(rank) or []
