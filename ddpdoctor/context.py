@@ -51,6 +51,7 @@ class RankContext:
         outer = self.state.stage
         outer_started = self.state.stage_started
         record = StageRecord(name=name, started=time.time())
+        self.state.failed_collective = None
         self.state.timeline.append(record)
         self.state.stage, self.state.stage_started = name, record.started
         self._publish_timeline()
@@ -69,7 +70,7 @@ class RankContext:
                 "stage": name, "t": record.ended, "type": type(exc).__name__,
                 "message": str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:],
-                "collective": self.state.collective,
+                "collective": self.state.collective or self.state.failed_collective,
             })
             self.watchdog.disarm()
             self._publish_timeline()
@@ -93,6 +94,10 @@ class RankContext:
         self.state.collective = {"op": op, "seq": self.state.collectives_entered, **detail}
         try:
             yield
+        except BaseException:
+            # The stage's error handler runs after this; keep what we were waiting in.
+            self.state.failed_collective = self.state.collective
+            raise
         finally:
             self.state.collective = None
 

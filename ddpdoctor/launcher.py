@@ -163,7 +163,7 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
         write_json(report, cfg.json_path)
     render_report(report, console)
     del channel  # closes the store and frees the port
-    return report.exit_code if not record.interrupted else EXIT_UNKNOWN
+    return report.exit_code
 
 
 def _loopback_ifname() -> str:

@@ -239,10 +239,15 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
         code = code or 1
     except (_Terminated, KeyboardInterrupt):
         watchdog.close()
-        if env.is_reporter:
+        side.set(f"terminated/{env.rank}", time.time())
+        if env.store_host != "launcher":
+            # torchrun's agent stops every worker when one fails: name the one that failed.
             record.interrupted = "SIGTERM"
             try:
-                code = _report_as_reporter(ctx, record, side.channel, command, wait=False)
+                if env.is_reporter or _take_over_reporting(side.channel, env):
+                    time.sleep(0.5)  # let the other ranks say they were terminated too
+                    _find_dead_ranks(side.channel, record, env)
+                    code = _report_as_reporter(ctx, record, side.channel, command, wait=False)
             except Exception:
                 pass
         return EXIT_UNKNOWN
@@ -251,6 +256,40 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
         heartbeat.stop()
         _teardown()
     return code
+
+
+def _process_gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _is_dead(channel: Channel, env: LaunchEnv, rank: int) -> bool:
+    """A rank that ended without saying so: its process is gone, or its heartbeat is stale."""
+    if channel.has(f"terminated/{rank}") or channel.has(f"done/{rank}"):
+        return False
+    hello = channel.get(f"hello/{rank}") or {}
+    if hello.get("host") == env.hostname and hello.get("pid"):
+        return _process_gone(int(hello["pid"]))
+    hb = channel.get(f"hb/{rank}") or {}
+    return time.time() - float(hb.get("t", 0)) > 2.0
+
+
+def _take_over_reporting(channel: Channel, env: LaunchEnv) -> bool:
+    """Rank 0 is the reporter; if it is the casualty, the first live rank to claim it reports."""
+    if not _is_dead(channel, env, 0):
+        return False
+    return int(channel.store.add("reporter_takeover", 1)) == 1
+
+
+def _find_dead_ranks(channel: Channel, record: RunRecord, env: LaunchEnv) -> None:
+    for rank in range(env.world_size):
+        if rank != env.rank and not channel.has(f"error/{rank}") and not channel.has(f"timeout/{rank}") \
+                and _is_dead(channel, env, rank):
+            record.dead[rank] = "its process had ended, without an error, before the launcher stopped the job"
 
 
 def _teardown() -> None:

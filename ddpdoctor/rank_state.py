@@ -30,6 +30,7 @@ class RankState:
     stage_started: float = field(default_factory=time.time)
     collective: Optional[dict[str, Any]] = None
     collectives_entered: int = 0
+    failed_collective: Optional[dict[str, Any]] = None  # the collective an exception came out of
     timeline: list[StageRecord] = field(default_factory=list)
 
     def snapshot(self) -> dict[str, Any]:

@@ -46,8 +46,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        if self.record.interrupted:
-            return EXIT_UNKNOWN
+        causes = [f for f in self.findings if f.code != "RUN006"]
+        if self.record.interrupted and not any(f.severity == Severity.CRITICAL for f in causes):
+            return EXIT_UNKNOWN  # stopped before anything was diagnosed
         return exit_code_for(f.severity for f in self.findings)
 
     @property

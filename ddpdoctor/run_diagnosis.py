@@ -73,6 +73,9 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
             if code == ORPHANED_EXIT:
                 detail["note"] = "the rank lost its launcher or the out-of-band store"
             fates[rank] = RankFate(rank, "crash", exit_info.t, None, stage, detail)
+        elif rank in record.dead:
+            fates[rank] = RankFate(rank, "crash", record.ended, None, stage,
+                                   {"exit_code": None, "note": record.dead[rank]})
         elif rank in record.done:
             fates[rank] = RankFate(rank, "ok", 0.0, None, stage, {})
         elif rank not in record.hellos and not record.heartbeats.get(rank):
@@ -178,7 +181,8 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
     affected = _victims_evidence(victims)
     where = f"rank {rank} ({host})"
     if fate.kind == "crash":
-        how = fate.detail.get("signal") or f"exit code {fate.detail.get('exit_code')}"
+        how = fate.detail.get("signal") or (f"exit code {fate.detail['exit_code']}"
+                                            if fate.detail.get("exit_code") is not None else "process gone")
         injected = fate.detail.get("injected")
         killed_oom = fate.detail.get("signal") == "SIGKILL"
         return Finding(

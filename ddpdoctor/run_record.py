@@ -46,6 +46,8 @@ class RunRecord:
     interrupted: str = ""  # the signal that stopped the launcher or reporter, if any
     faults: tuple[str, ...] = ()
     silent_after_s: float = 15.0
+    # Ranks found gone (no process) by a reporter that shares their host, with why we looked.
+    dead: dict[int, str] = field(default_factory=dict)
     default_host: str = "?"  # the standalone launcher knows every rank's host: its own
 
 
