@@ -1,0 +1,140 @@
+"""Run ddpdoctor as a user would, in real processes, and prove nothing is left behind.
+
+Every run is tagged with a unique environment variable; after it, no process carrying
+the tag may exist and the rendezvous port must be bindable again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import psutil
+
+TAG_VAR = "DDPDOCTOR_TEST_TAG"
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    report: Optional[dict[str, Any]]
+    tag: str
+    port: Optional[int] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def findings(self, code: Optional[str] = None) -> list[dict[str, Any]]:
+        found = (self.report or {}).get("findings", [])
+        return [f for f in found if code is None or f["code"] == code]
+
+    def severities(self) -> set[str]:
+        return {f["severity"] for f in self.findings()}
+
+    def explain(self) -> str:
+        return f"rc={self.returncode} wall={self.wall_s:.1f}s\nSTDOUT:\n{self.stdout[-4000:]}\nSTDERR:\n{self.stderr[-3000:]}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(TAG_VAR) == tag:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def assert_nothing_left(run: Run, settle_s: float = 5.0) -> None:
+    deadline = time.monotonic() + settle_s
+    while True:
+        left = tagged_processes(run.tag)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for proc in left:  # clean up before failing, so one failure does not cascade
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not left, f"orphaned processes: {[(p.pid, p.cmdline()) for p in left]}\n{run.explain()}"
+    if run.port is not None:
+        assert port_is_free(run.port), f"port {run.port} still bound after the run\n{run.explain()}"
+
+
+def _env(tag: str, extra: Optional[dict[str, str]]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()}
+    env.update({TAG_VAR: tag, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(extra or {})
+    return env
+
+
+def run_check(tmp_path: Path, *args: str, env: Optional[dict[str, str]] = None, timeout_s: float = 90,
+              signal_after: Optional[tuple[float, int]] = None, use_port: bool = True) -> Run:
+    """`python -m ddpdoctor check --no-live --json ... ARGS` as a user runs it."""
+    tag = uuid.uuid4().hex
+    report_path = tmp_path / f"report-{tag[:8]}.json"
+    port = free_port() if use_port else None
+    cmd = [sys.executable, "-m", "ddpdoctor", "check", "--no-live", "--json", str(report_path), *args]
+    if port is not None:
+        cmd += ["--port", str(port)]
+    return _run(cmd, tag, env, timeout_s, signal_after, report_path, port)
+
+
+def run_command(cmd: list[str], tmp_path: Path, env: Optional[dict[str, str]] = None, timeout_s: float = 90,
+                report_name: Optional[str] = None) -> Run:
+    tag = uuid.uuid4().hex
+    report_path = tmp_path / report_name if report_name else None
+    return _run(cmd, tag, env, timeout_s, None, report_path, None)
+
+
+def _run(cmd: list[str], tag: str, env: Optional[dict[str, str]], timeout_s: float,
+         signal_after: Optional[tuple[float, int]], report_path: Optional[Path], port: Optional[int]) -> Run:
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=_env(tag, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if signal_after is not None:
+        delay, sig = signal_after
+        time.sleep(delay)
+        proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for p in tagged_processes(tag):
+            p.kill()
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"ddpdoctor did not finish within {timeout_s}s: {cmd}\n{out[-3000:]}\n{err[-3000:]}")
+    wall = time.perf_counter() - start
+    report = None
+    if report_path is not None and report_path.exists():
+        report = json.loads(report_path.read_text())
+    return Run(proc.returncode, out, err, wall, report, tag, port)
+
+
+__all__ = ["Run", "run_check", "run_command", "assert_nothing_left", "free_port", "signal"]

@@ -1,0 +1,120 @@
+"""End to end on real gloo CPU ranks: healthy runs and real faults at every stage.
+
+Each test runs `ddpdoctor check` as a user would and asserts on its exit code, its
+JSON report, its wall time against the deadline, and that no process or port is left.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from ddpdoctor.inject import STAGES
+
+from .harness import assert_nothing_left, run_check
+
+pytestmark = pytest.mark.ranks
+
+TIMEOUT = 4  # the per-stage deadline the fault tests run with
+# Launching and importing torch on 2 busy cores takes up to ~15 s before the first stage.
+STARTUP_S = 25
+
+
+def _rank(report: dict, rank: int) -> dict:
+    return next(r for r in report["ranks"] if r["rank"] == rank)
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
+    run = run_check(tmp_path, "--nproc", str(nproc))
+    assert run.returncode == 0, run.explain()
+    report = run.report
+    assert report["schema"] == "ddpdoctor.report/1"
+    assert report["world_size"] == nproc and report["backend"] == "gloo"
+    assert report["verdict"] == "ok" and report["exit_code"] == 0
+    assert run.severities() <= {"ok"}, run.explain()
+    assert [f["code"] for f in run.findings()] == ["DDP001"]
+    assert all(r["state"] == "ok" for r in report["ranks"])
+    smoke = report["probes"][0]
+    assert smoke["name"] == "ddp-smoke" and smoke["status"] == "ok"
+    facts = smoke["facts"]
+    assert sorted(facts) == [str(r) for r in range(nproc)]
+    # Real training happened: the gradient hook ran every step and weights agree bit for bit.
+    assert len({f["param_sha256"] for f in facts.values()}) == 1
+    assert all(f["comm_calls"] >= 5 and len(f["steps"]) == 5 for f in facts.values())
+    assert all(s["step_ms"] > 0 and s["comm_ms"] > 0 for f in facts.values() for s in f["steps"])
+    assert "OK" in run.stdout.splitlines()[0]
+    assert_nothing_left(run)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_crashed_rank_is_named_with_its_stage(tmp_path, stage):
+    run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", f"crash:rank=1:stage={stage}")
+    assert run.returncode == 2, run.explain()
+    crash = run.findings("RUN002")
+    assert len(crash) == 1, run.explain()
+    assert crash[0]["ranks"] == [1] and crash[0]["evidence"]["stage"] == stage
+    assert crash[0]["evidence"]["exit_code"] == 86 and crash[0]["evidence"]["injected"] is True
+    assert "injected crash on rank 1" in "\n".join(crash[0]["evidence"]["last_output"])
+    # The others are victims at most, never blamed.
+    blamed = {r for f in run.findings() if f["severity"] == "critical" and f["probe"] == "run" for r in f["ranks"]}
+    assert blamed == {1}, run.explain()
+    assert run.report["injected_faults"] == [f"crash:rank=1:stage={stage}"]
+    assert run.findings("RUN010")
+    assert run.wall_s < STARTUP_S + 2 * TIMEOUT + 10, run.explain()
+    assert_nothing_left(run)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_hung_rank_is_found_within_the_deadline(tmp_path, stage):
+    run = run_check(tmp_path, "--nproc", "2", "--timeout", str(TIMEOUT), "--inject", f"hang:rank=1:stage={stage}")
+    assert run.returncode == 2, run.explain()
+    hung = run.findings("RUN004")
+    assert len(hung) == 1 and hung[0]["ranks"] == [1], run.explain()
+    assert hung[0]["evidence"]["stage"] == stage
+    assert hung[0]["evidence"]["deadline_s"] == TIMEOUT
+    # The stack shows where it is stuck: the injected hang, not our own threads.
+    stack = "\n".join(hung[0]["evidence"]["python_stack"])
+    assert "_hang_forever" in stack and "ddpdoctor-heartbeat" not in stack
+    assert _rank(run.report, 1)["state"] == "timeout"
+    if stage in ("init", "ddp", "train"):
+        # Rank 0 was waiting for it inside a collective: a victim, not a second culprit.
+        assert "0" in hung[0]["evidence"]["affected_ranks"], run.explain()
+    assert run.wall_s < STARTUP_S + 2 * TIMEOUT + 10, run.explain()
+    assert_nothing_left(run)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_launcher_stops_everything_and_reports(tmp_path, sig):
+    # Rank 1 hangs forever (deadline 60 s), so only the signal can end the run early.
+    run = run_check(tmp_path, "--nproc", "2", "--timeout", "60", "--inject", "hang:rank=1:stage=train",
+                    signal_after=(12.0, sig), timeout_s=60)
+    assert run.returncode == 3, run.explain()
+    interrupted = run.findings("RUN006")
+    assert interrupted and interrupted[0]["evidence"]["signal"] == sig.name
+    assert run.report["interrupted"] == sig.name
+    assert run.wall_s < 12 + 10, run.explain()
+    assert "Traceback" not in run.stderr
+    assert_nothing_left(run)
+
+
+def test_slow_rank_is_really_slower_and_reported_as_injected(tmp_path):
+    run = run_check(tmp_path, "--nproc", "2", "--inject", "slow:rank=1:factor=4")
+    assert run.returncode == 0, run.explain()
+    facts = run.report["probes"][0]["facts"]
+    slow = [s["step_ms"] for s in facts["1"]["steps"]]
+    delays = [s["injected_delay_ms"] for s in facts["1"]["steps"]]
+    assert all(d > 0 for d in delays) and all(s["injected_delay_ms"] == 0 for s in facts["0"]["steps"])
+    assert min(slow) > max(delays) * 0.9
+    assert run.findings("RUN010")[0]["evidence"]["injected"] == ["slow:rank=1:factor=4"]
+    assert_nothing_left(run)
+
+
+def test_diverged_weights_are_caught(tmp_path):
+    run = run_check(tmp_path, "--nproc", "3", "--inject", "diverge:rank=2")
+    assert run.returncode == 2, run.explain()
+    diverged = run.findings("DDP002")
+    assert len(diverged) == 1 and diverged[0]["ranks"] == [2], run.explain()
+    assert not run.findings("DDP001")
+    assert_nothing_left(run)
