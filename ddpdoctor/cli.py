@@ -127,7 +127,17 @@ def _list_probes() -> int:
     return 0
 
 
+def _quiet_torch_logs() -> None:
+    """c10d logs every failed connect with a C++ stack; we report the same fact in one line.
+
+    Must run before torch is imported. A user who sets TORCH_CPP_LOG_LEVEL keeps theirs.
+    """
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    _quiet_torch_logs()
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(args_list)

@@ -88,7 +88,7 @@ class Watchdog(threading.Thread):
     """Fires once, at the deadline of the stage that is armed; never returns from firing."""
 
     def __init__(self, side: SideChannel, rank: int, state: RankState,
-                 on_fire: Optional[Callable[[], None]] = None) -> None:
+                 on_fire: Optional[Callable[[], Optional[int]]] = None) -> None:
         super().__init__(name="ddpdoctor-watchdog", daemon=True)
         self.side, self.rank, self.state = side, rank, state
         self.on_fire = on_fire
@@ -149,9 +149,11 @@ class Watchdog(threading.Thread):
             f"ddpdoctor: rank {self.rank} passed the {self.armed_for_s:g}s deadline of stage "
             f"{self.armed_stage!r}; giving up\n")
         sys.stderr.flush()
+        code = None
         if self.on_fire is not None:
             try:
-                self.on_fire()
+                code = self.on_fire()
             except Exception:
                 pass
-        os._exit(STAGE_TIMEOUT_EXIT)
+        sys.stdout.flush()
+        os._exit(code if isinstance(code, int) else STAGE_TIMEOUT_EXIT)

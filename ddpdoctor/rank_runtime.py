@@ -79,11 +79,12 @@ def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:
     ctx.channel.set(f"hello/{ctx.rank}", _hello(ctx))
     keys = [f"hello/{r}" for r in range(ctx.world_size)]
     with ctx.collective("rendezvous"):
-        present = ctx.channel.wait(keys, ctx.cfg.timeout_s)
-    missing = [r for r in range(ctx.world_size) if f"hello/{r}" not in present]
-    if missing:
-        raise RuntimeError(f"ranks {missing} did not arrive within {ctx.cfg.timeout_s:g}s "
-                           f"({len(present)} of {ctx.world_size} arrived)")
+        # Shorter than the stage deadline, so a missing rank is an orderly finding, not a watchdog exit.
+        present = ctx.channel.wait(keys, ctx.cfg.timeout_s * 0.8)
+        missing = [r for r in range(ctx.world_size) if f"hello/{r}" not in present]
+        if missing:
+            raise RuntimeError(f"ranks {missing} did not arrive within {ctx.cfg.timeout_s * 0.8:g}s "
+                               f"({len(present)} of {ctx.world_size} arrived)")
     hellos = ctx.channel.collect("hello/{rank}", range(ctx.world_size))
     hosts: list[str] = []
     for r in range(ctx.world_size):
@@ -189,11 +190,12 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     state = RankState()
     ctx_holder: dict[str, RankContext] = {}
 
-    def emergency_report() -> None:
+    def emergency_report() -> Optional[int]:
         # Our own stage deadline fired on the reporter: say what we know before exiting.
         if env.is_reporter:
             time.sleep(min(2.0, cfg.timeout_s / 2))
-            _report_as_reporter(ctx_holder["ctx"], record, side.channel, command, wait=False)
+            return _report_as_reporter(ctx_holder["ctx"], record, side.channel, command, wait=False)
+        return None
 
     watchdog = Watchdog(side, env.rank, state, on_fire=emergency_report)
     watchdog.start()

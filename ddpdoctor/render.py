@@ -96,7 +96,7 @@ def render_report(report: Report, console: Console) -> None:
     head.append(f"  {rec.world_size} ranks on {len(data_nodes)} node{'s' if len(data_nodes) != 1 else ''}")
     if data_nodes:
         head.append(f" ({', '.join(data_nodes[:4])}{', ...' if len(data_nodes) > 4 else ''})")
-    if report.backend:
+    if report.backend and report.device:
         head.append(f"  {report.backend}/{report.device}")
     head.append(f"  {max(0.0, rec.ended - rec.started):.1f}s")
     console.print(head)

@@ -106,7 +106,8 @@ def test_slow_rank_is_really_slower_and_reported_as_injected(tmp_path):
     slow = [s["step_ms"] for s in facts["1"]["steps"]]
     delays = [s["injected_delay_ms"] for s in facts["1"]["steps"]]
     assert all(d > 0 for d in delays) and all(s["injected_delay_ms"] == 0 for s in facts["0"]["steps"])
-    assert min(slow) > max(delays) * 0.9
+    # Each slow step really took at least its injected delay longer (a real sleep, timed).
+    assert all(step >= delay for step, delay in zip(slow, delays))
     assert run.findings("RUN010")[0]["evidence"]["injected"] == ["slow:rank=1:factor=4"]
     assert_nothing_left(run)
 

@@ -1,0 +1,150 @@
+"""The same check under torchrun and under hand-set rank variables, and bad input end to end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from .harness import assert_nothing_left, free_port, run_check, run_command, tagged_processes, TAG_VAR
+
+pytestmark = pytest.mark.ranks
+
+
+def _torchrun(tmp_path, *args):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "ddpdoctor", "check", "--json", str(tmp_path / "tr.json"), *args]
+    return run_command(cmd, tmp_path, report_name="tr.json")
+
+
+def test_torchrun_standalone_gives_the_same_healthy_report(tmp_path):
+    run = _torchrun(tmp_path)
+    assert run.returncode == 0, run.explain()
+    assert run.report["mode"] == "torchrun" and run.report["world_size"] == 2
+    assert [f["code"] for f in run.findings()] == ["DDP001"]
+    assert all(r["state"] == "ok" for r in run.report["ranks"])
+    assert run.stdout.count("ddpdoctor check") == 1, "exactly one rank (rank 0) prints the report"
+    assert_nothing_left(run)
+
+
+@pytest.mark.parametrize("crashed", [0, 1])
+def test_torchrun_names_the_crashed_rank_even_when_it_is_the_reporter(tmp_path, crashed):
+    run = _torchrun(tmp_path, "--timeout", "4", "--inject", f"crash:rank={crashed}:stage=ddp")
+    assert run.returncode != 0, run.explain()  # torchrun turns any failed worker into exit 1
+    crash = run.findings("RUN002")
+    assert len(crash) == 1 and crash[0]["ranks"] == [crashed], run.explain()
+    assert crash[0]["evidence"]["stage"] == "ddp"
+    assert run.report["exit_code"] == 2
+    assert_nothing_left(run)
+
+
+def _start_ranks(tmp_path, world_size, started, tag, timeout=4):
+    port = free_port()
+    procs = []
+    for rank in started:
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", **{TAG_VAR: tag})
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ddpdoctor", "check", "--timeout", str(timeout), "--json",
+             str(tmp_path / f"r{rank}.json")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return port, procs
+
+
+def test_world_size_larger_than_the_ranks_launched_names_the_missing_rank(tmp_path):
+    tag = "missing-" + str(time.time())
+    start = time.monotonic()
+    port, procs = _start_ranks(tmp_path, 3, [0, 1], tag)
+    outs = [p.communicate(timeout=60) for p in procs]
+    wall = time.monotonic() - start
+    assert procs[0].returncode == 2, outs
+    import json
+
+    report = json.loads((tmp_path / "r0.json").read_text())
+    missing = [f for f in report["findings"] if f["code"] == "RUN001"]
+    assert missing and missing[0]["ranks"] == [2]
+    assert missing[0]["evidence"]["arrived_ranks"] == "0-1"
+    assert set(missing[0]["evidence"]["affected_ranks"]) == {"0", "1"}
+    assert wall < 30
+    assert not tagged_processes(tag)
+
+
+def test_unreachable_rendezvous_is_one_line_and_critical(tmp_path):
+    port = free_port()  # nobody listens there
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    run = run_command([sys.executable, "-m", "ddpdoctor", "check", "--timeout", "2"], tmp_path, env=env)
+    assert run.returncode == 2, run.explain()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "could not reach the rendezvous store" in lines[0] and str(port) in lines[0]
+    assert run.wall_s < 20
+
+
+def test_unresolvable_master_addr_is_one_line(tmp_path):
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": "29500"}
+    run = run_command([sys.executable, "-m", "ddpdoctor", "check", "--timeout", "2"], tmp_path, env=env)
+    assert run.returncode == 3, run.explain()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not resolve" in lines[0] and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"RANK": "0", "WORLD_SIZE": "abc", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, "WORLD_SIZE"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, "LOCAL_RANK"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"}, "MASTER_PORT"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29500"}, "MASTER_ADDR"),
+])
+def test_bad_rank_variables_are_one_line(tmp_path, env, needle):
+    run = run_command([sys.executable, "-m", "ddpdoctor", "check"], tmp_path, env=env, timeout_s=30)
+    assert run.returncode == 3, run.explain()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("ddpdoctor: error:"), run.explain()
+
+
+def test_port_in_use_is_one_line(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        run = run_command([sys.executable, "-m", "ddpdoctor", "check", "--port", str(port)], tmp_path)
+    assert run.returncode == 3, run.explain()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "--port" in lines[0]
+    assert not tagged_processes(run.tag)
+
+
+def test_missing_nccl_backend_is_one_line(tmp_path):
+    import torch.distributed as dist
+
+    if dist.is_nccl_available():
+        pytest.skip("this torch has NCCL; the error path needs a CPU-only build")
+    run = run_command([sys.executable, "-m", "ddpdoctor", "check", "--backend", "nccl"], tmp_path)
+    assert run.returncode == 3, run.explain()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nccl" in lines[0].lower() and "--backend gloo" in lines[0]
+
+
+def test_killing_the_launcher_leaves_no_rank_behind(tmp_path):
+    """SIGKILL cannot be handled: the ranks must notice their parent died and exit by themselves."""
+    tag = "sigkill-" + str(time.time())
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{TAG_VAR: tag})
+    proc = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "--no-live", "--timeout", "60",
+                             "--inject", "hang:rank=1:stage=train"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and len(tagged_processes(tag)) < 3:
+        time.sleep(0.2)
+    assert len(tagged_processes(tag)) >= 3, "the ranks never started"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and tagged_processes(tag):
+        time.sleep(0.2)
+    left = tagged_processes(tag)
+    for p in left:
+        p.kill()
+    assert not left, [p.cmdline() for p in left]
