@@ -148,3 +148,27 @@ def test_killing_the_launcher_leaves_no_rank_behind(tmp_path):
     for p in left:
         p.kill()
     assert not left, [p.cmdline() for p in left]
+
+
+def test_slurm_task_variables_are_enough(tmp_path):
+    """What `srun --ntasks=2 python -m ddpdoctor check` gives each task, without Slurm itself."""
+    tag = "slurm-" + str(time.time())
+    job_id = str(40000 + free_port() % 20000)  # the port is derived from the job id
+    procs = []
+    for rank in (0, 1):
+        env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+        env.update(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), SLURM_STEP_ID="0",
+                   SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST="localhost", SLURM_NTASKS_PER_NODE="2",
+                   OMP_NUM_THREADS="1", **{TAG_VAR: tag})
+        procs.append(subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "--json",
+                                       str(tmp_path / f"s{rank}.json")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=90) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    import json
+
+    report = json.loads((tmp_path / "s0.json").read_text())
+    assert report["mode"] == "slurm" and report["verdict"] == "ok"
+    assert not (tmp_path / "s1.json").exists(), "only rank 0 writes the report"
+    assert "ddpdoctor check" in outs[0][0] and "ddpdoctor check" not in outs[1][0]
+    assert not tagged_processes(tag)
