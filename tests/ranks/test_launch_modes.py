@@ -17,10 +17,10 @@ from .harness import assert_nothing_left, free_port, run_check, run_command, tag
 pytestmark = pytest.mark.ranks
 
 
-def _torchrun(tmp_path, *args):
+def _torchrun(tmp_path, *args, env=None):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "ddpdoctor", "check", "--json", str(tmp_path / "tr.json"), *args]
-    return run_command(cmd, tmp_path, report_name="tr.json")
+    return run_command(cmd, tmp_path, env=env, report_name="tr.json")
 
 
 def test_torchrun_standalone_gives_the_same_healthy_report(tmp_path):
@@ -35,7 +35,8 @@ def test_torchrun_standalone_gives_the_same_healthy_report(tmp_path):
 
 @pytest.mark.parametrize("crashed", [0, 1])
 def test_torchrun_names_the_crashed_rank_even_when_it_is_the_reporter(tmp_path, crashed):
-    run = _torchrun(tmp_path, "--timeout", "4", "--inject", f"crash:rank={crashed}:stage=ddp")
+    # Workers started by torchrun take their faults from the environment, as a fire drill would.
+    run = _torchrun(tmp_path, "--timeout", "4", env={"DDPDOCTOR_INJECT": f"crash:rank={crashed}:stage=ddp"})
     assert run.returncode != 0, run.explain()  # torchrun turns any failed worker into exit 1
     crash = run.findings("RUN002")
     assert len(crash) == 1 and crash[0]["ranks"] == [crashed], run.explain()

@@ -1,0 +1,458 @@
+"""ddpdoctor.run_diagnosis on hand-made RunRecords, and the ddpdoctor.findings helpers.
+
+The records are filled the way the channel and the standalone launcher fill them:
+hello/timeline/error/timeout values are the JSON the ranks publish, exits are ExitInfo.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddpdoctor.findings import (EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, Finding, Severity, exit_code_for,
+                                rank_ranges)
+from ddpdoctor.inject import INJECTED_CRASH_EXIT
+from ddpdoctor.run_diagnosis import diagnose_run, rank_fates
+from ddpdoctor.run_record import ExitInfo, RunRecord
+
+T0 = 1_700_000_000.0
+STACK = ('Thread 0x7f00 (most recent call first):\n'
+         '  File "/usr/lib/python3.11/site-packages/ddpdoctor/workload.py", line 494 in run_workload\n'
+         '  File "/usr/lib/python3.11/site-packages/ddpdoctor/probes/ddp_smoke.py", line 26 in collect\n')
+
+
+def hello(rank: int, world: int, host: str = "node-a", **extra: Any) -> dict[str, Any]:
+    return {"rank": rank, "host": host, "pid": 4000 + rank, "local_rank": rank, "local_world_size": world,
+            "world_size": world, "mode": "ddpdoctor", "cuda_devices": 0, "t": T0 + 1.0, "torch": "2.13.0",
+            **extra}
+
+
+def timeline(upto: str, status: str = "ok") -> list[dict[str, Any]]:
+    """The stages a rank entered, ending in `upto` with `status` (nested workload stages included)."""
+    order = ["rendezvous", "init", "probe:ddp-smoke", "ddp", "train", "verify", "report"]
+    entries = []
+    for i, name in enumerate(order[: order.index(upto) + 1]):
+        last = name == upto
+        enclosing = name == "probe:ddp-smoke" and upto in ("ddp", "train", "verify")
+        st_ = status if last else ("running" if enclosing and status != "ok" else "ok")
+        entries.append({"name": name, "started": T0 + 1 + i, "ended": None if st_ == "running" else T0 + 2 + i,
+                        "status": st_, "detail": ""})
+    return entries
+
+
+def heartbeat(stage: str, t: float, collective: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    return {"t": t, "stage": stage, "stage_started": t - 1, "collective": collective, "seq": 3}
+
+
+def timeout(stage: str, collective: Optional[dict[str, Any]], t: float = T0 + 35) -> dict[str, Any]:
+    return {"stage": stage, "deadline_s": 30.0, "t": t, "collective": collective,
+            "seq": (collective or {}).get("seq", 0), "stack": STACK}
+
+
+def allreduce(seq: int = 7, step: int = 2) -> dict[str, Any]:
+    return {"op": "ddp_gradient_allreduce", "seq": seq, "step": step}
+
+
+def make_record(world: int, **fields: Any) -> RunRecord:
+    record = RunRecord(world_size=world, mode="ddpdoctor", probes=("ddp-smoke",), started=T0,
+                       ended=T0 + 40, default_host="node-a")
+    record.hellos = {r: hello(r, world, host=f"node-{'ab'[r % 2]}") for r in range(world)}
+    record.heartbeats = {r: heartbeat("report", T0 + 10) for r in range(world)}
+    record.timelines = {r: timeline("report") for r in range(world)}
+    for name, value in fields.items():
+        setattr(record, name, value)
+    return record
+
+
+def healthy(world: int = 2) -> RunRecord:
+    return make_record(world, done=set(range(world)), exits={r: ExitInfo(0, t=T0 + 12) for r in range(world)})
+
+
+def codes(findings: list[Finding]) -> list[str]:
+    return [f.code for f in findings]
+
+
+def critical(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == Severity.CRITICAL]
+
+
+def assert_jsonable(findings: list[Finding]) -> None:
+    json.dumps([f.to_json() for f in findings], allow_nan=False)
+
+
+# == healthy ========================================================================
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_healthy_run_has_nothing_above_info(world):
+    record = healthy(world)
+    findings = diagnose_run(record)
+    assert all(f.severity <= Severity.INFO for f in findings), codes(findings)
+    assert {f.kind for f in rank_fates(record).values()} == {"ok"}
+    assert exit_code_for(f.severity for f in findings) == EXIT_OK
+
+
+def test_healthy_run_under_torchrun_without_exit_info():
+    record = make_record(2, done={0, 1}, mode="torchrun")
+    assert diagnose_run(record) == []
+
+
+# == crashes: RUN002 ==================================================================
+
+def _crash_with_victim(code: int = INJECTED_CRASH_EXIT, signal: Optional[str] = None,
+                       faults: tuple[str, ...] = ("crash:rank=1:stage=train",)) -> RunRecord:
+    return make_record(
+        2,
+        timelines={0: timeline("train", "timeout"), 1: timeline("train", "running")},
+        heartbeats={0: heartbeat("train", T0 + 34, allreduce()), 1: heartbeat("train", T0 + 5)},
+        timeouts={0: timeout("train", allreduce())},
+        exits={1: ExitInfo(code, signal=signal, t=T0 + 5.2,
+                           log_tail=["ddpdoctor: injected crash on rank 1 in stage train"]),
+               0: ExitInfo(124, t=T0 + 35.1)},
+        faults=faults,
+    )
+
+
+def test_crashed_rank_is_the_one_critical_and_the_waiting_rank_is_only_affected():
+    findings = diagnose_run(_crash_with_victim())
+    crit = critical(findings)
+    assert codes(crit) == ["RUN002"]
+    crash = crit[0]
+    assert crash.ranks == (1,)
+    assert crash.nodes == ("node-b",)
+    assert "rank 1 (node-b)" in crash.title and "stage train" in crash.title
+    assert "exit code 86" in crash.title and "[injected]" in crash.title
+    assert crash.evidence["stage"] == "train"
+    assert crash.evidence["exit_code"] == 86 and crash.evidence["injected"] is True
+    assert crash.evidence["last_output"] == ["ddpdoctor: injected crash on rank 1 in stage train"]
+    assert "log_tail" not in crash.evidence
+    assert set(crash.evidence["affected_ranks"]) == {"0"}
+    assert "ddp_gradient_allreduce #7" in crash.evidence["affected_ranks"]["0"]
+    assert "step=2" in crash.evidence["affected_ranks"]["0"]
+    # rank 0 appears in no finding of its own
+    assert not [f for f in findings if 0 in f.ranks]
+    assert codes(findings) == ["RUN010", "RUN002"]
+    assert_jsonable(findings)
+
+
+def test_crash_that_was_not_injected_says_so():
+    findings = diagnose_run(_crash_with_victim(code=1, faults=()))
+    crash, = critical(findings)
+    assert "exit code 1" in crash.title and "[injected]" not in crash.title
+    assert "injected" not in crash.evidence
+    assert "RUN010" not in codes(findings)
+
+
+def test_sigkill_is_named_and_points_at_out_of_memory():
+    findings = diagnose_run(_crash_with_victim(code=-9, signal="SIGKILL", faults=()))
+    crash, = critical(findings)
+    assert crash.code == "RUN002" and crash.ranks == (1,)
+    assert crash.evidence["signal"] == "SIGKILL"
+    assert crash.evidence["exit_code"] == -9
+    assert "(SIGKILL)" in crash.title
+    assert "out-of-memory" in crash.why
+    assert "dmesg" in crash.fix
+
+
+def test_unknown_negative_exit_is_still_a_crash_with_its_signal_number():
+    findings = diagnose_run(_crash_with_victim(code=-200, faults=()))
+    crash, = critical(findings)
+    assert crash.evidence["signal"] == "signal 200"
+
+
+def test_two_crashes_are_listed_first_one_first():
+    record = make_record(
+        3,
+        timelines={r: timeline("train", "running") for r in range(3)},
+        exits={0: ExitInfo(1, t=T0 + 9), 1: ExitInfo(1, t=T0 + 4), 2: ExitInfo(0, t=T0 + 12)},
+        done={2},
+    )
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN002", "RUN002"]
+    assert [f.ranks for f in findings] == [(1,), (0,)]
+
+
+def test_rank_found_dead_by_the_reporter_is_a_crash():
+    record = make_record(2, mode="torchrun", timelines={0: timeline("report"), 1: timeline("train", "running")},
+                         done={0}, dead={1: "its process had ended, without an error"})
+    crash, = critical(diagnose_run(record))
+    assert crash.code == "RUN002" and crash.ranks == (1,)
+    assert "process gone" in crash.title
+    assert crash.evidence["note"].startswith("its process had ended")
+
+
+# == errors and hangs: RUN003 / RUN004 / RUN005 ======================================
+
+def test_error_outside_a_collective_is_run003_with_its_message():
+    record = make_record(
+        2,
+        timelines={0: timeline("init", "error"), 1: timeline("init", "timeout")},
+        errors={0: {"stage": "init", "t": T0 + 3, "type": "RuntimeError",
+                    "message": "the NCCL backend is not available in this torch build; use --backend gloo",
+                    "traceback": "Traceback (most recent call last):\n  ...\nRuntimeError: the NCCL backend",
+                    "collective": None}},
+        timeouts={1: timeout("init", {"op": "init_process_group", "seq": 2, "backend": "nccl"})},
+    )
+    findings = diagnose_run(record)
+    err, = critical(findings)
+    assert err.code == "RUN003" and err.ranks == (0,)
+    assert "RuntimeError: the NCCL backend is not available" in err.title
+    assert err.evidence["traceback"][-1] == "RuntimeError: the NCCL backend"
+    assert "init_process_group #2 (backend=nccl)" in err.evidence["affected_ranks"]["1"]
+
+
+def test_rank_hung_outside_a_collective_is_the_only_cause():
+    record = make_record(
+        3,
+        timelines={r: timeline("train", "timeout") for r in range(3)},
+        timeouts={0: timeout("train", allreduce(), t=T0 + 36),
+                  1: timeout("train", None, t=T0 + 35.5),
+                  2: timeout("train", allreduce(), t=T0 + 36.2)},
+        exits={r: ExitInfo(124, t=T0 + 36.5) for r in range(3)},
+    )
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN004"]
+    hang = findings[0]
+    assert hang.severity == Severity.CRITICAL
+    assert hang.ranks == (1,)
+    assert "rank 1 (node-b) hung in stage train, outside any collective" in hang.title
+    assert "the others waited for it" in hang.title
+    assert hang.evidence["deadline_s"] == 30.0
+    assert any("workload.py" in line for line in hang.evidence["python_stack"])
+    assert set(hang.evidence["affected_ranks"]) == {"0", "2"}
+
+
+def test_lone_hang_does_not_claim_others_waited():
+    record = make_record(1, timelines={0: timeline("verify", "timeout")}, timeouts={0: timeout("verify", None)})
+    hang, = diagnose_run(record)
+    assert hang.code == "RUN004" and "the others waited" not in hang.title
+    assert hang.evidence["affected_ranks"] == {}
+
+
+def test_rank_stopped_by_the_launcher_for_silence_is_run005():
+    record = make_record(
+        2,
+        timelines={0: timeline("report"), 1: timeline("train", "running")},
+        heartbeats={0: heartbeat("report", T0 + 20), 1: heartbeat("train", T0 + 6)},
+        done={0},
+        exits={0: ExitInfo(0, t=T0 + 21),
+               1: ExitInfo(-9, t=T0 + 22, killed_by_us="silent: no heartbeat for 16.0s")},
+    )
+    silent, = critical(diagnose_run(record))
+    assert silent.code == "RUN005" and silent.ranks == (1,)
+    assert "stopped answering in stage train" in silent.title
+    assert silent.evidence["reason"] == "silent: no heartbeat for 16.0s"
+
+
+# == collective hangs: RUN008 / RUN009 ==================================================
+
+def test_every_rank_stuck_in_the_same_collective_is_run008():
+    record = make_record(
+        2,
+        timelines={r: timeline("train", "timeout") for r in range(2)},
+        timeouts={0: timeout("train", allreduce(seq=5, step=0)), 1: timeout("train", allreduce(seq=5, step=0))},
+    )
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN008"]
+    hang = findings[0]
+    assert hang.severity == Severity.CRITICAL
+    assert hang.ranks == (0, 1) and hang.nodes == ("node-a", "node-b")
+    assert "ddp_gradient_allreduce" in hang.title
+    assert hang.evidence["state_by_rank"] == {"0": "timeout", "1": "timeout"}
+    assert hang.evidence["collective_by_rank"]["1"] == "ddp_gradient_allreduce #5 (step=0)"
+
+
+def test_transport_errors_inside_one_collective_are_run008_with_the_errors():
+    err = {"stage": "train", "t": T0 + 8, "type": "RuntimeError", "message": "Connection closed by peer",
+           "traceback": "", "collective": allreduce(seq=4, step=1)}
+    record = make_record(2, timelines={r: timeline("train", "error") for r in range(2)},
+                         errors={0: err, 1: dict(err, t=T0 + 8.1)})
+    hang, = diagnose_run(record)
+    assert hang.code == "RUN008"
+    assert hang.evidence["errors"] == {"0": "RuntimeError: Connection closed by peer",
+                                       "1": "RuntimeError: Connection closed by peer"}
+
+
+def test_ranks_in_different_collectives_is_a_desync_naming_both_groups():
+    record = make_record(
+        4,
+        timelines={r: timeline("train", "timeout") for r in range(4)},
+        timeouts={0: timeout("train", {"op": "barrier", "seq": 9}),
+                  1: timeout("train", {"op": "all_reduce", "seq": 9}),
+                  2: timeout("train", {"op": "all_reduce", "seq": 9}),
+                  3: timeout("train", {"op": "all_reduce", "seq": 9})},
+    )
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN009"]
+    desync = findings[0]
+    assert desync.severity == Severity.CRITICAL
+    assert desync.ranks == (0, 1, 2, 3)
+    assert "rank 1-3 in all_reduce" in desync.title
+    assert "rank 0 in barrier" in desync.title
+    assert desync.evidence["collective_by_rank"]["0"] == "barrier #9"
+
+
+# == arrival, world size, interruption, injection ========================================
+
+def test_missing_rank_is_run001_with_counts_and_the_waiting_ranks_affected():
+    record = make_record(
+        3, mode="torchrun",
+        timelines={0: timeline("rendezvous", "timeout"), 1: timeline("rendezvous", "timeout")},
+        timeouts={0: timeout("rendezvous", {"op": "rendezvous", "seq": 1}),
+                  1: timeout("rendezvous", {"op": "rendezvous", "seq": 1})},
+    )
+    del record.hellos[2], record.heartbeats[2]
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN001"]
+    missing = findings[0]
+    assert missing.severity == Severity.CRITICAL
+    assert missing.ranks == (2,)
+    assert "Rank 2 never arrived (2 of 3 ranks connected)" == missing.title
+    assert missing.evidence["arrived_ranks"] == "0-1"
+    assert missing.evidence["expected_world_size"] == 3
+    assert missing.evidence["arrived_hosts"] == ["node-a", "node-b"]
+    assert set(missing.evidence["affected_ranks"]) == {"0", "1"}
+    assert rank_fates(record)[2].kind == "missing"
+
+
+def test_no_rank_arrived():
+    record = make_record(2, mode="slurm", hellos={}, heartbeats={}, timelines={})
+    missing, = diagnose_run(record)
+    assert missing.code == "RUN001" and missing.ranks == (0, 1)
+    assert "(0 of 2 ranks connected)" in missing.title
+    assert missing.evidence["arrived_ranks"] == "none"
+
+
+def test_world_size_disagreement_is_run007_on_the_odd_rank():
+    record = healthy(3)
+    record.hellos[1] = hello(1, 4, host="node-b")
+    findings = diagnose_run(record)
+    odd, = critical(findings)
+    assert odd.code == "RUN007" and odd.ranks == (1,) and odd.nodes == ("node-b",)
+    assert odd.evidence["expected"] == 3
+    assert odd.evidence["world_size_by_rank"] == {0: 3, 1: 4, 2: 3}
+
+
+def test_interrupted_run_is_run006_and_nothing_else():
+    record = make_record(
+        2,
+        timelines={r: timeline("train", "running") for r in range(2)},
+        heartbeats={r: heartbeat("train", T0 + 6, allreduce()) for r in range(2)},
+        exits={r: ExitInfo(-15, t=T0 + 7, killed_by_us="interrupted by SIGINT") for r in range(2)},
+        interrupted="SIGINT",
+    )
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN006"]
+    stop = findings[0]
+    assert stop.severity == Severity.CRITICAL
+    assert "interrupted by SIGINT" in stop.title
+    assert stop.ranks == (0, 1)
+    assert stop.evidence["signal"] == "SIGINT"
+    assert stop.evidence["stage_by_rank"] == {0: "train", 1: "train"}
+    assert {f.kind for f in rank_fates(record).values()} == {"interrupted"}
+
+
+def test_injected_faults_are_an_info_finding():
+    record = healthy(2)
+    record.faults = ("slow:rank=1:factor=4", "diverge:rank=0")
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN010"]
+    info = findings[0]
+    assert info.severity == Severity.INFO
+    assert info.evidence["injected"] == ["slow:rank=1:factor=4", "diverge:rank=0"]
+    assert "slow:rank=1:factor=4, diverge:rank=0" in info.title
+    assert exit_code_for(f.severity for f in findings) == EXIT_OK
+
+
+def test_last_stage_is_the_first_unfinished_one_from_the_end():
+    record = make_record(1, timelines={0: timeline("train", "timeout")})
+    assert record.last_stage(0) == "train"
+    record.timelines[0] = timeline("verify")
+    assert record.last_stage(0) == "verify"
+    record.timelines = {}
+    assert record.last_stage(0) == "start"
+    assert record.host(0) == "node-a"
+    record.hellos = {}
+    record.default_host = "?"
+    assert record.host(0) == "?"
+
+
+# == findings helpers ===================================================================
+
+@pytest.mark.parametrize("severities, code", [
+    ([], EXIT_OK),
+    ([Severity.OK], EXIT_OK),
+    ([Severity.OK, Severity.INFO], EXIT_OK),
+    ([Severity.INFO, Severity.WARN, Severity.OK], EXIT_WARNING),
+    ([Severity.WARN, Severity.CRITICAL, Severity.INFO], EXIT_CRITICAL),
+    ([Severity.CRITICAL], EXIT_CRITICAL),
+])
+def test_exit_code_for_follows_nagios(severities, code):
+    assert (EXIT_OK, EXIT_WARNING, EXIT_CRITICAL) == (0, 1, 2)
+    assert exit_code_for(severities) == code
+    assert exit_code_for(iter(severities)) == code  # a generator works too
+
+
+@pytest.mark.parametrize("ranks, text", [
+    ([0, 1, 2, 3, 6], "0-3,6"),
+    ([6, 3, 2, 1, 0, 3], "0-3,6"),
+    ([], ""),
+    ([5], "5"),
+    ([0, 2, 4], "0,2,4"),
+    ([1, 2, 4, 5, 7, 8, 9], "1-2,4-5,7-9"),
+    (range(1000), "0-999"),
+])
+def test_rank_ranges(ranks, text):
+    assert rank_ranges(ranks) == text
+
+
+def _expand(text: str) -> list[int]:
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+@settings(database=None, deadline=None, max_examples=100)
+@given(st.sets(st.integers(0, 300)))
+def test_rank_ranges_expands_back_to_the_same_ranks(ranks):
+    assert _expand(rank_ranges(ranks)) == sorted(ranks)
+
+
+def test_severity_labels_and_order():
+    assert [s.label for s in Severity] == ["ok", "info", "warn", "critical"]
+    assert Severity.parse("WARN") is Severity.WARN
+    assert Severity.OK < Severity.INFO < Severity.WARN < Severity.CRITICAL
+
+
+def test_finding_json_round_trip():
+    finding = Finding(code="RUN002", severity=Severity.CRITICAL, title="rank 1 (n1) crashed", probe="run",
+                      ranks=(1, 3), nodes=("n1",), evidence={"exit_code": 86, "affected_ranks": {"0": "timeout"}},
+                      fix="fix it", why="because")
+    data = finding.to_json()
+    assert data["severity"] == "critical" and data["ranks"] == [1, 3]
+    assert Finding.from_json(data) == finding
+    assert Finding.from_json(json.loads(json.dumps(data))) == finding
+
+
+def test_finding_from_minimal_json():
+    finding = Finding.from_json({"code": "X1", "severity": "info", "title": "t", "probe": "p"})
+    assert finding == Finding(code="X1", severity=Severity.INFO, title="t", probe="p")
+
+
+_JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.text(max_size=10))
+
+
+@settings(database=None, deadline=None, max_examples=100)
+@given(code=st.from_regex(r"[A-Z]{3}[0-9]{3}", fullmatch=True), severity=st.sampled_from(list(Severity)),
+       title=st.text(max_size=30), ranks=st.lists(st.integers(0, 4096), max_size=5).map(tuple),
+       nodes=st.lists(st.text(min_size=1, max_size=8), max_size=3).map(tuple),
+       evidence=st.dictionaries(st.text(max_size=8), _JSON_LEAF, max_size=4))
+def test_finding_round_trips_through_json_text(code, severity, title, ranks, nodes, evidence):
+    finding = Finding(code=code, severity=severity, title=title, probe="ddp-smoke", ranks=ranks, nodes=nodes,
+                      evidence=evidence, fix="f", why="w")
+    assert Finding.from_json(json.loads(json.dumps(finding.to_json()))) == finding
