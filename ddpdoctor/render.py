@@ -93,7 +93,8 @@ def render_report(report: Report, console: Console) -> None:
     head = Text()
     head.append("ddpdoctor check  ", style="bold")
     head.append(_VERDICT[code], style=_STYLE[report.verdict] if code != 3 else "bold magenta")
-    head.append(f"  {rec.world_size} ranks on {len(data_nodes)} node{'s' if len(data_nodes) != 1 else ''}")
+    head.append(f"  {rec.world_size} rank{'s' if rec.world_size != 1 else ''} on {len(data_nodes)} "
+                f"node{'s' if len(data_nodes) != 1 else ''}")
     if data_nodes:
         head.append(f" ({', '.join(data_nodes[:4])}{', ...' if len(data_nodes) > 4 else ''})")
     if report.backend and report.device:
