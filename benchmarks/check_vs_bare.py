@@ -1,6 +1,6 @@
 """Is `ddpdoctor check` fast enough to run before every job?
 
-The budget (DEVELOPERS.md): its wall time with the default probes stays within 2x of a
+The budget (the project's rule for pre-flight checks): its wall time with the default probes stays within 2x of a
 bare `torchrun --standalone` script that inits and all-reduces once on the same ranks.
 Each command runs --repeat times, alternating, and the medians are compared.
 

@@ -12,6 +12,10 @@ Keys (under the `ddpdoctor/` prefix):
   result/<probe>/<rank>  a probe's facts from that rank
   error/<rank>      an exception that ended a stage on that rank
   timeout/<rank>    a stage deadline that expired on that rank, with its Python stack
+  done/<rank>       this rank finished every stage
+  terminated/<rank> this rank was stopped by SIGTERM (torchrun's agent, our launcher)
+  bye/<rank>        this rank is leaving; rank 0 keeps a store it hosts up until all said it
+  reporter_takeover counter: the first live rank to claim it reports when rank 0 is dead
   verdict           the exit code the reporter decided, for ranks that wait on it
 """
 

@@ -29,7 +29,7 @@ class RankContext:
     state: RankState
     watchdog: Watchdog
     node_index: int = 0
-    backend: str = "gloo"
+    backend: str = ""  # chosen at init
     device: Any = None  # torch.device once init has chosen it
     cache: dict[str, Any] = field(default_factory=dict)  # shared workload results
 

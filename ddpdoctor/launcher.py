@@ -207,7 +207,9 @@ def _supervise(pcontext: Any, channel: Channel, record: RunRecord, cfg: CheckCon
     """Poll until every rank has exited; end the ones that are stuck, with their stacks."""
     procs = _procs(pcontext)
     first_failure: Optional[float] = None
-    grace_s = min(cfg.timeout_s, 10.0)
+    # Once a rank has died the run cannot complete: give the others a moment to publish
+    # what they were doing (their heartbeats already say where they wait), then stop them.
+    grace_s = min(cfg.timeout_s, 2.0)
     while True:
         now = time.time()
         for rank, proc in procs.items():

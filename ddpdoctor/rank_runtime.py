@@ -96,7 +96,10 @@ def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:
 
 def choose_backend(requested_backend: str, requested_device: str, hellos: dict[int, dict[str, Any]]) -> tuple[str, str]:
     """NCCL only when every rank can own a GPU; decided from all ranks' hellos so all agree."""
-    every_rank_has_gpu = all(h.get("cuda_devices", 0) >= h.get("local_world_size", 1) for h in hellos.values())
+    # A rank owns a GPU if it sees one per local rank, or exactly one (Slurm's
+    # --gpus-per-task=1 binds one to each task). Sharing is the gpu-count probe's finding.
+    every_rank_has_gpu = all(h.get("cuda_devices", 0) >= h.get("local_world_size", 1) or h.get("cuda_devices", 0) == 1
+                             for h in hellos.values())
     device = requested_device
     if device == "auto":
         device = "cuda" if every_rank_has_gpu else "cpu"
@@ -117,7 +120,8 @@ def _init(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> None:
     if device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device on this rank")
-        torch.cuda.set_device(ctx.env.local_rank % max(1, torch.cuda.device_count()))
+        count = torch.cuda.device_count()
+        torch.cuda.set_device(ctx.env.local_rank if count >= ctx.env.local_world_size else 0)
         ctx.device = torch.device("cuda", torch.cuda.current_device())
     else:
         ctx.device = torch.device("cpu")
@@ -178,6 +182,11 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     check_ranks(cfg.inject, env.world_size)
+    # Heavy imports before the first deadline is armed: DDP's constructor imports
+    # torch._dynamo, seconds of CPU on a loaded node, which no stage should be charged for.
+    import torch._dynamo  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
     record = RunRecord(world_size=env.world_size, mode=env.mode, probes=cfg.probes, started=time.time(),
                        faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s)
     try:
@@ -228,9 +237,12 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
                 code = _report_as_reporter(ctx, record, channel, command)
                 channel.set("verdict", code)
             elif env.store_host != "launcher":
+                # Wait for the verdict so the store (on rank 0) outlives nobody's reads, but exit
+                # with our own health: torchrun names the first non-zero exit as the root cause,
+                # and the verdict is rank 0's exit code and the report's.
                 with ctx.collective("wait_for_verdict"):
-                    got = channel.wait(["verdict"], cfg.timeout_s + cfg.silent_after_s)
-                code = int(channel.get("verdict")) if got else EXIT_CRITICAL
+                    channel.wait(["verdict"], cfg.timeout_s + cfg.silent_after_s)
+                code = 0 if healthy else 1
             else:
                 code = 0 if healthy else 1
             channel.set(f"bye/{env.rank}", time.time())
@@ -246,13 +258,14 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
             # torchrun's agent stops every worker when one fails: name the one that failed.
             record.interrupted = "SIGTERM"
             try:
+                code = 0
                 if env.is_reporter or _take_over_reporting(side.channel, env):
                     time.sleep(0.5)  # let the other ranks say they were terminated too
                     _find_dead_ranks(side.channel, record, env)
                     code = _report_as_reporter(ctx, record, side.channel, command, wait=False)
             except Exception:
                 pass
-        return EXIT_UNKNOWN
+        return code if code else EXIT_UNKNOWN
     finally:
         watchdog.close()
         heartbeat.stop()

@@ -70,10 +70,14 @@ class LiveView:
         return table
 
 
-def _evidence_lines(evidence: Mapping[str, Any], width: int = 110) -> list[str]:
+def _evidence_lines(evidence: Mapping[str, Any], width: int = 240) -> list[str]:
     lines = []
     for key, value in evidence.items():
         if value in (None, "", [], {}):
+            continue
+        if isinstance(value, dict) and value and all(isinstance(v, str) for v in value.values()):
+            lines.append(f"{key}:")
+            lines.extend(f"    {k}: {v}" for k, v in value.items())
             continue
         if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
             lines.append(f"{key}:")

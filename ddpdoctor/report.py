@@ -21,6 +21,7 @@ from ddpdoctor.run_diagnosis import diagnose_run, rank_fates
 from ddpdoctor.run_record import RunRecord
 
 SCHEMA = "ddpdoctor.report/1"
+VERDICTS = {0: "ok", 1: "warning", 2: "critical", 3: "unknown"}  # by exit code (Nagios)
 
 
 @dataclass
@@ -77,7 +78,8 @@ class Report:
             "injected_faults": list(rec.faults),
             "interrupted": rec.interrupted or None,
             "duration_s": round(max(0.0, rec.ended - rec.started), 3),
-            "verdict": self.verdict.label,
+            "verdict": VERDICTS[self.exit_code],
+            "worst_severity": self.verdict.label,
             "exit_code": self.exit_code,
             "ranks": [
                 {
@@ -126,10 +128,21 @@ def build_report(record: RunRecord, backend: str = "", device: str = "",
     return Report(record, diagnose_run(record), sections, backend, device, list(command or sys.argv))
 
 
+def _finite(value: Any) -> Any:
+    """NaN and infinities become null: strict JSON parsers (jq, Go, JS) reject bare NaN."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def write_json(report: Report, path: str) -> None:
     import json
 
-    data = json.dumps(report.to_json(), indent=2, default=str, allow_nan=True)
+    data = json.dumps(_finite(report.to_json()), indent=2, default=str, allow_nan=False)
     directory = os.path.dirname(os.path.abspath(path)) or "."
     fd, tmp = tempfile.mkstemp(prefix=".ddpdoctor-", suffix=".json.tmp", dir=directory)
     try:

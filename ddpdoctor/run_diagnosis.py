@@ -118,6 +118,21 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
             fix="Launch every node with the same --nnodes/--nproc_per_node (torchrun) or --ntasks (srun).",
         ))
 
+    gpus = {r: int(h.get("cuda_devices") or 0) for r, h in record.hellos.items()}
+    without = sorted(r for r, n in gpus.items() if n == 0)
+    if without and len(without) < len(gpus):
+        with_gpu = sorted(r for r, n in gpus.items() if n > 0)
+        findings.append(Finding(
+            code="RUN012", severity=Severity.WARN, probe=PROBE,
+            title=f"Rank {rank_ranges(without)} see no GPU while rank {rank_ranges(with_gpu)} do: the check ran on CPU with gloo",
+            ranks=tuple(without), nodes=nodes(without),
+            evidence={"cuda_devices_by_rank": gpus},
+            why=("NCCL needs a GPU on every rank, so ddpdoctor fell back to gloo on CPU for all ranks; a real training "
+                 "job would fail or run these ranks on CPU."),
+            fix=("Check CUDA_VISIBLE_DEVICES and the GPU request (--gres=gpu:N, --gpus-per-task) for the nodes of these "
+                 "ranks, and that the driver works there (`nvidia-smi`)."),
+        ))
+
     if record.interrupted:
         findings.append(Finding(
             code="RUN006", severity=Severity.CRITICAL, probe=PROBE,
@@ -162,8 +177,13 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
 
 
 def _victims_evidence(victims: dict[int, RankFate]) -> dict[str, Any]:
-    return {str(r): f"{f.kind} in {f.stage}" + (f" waiting in {_coll(f.in_collective)}" if f.in_collective else "")
-            for r, f in sorted(victims.items())}
+    out = {}
+    for r, f in sorted(victims.items()):
+        text = f"{f.kind} in {f.stage}" + (f" waiting in {_coll(f.in_collective)}" if f.in_collective else "")
+        if f.detail.get("error"):
+            text += f": {str(f.detail['error'])[:200]}"
+        out[str(r)] = text
+    return out
 
 
 def _coll(c: Optional[dict[str, Any]]) -> str:
@@ -193,9 +213,11 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
                       "last_output": fate.detail.get("log_tail", [])[-12:], "affected_ranks": affected},
             why=("The process died; its peers then failed or were stopped waiting for it. "
                  + ("SIGKILL without a Python error is most often the kernel's out-of-memory killer. " if killed_oom else "")
-                 + ("This crash was injected by --inject." if injected else "")).strip(),
-            fix=("Read the rank's last output above; for SIGKILL check `dmesg | grep -i oom` on that host; "
-                 "rerun with fewer ranks per node or a smaller batch if memory is short."),
+                 + ("This crash was injected on purpose (--inject or DDPDOCTOR_INJECT)." if injected else "")).strip(),
+            fix=("Nothing to fix: run without --inject / DDPDOCTOR_INJECT." if injected else
+                 "Check `dmesg | grep -i -E 'oom|killed process'` on that host; if memory is short, run fewer ranks "
+                 "per node or a smaller batch." if killed_oom else
+                 "Read the rank's last output above: it shows the error that ended the process."),
         )
     if fate.kind == "error":
         return Finding(

@@ -119,10 +119,6 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
     slow = ctx.injector.slow_factor()
 
     with ctx.stage("ddp"):
-        # DDP's constructor imports torch._dynamo (seconds of CPU); do it before the
-        # collective marker so the live view and a deadline do not call it "waiting".
-        import torch._dynamo  # noqa: F401
-
         torch.manual_seed(1234 + ctx.rank)  # different on purpose: DDP must broadcast rank 0's
         model = nn.Sequential(nn.Linear(n_in, n_hidden), nn.ReLU(), nn.Linear(n_hidden, n_hidden),
                               nn.ReLU(), nn.Linear(n_hidden, n_out)).to(device)

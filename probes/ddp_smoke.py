@@ -75,13 +75,19 @@ class DdpSmoke:
         for r in present:
             groups.setdefault(str(facts[r].get("param_sha256", "")), []).append(r)
         if len(groups) > 1:
-            majority = max(groups.values(), key=len)
-            odd = sorted(r for g in groups.values() if g is not majority for r in g)
+            sizes = sorted((len(g) for g in groups.values()), reverse=True)
+            if sizes[0] > sizes[1]:
+                majority = max(groups.values(), key=len)
+                odd = sorted(r for g in groups.values() if g is not majority for r in g)
+                who = f"rank {rank_ranges(odd)} disagree{'s' if len(odd) == 1 else ''} with the rest"
+            else:  # no majority: nothing says which side is right
+                odd = sorted(present)
+                who = " vs ".join(f"rank {rank_ranges(g)}" for g in sorted(groups.values()))
             sums = {r: float(facts[r].get("param_sum", 0.0)) for r in present}
             ref = statistics.median(sums.values())
             findings.append(Finding(
                 code="DDP002", severity=Severity.CRITICAL, probe=NAME,
-                title=f"Weights differ across ranks after training: rank {rank_ranges(odd)} disagree with the rest",
+                title=f"Weights differ across ranks after training: {who}",
                 ranks=tuple(odd), nodes=run.nodes_of(odd),
                 evidence={
                     "weight_groups": {sha[:12]: rank_ranges(rs) for sha, rs in groups.items()},

@@ -16,7 +16,7 @@ from .harness import assert_nothing_left, run_check
 
 pytestmark = pytest.mark.ranks
 
-TIMEOUT = 4  # the per-stage deadline the fault tests run with
+TIMEOUT = 6  # the per-stage deadline the fault tests run with
 # Launching and importing torch on 2 busy cores takes up to ~15 s before the first stage.
 STARTUP_S = 25
 
