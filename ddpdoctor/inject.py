@@ -48,7 +48,8 @@ class Fault:
         if self.stage is not None:
             parts.append(f"stage={self.stage}")
         if self.factor is not None:
-            parts.append(f"factor={self.factor:g}")
+            short = f"{self.factor:g}"
+            parts.append(f"factor={short if float(short) == self.factor else repr(self.factor)}")
         return ":".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -72,6 +73,8 @@ def _parse_one(item: str) -> Fault:
         key = key.strip().lower()
         if not sep or key not in _KEYS[kind]:
             raise UsageError(f"bad option {pair!r} for fault {kind!r} in --inject {item!r}: {_HELP}")
+        if key in values:
+            raise UsageError(f"{key!r} given twice for fault {kind!r} in --inject {item!r}")
         values[key] = value.strip()
     missing = [k for k in _KEYS[kind] if k not in values]
     if missing:

@@ -18,19 +18,23 @@ def expand_nodelist(text: str) -> list[str]:
             continue
         prefix, ranges, suffix = match.groups()
         for part in ranges.split(","):
-            lo, sep, hi = part.partition("-")
+            lo, sep, hi = part.strip().partition("-")
+            if not re.fullmatch(r"[0-9]+", lo) or (sep and not re.fullmatch(r"[0-9]+", hi)):
+                raise UsageError(f"cannot read Slurm node list {text!r}: set MASTER_ADDR to the first node's address")
             if not sep:
                 hosts.append(f"{prefix}{lo}{suffix}")
                 continue
-            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
+            if int(hi) < int(lo):
                 raise UsageError(f"cannot read Slurm node list {text!r}: set MASTER_ADDR to the first node's address")
+            if int(hi) - int(lo) > 100_000:
+                raise UsageError(f"Slurm node list {text!r} names over 100000 hosts: set MASTER_ADDR explicitly")
             width = len(lo)
             hosts.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(int(lo), int(hi) + 1))
     return hosts
 
 
 def first_host(text: str) -> str:
-    hosts = expand_nodelist(text)
+    hosts = expand_nodelist(text)  # validates the whole list; ranges are capped in size
     if not hosts:
         raise UsageError(f"Slurm node list {text!r} is empty: set MASTER_ADDR to the first node's address")
     return hosts[0]
@@ -53,6 +57,6 @@ def _split_top_level(text: str) -> list[str]:
 def tasks_per_node(text: str) -> int:
     """`4(x2),3` → the first node's count: Slurm's SLURM_TASKS_PER_NODE format."""
     match = re.match(r"\s*(\d+)", text)
-    if not match:
-        raise UsageError(f"cannot read SLURM_TASKS_PER_NODE={text!r}")
+    if not match or int(match.group(1)) < 1:
+        raise UsageError(f"cannot read SLURM_TASKS_PER_NODE={text!r}: expected a count like 4 or 4(x2)")
     return int(match.group(1))

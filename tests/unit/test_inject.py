@@ -194,8 +194,6 @@ def test_describe_round_trips_for_any_list(items):
     assert parse_faults(spec) == tuple(items)
 
 
-@pytest.mark.xfail(reason="BUG: Fault.describe formats factor with :g (6 significant digits), so the "
-                          "recorded fault differs from the one injected", strict=True)
 def test_describe_keeps_full_factor_precision():
     fault = parse_faults("slow:rank=1:factor=1.0000001")[0]
     assert parse_faults(fault.describe()) == (fault,)

@@ -318,6 +318,22 @@ def test_missing_rank_is_run001_with_counts_and_the_waiting_ranks_affected():
     assert rank_fates(record)[2].kind == "missing"
 
 
+def test_missing_rank_reported_by_the_orderly_rendezvous_error_is_run001_only():
+    # The waiting ranks give up inside the rendezvous collective with an error of their own.
+    err = {"stage": "rendezvous", "t": T0 + 24, "type": "RuntimeError",
+           "message": "ranks [2] did not arrive within 24s (2 of 3 arrived)", "traceback": "",
+           "collective": {"op": "rendezvous", "seq": 1}}
+    record = make_record(3, mode="torchrun",
+                         timelines={0: timeline("rendezvous", "error"), 1: timeline("rendezvous", "error")},
+                         errors={0: err, 1: dict(err, t=T0 + 24.1)})
+    del record.hellos[2], record.heartbeats[2]
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN001"]
+    assert findings[0].ranks == (2,)
+    assert set(findings[0].evidence["affected_ranks"]) == {"0", "1"}
+    assert findings[0].evidence["affected_ranks"]["0"].startswith("error in rendezvous waiting in rendezvous #1")
+
+
 def test_no_rank_arrived():
     record = make_record(2, mode="slurm", hellos={}, heartbeats={}, timelines={})
     missing, = diagnose_run(record)

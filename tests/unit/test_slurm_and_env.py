@@ -101,8 +101,6 @@ def test_nodelist_like_text_expands_or_raises_usage_error(text):
     _expands_or_usage_error(text)
 
 
-@pytest.mark.xfail(reason="BUG: slurm.expand_nodelist tests range ends with str.isdigit(), which accepts "
-                          "digits int() rejects, so it raises ValueError instead of UsageError", strict=True)
 @FAST
 @given(st.text(max_size=40))
 @example("n[\u00b9-\u00b2]")  # superscript one and two: isdigit() but not int()
@@ -111,8 +109,6 @@ def test_any_text_expands_or_raises_usage_error(text):
     _expands_or_usage_error(text)
 
 
-@pytest.mark.xfail(reason="BUG: slurm.expand_nodelist accepts an empty or non-numeric part inside the "
-                          "brackets and invents a host from the bare prefix", strict=True)
 @pytest.mark.parametrize("text", ["gpu[,01]", "gpu[01,]", "gpu[ab]"])
 def test_malformed_bracket_parts_are_rejected(text):
     with pytest.raises(UsageError):
