@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn, Optional, Sequence
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import UsageError
@@ -23,34 +23,24 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+def _bounded(convert: Callable[[str], Any], what: str, lo: float, hi: float) -> Callable[[str], Any]:
+    """An argparse type: `what` converted by `convert`, within [lo, hi], or a one-line error."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give {what} from {lo:g} to {hi:g}")
+        return value
+
+    return parse
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0.5 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"{value:g} is out of range: give between 0.5 and 86400 seconds")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port number (1-65535)")
-    return value
+_positive_int = _bounded(int, "a whole number", 1, 65536)
+_seconds = _bounded(float, "a number of seconds", 0.5, 86400)
+_port = _bounded(int, "a port number", 1, 65535)
 
 
 def build_parser() -> argparse.ArgumentParser:
