@@ -33,7 +33,9 @@ class CheckConfig:
     @property
     def silent_after_s(self) -> float:
         """A rank whose heartbeat is this old is frozen (stopped, or stuck holding the GIL)."""
-        return max(5.0, min(self.timeout_s, 15.0))
+        # Well before a stage deadline, so a frozen rank is named before its peers'
+        # deadlines fire and make them look like the failure.
+        return max(5.0, min(self.timeout_s / 2, 15.0))
 
     @property
     def startup_allowance_s(self) -> float:

@@ -31,6 +31,9 @@ class RankFate:
 
     @property
     def waiting_on_peers(self) -> bool:
+        # A frozen rank is a cause even if it froze inside a collective: its peers wait on it.
+        if self.kind in ("silent", "crash"):
+            return False
         return self.in_collective is not None or self.kind in ("stopped", "interrupted")
 
 

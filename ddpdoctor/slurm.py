@@ -26,7 +26,7 @@ def expand_nodelist(text: str) -> list[str]:
                 continue
             if int(hi) < int(lo):
                 raise UsageError(f"cannot read Slurm node list {text!r}: set MASTER_ADDR to the first node's address")
-            if int(hi) - int(lo) > 100_000:
+            if int(hi) - int(lo) + 1 > 100_000:
                 raise UsageError(f"Slurm node list {text!r} names over 100000 hosts: set MASTER_ADDR explicitly")
             width = len(lo)
             hosts.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(int(lo), int(hi) + 1))

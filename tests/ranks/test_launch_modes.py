@@ -173,3 +173,50 @@ def test_slurm_task_variables_are_enough(tmp_path):
     assert not (tmp_path / "s1.json").exists(), "only rank 0 writes the report"
     assert "ddpdoctor check" in outs[0][0] and "ddpdoctor check" not in outs[1][0]
     assert not tagged_processes(tag)
+
+
+def test_rank_zero_cannot_host_on_a_busy_port(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        run = run_command([sys.executable, "-m", "ddpdoctor", "check", "--timeout", "3"], tmp_path, env=env)
+    assert run.returncode == 3, run.explain()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "MASTER_PORT" in lines[0]
+
+
+def test_frozen_rank_is_named_as_stopped_answering(tmp_path):
+    """SIGSTOP freezes a rank whole (no watchdog, no heartbeat): only the launcher can tell."""
+    import json
+
+    tag = "frozen-" + str(time.time())
+    report = tmp_path / "frozen.json"
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{TAG_VAR: tag})
+    proc = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "--no-live", "--timeout", "10",
+                             "--steps", "400", "--port", str(port), "--json", str(report)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = None
+    deadline = time.monotonic() + 40
+    while victim is None and time.monotonic() < deadline:
+        for p in tagged_processes(tag):
+            try:
+                # Connected to the store: its imports are done and it is at work.
+                if p.environ().get("RANK") == "1" and any(
+                        c.raddr and c.raddr.port == port for c in p.net_connections("tcp")):
+                    victim = p
+            except psutil.Error:
+                pass
+        time.sleep(0.2)
+    assert victim is not None, "rank 1 never connected"
+    time.sleep(1.0)
+    victim.suspend()
+    out, err = proc.communicate(timeout=60)
+    data = json.loads(report.read_text())
+    frozen = [f for f in data["findings"] if f["code"] == "RUN005"]
+    assert proc.returncode == 2, out + err
+    assert frozen and frozen[0]["ranks"] == [1], out
+    assert "no heartbeat" in frozen[0]["evidence"]["reason"]
+    assert not tagged_processes(tag)
