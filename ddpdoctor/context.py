@@ -66,7 +66,7 @@ class RankContext:
         except Exception as exc:
             record.ended, record.status = time.time(), "error"
             record.detail = f"{type(exc).__name__}: {exc}"
-            self.channel.set(f"error/{self.rank}", {
+            self._publish(f"error/{self.rank}", {
                 "stage": name, "t": record.ended, "type": type(exc).__name__,
                 "message": str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:],
@@ -102,4 +102,11 @@ class RankContext:
             self.state.collective = None
 
     def _publish_timeline(self) -> None:
-        self.channel.set(f"timeline/{self.rank}", [s.to_json() for s in self.state.timeline])
+        self._publish(f"timeline/{self.rank}", [s.to_json() for s in self.state.timeline])
+
+    def _publish(self, key: str, value: Any) -> None:
+        """Best effort: when the store itself is gone, the stage's outcome still decides the exit."""
+        try:
+            self.channel.set(key, value)
+        except Exception:
+            self.state.store_lost = True

@@ -152,7 +152,7 @@ def _wait_for_ranks(channel: Channel, record: RunRecord, cfg: CheckConfig) -> No
         time.sleep(0.1)
 
 
-def _report_as_reporter(ctx: RankContext, record: RunRecord, channel: Channel, command: list[str],
+def _write_report(ctx: RankContext, record: RunRecord, channel: Channel, command: list[str],
                         wait: bool = True) -> int:
     from ddpdoctor.render import make_console, render_report
     from ddpdoctor.report import build_report, write_json
@@ -197,13 +197,12 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
         return EXIT_CRITICAL
 
     state = RankState()
-    ctx_holder: dict[str, RankContext] = {}
 
     def emergency_report() -> Optional[int]:
         # Our own stage deadline fired on the reporter: say what we know before exiting.
         if env.is_reporter:
             time.sleep(min(2.0, cfg.timeout_s / 2))
-            return _report_as_reporter(ctx_holder["ctx"], record, side.channel, command, wait=False)
+            return _write_report(ctx, record, side.channel, command, wait=False)
         return None
 
     watchdog = Watchdog(side, env.rank, state, on_fire=emergency_report)
@@ -211,7 +210,6 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     heartbeat = Heartbeat(side, env.rank, state, cfg.heartbeat_s, cfg.silent_after_s, parent)
     heartbeat.start()
     ctx = RankContext(env, cfg, channel, Injector(cfg.inject, env.rank), state, watchdog)
-    ctx_holder["ctx"] = ctx
 
     from ddpdoctor.probes import get_probe
 
@@ -228,20 +226,21 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
                     channel.set(f"result/{name}/{env.rank}", get_probe(name).collect(ctx))
         except StageFailed:
             healthy = False
-        # The reporter waits for every other rank's stages, so its own deadline spans them.
-        report_deadline = cfg.timeout_s * (3 + 4 * len(cfg.probes)) if env.is_reporter else cfg.timeout_s
+        # The reporter waits for every other rank's stages, and the others wait for its
+        # verdict, so this deadline spans a whole run's stages, not one.
+        report_deadline = cfg.timeout_s * (3 + 4 * len(cfg.probes)) if env.store_host != "launcher" else cfg.timeout_s
         with ctx.stage("report", deadline_s=report_deadline):
             if healthy:
                 channel.set(f"done/{env.rank}", time.time())
             if env.is_reporter:
-                code = _report_as_reporter(ctx, record, channel, command)
+                code = _write_report(ctx, record, channel, command)
                 channel.set("verdict", code)
             elif env.store_host != "launcher":
                 # Wait for the verdict so the store (on rank 0) outlives nobody's reads, but exit
                 # with our own health: torchrun names the first non-zero exit as the root cause,
                 # and the verdict is rank 0's exit code and the report's.
                 with ctx.collective("wait_for_verdict"):
-                    channel.wait(["verdict"], cfg.timeout_s + cfg.silent_after_s)
+                    channel.wait(["verdict"], report_deadline - 1.0)
                 code = 0 if healthy else 1
             else:
                 code = 0 if healthy else 1
@@ -251,6 +250,10 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
                 channel.wait([f"bye/{r}" for r in range(env.world_size)], 3.0)
     except StageFailed:
         code = code or 1
+        if state.store_lost:
+            sys.stderr.write(f"ddpdoctor: rank {env.rank} lost the rendezvous store at {env.master_addr}:"
+                             f"{env.master_port} (its host, rank 0 or the launcher, is gone); no report from here\n")
+            code = EXIT_CRITICAL
     except (_Terminated, KeyboardInterrupt):
         watchdog.close()
         side.set(f"terminated/{env.rank}", time.time())
@@ -262,7 +265,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
                 if env.is_reporter or _take_over_reporting(side.channel, env):
                     time.sleep(0.5)  # let the other ranks say they were terminated too
                     _find_dead_ranks(side.channel, record, env)
-                    code = _report_as_reporter(ctx, record, side.channel, command, wait=False)
+                    code = _write_report(ctx, record, side.channel, command, wait=False)
             except Exception:
                 pass
         return code if code else EXIT_UNKNOWN

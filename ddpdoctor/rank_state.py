@@ -31,6 +31,7 @@ class RankState:
     collective: Optional[dict[str, Any]] = None
     collectives_entered: int = 0
     failed_collective: Optional[dict[str, Any]] = None  # the collective an exception came out of
+    store_lost: bool = False  # a write to the out-of-band store failed: its host is gone
     timeline: list[StageRecord] = field(default_factory=list)
 
     def snapshot(self) -> dict[str, Any]:

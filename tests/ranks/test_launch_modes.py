@@ -220,3 +220,23 @@ def test_frozen_rank_is_named_as_stopped_answering(tmp_path):
     assert frozen and frozen[0]["ranks"] == [1], out
     assert "no heartbeat" in frozen[0]["evidence"]["reason"]
     assert not tagged_processes(tag)
+
+
+def test_rank_zero_hosting_the_store_dies_and_the_others_say_so(tmp_path):
+    """Under srun or hand-set variables rank 0 hosts the store; when it dies nobody hangs."""
+    tag = "store-gone-" + str(time.time())
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1", DDPDOCTOR_INJECT="crash:rank=0:stage=train", **{TAG_VAR: tag})
+        procs.append(subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "--timeout", "6"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    start = time.monotonic()
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert procs[0].returncode == 86
+    assert procs[1].returncode == 2, outs[1]
+    lines = outs[1][1].strip().splitlines()
+    assert len(lines) == 1 and "lost the rendezvous store" in lines[0] and "Traceback" not in outs[1][1]
+    assert time.monotonic() - start < 30
+    assert not tagged_processes(tag)
