@@ -6,9 +6,10 @@ from ddpdoctor.errors import UsageError
 
 from .base import Probe, RunView
 from .ddp_smoke import DdpSmoke
+from .gpu_count import GpuCount
 
-_PROBES: dict[str, Probe] = {p.name: p for p in (DdpSmoke(),)}
-DEFAULT_PROBES: tuple[str, ...] = ("ddp-smoke",)
+_PROBES: dict[str, Probe] = {p.name: p for p in (DdpSmoke(), GpuCount())}
+DEFAULT_PROBES: tuple[str, ...] = ("ddp-smoke", "gpu-count")
 
 
 def all_probes() -> dict[str, Probe]:

@@ -138,3 +138,31 @@ def _run(cmd: list[str], tag: str, env: Optional[dict[str, str]], timeout_s: flo
 
 
 __all__ = ["Run", "run_check", "run_command", "assert_nothing_left", "free_port", "signal"]
+
+
+def run_hand_set_ranks(tmp_path: Path, world_size: int, per_rank_env: dict[int, dict[str, str]],
+                       *args: str, timeout_s: float = 90) -> tuple[list[subprocess.CompletedProcess], Optional[dict[str, Any]], str]:
+    """Start ranks with RANK/WORLD_SIZE set by hand (as a job script might), each with its own env.
+
+    Returns each rank's completed process, rank 0's JSON report, and the run's tag.
+    """
+    tag = uuid.uuid4().hex
+    port = free_port()
+    report_path = tmp_path / f"hand-{tag[:8]}.json"
+    procs = []
+    for rank, extra in sorted(per_rank_env.items()):
+        env = _env(tag, {"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+                         "MASTER_PORT": str(port), **extra})
+        procs.append((subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "--json", str(report_path), *args],
+                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), rank))
+    done = []
+    for proc, rank in procs:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for p in tagged_processes(tag):
+                p.kill()
+            raise AssertionError(f"rank {rank} did not finish within {timeout_s}s")
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    return done, report, tag
