@@ -193,6 +193,15 @@ def _stop_all(pcontext: Any, record: RunRecord, reason: str) -> None:
         info = record.exits.setdefault(rank, ExitInfo(code=proc.poll(), t=time.time()))
         if info.code is None:
             info.code = proc.poll()
+        _name_signal(info)
+
+
+def _name_signal(info: ExitInfo) -> None:
+    if info.code is not None and info.code < 0 and info.signal is None:
+        try:
+            info.signal = signal.Signals(-info.code).name
+        except ValueError:
+            info.signal = f"signal {-info.code}"
 
 
 def _request_stacks(proc: Any) -> None:
@@ -252,4 +261,5 @@ def _supervise(pcontext: Any, channel: Channel, record: RunRecord, cfg: CheckCon
                     pass
                 procs[rank].wait(timeout=STOP_GRACE_S)
                 record.exits[rank].code = procs[rank].poll()
+                _name_signal(record.exits[rank])
         time.sleep(0.1)

@@ -187,7 +187,11 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     import torch._dynamo  # noqa: F401
     import torch.nn.parallel  # noqa: F401
 
-    record = RunRecord(world_size=env.world_size, mode=env.mode, probes=cfg.probes, started=time.time(),
+    import psutil
+
+    # From this process's start, imports included, as the standalone launcher counts from the spawn.
+    record = RunRecord(world_size=env.world_size, mode=env.mode, probes=cfg.probes,
+                       started=psutil.Process().create_time(),
                        faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s)
     try:
         channel = _connect(env, cfg)
@@ -307,7 +311,8 @@ def _find_dead_ranks(channel: Channel, record: RunRecord, env: LaunchEnv) -> Non
     for rank in range(env.world_size):
         if rank != env.rank and not channel.has(f"error/{rank}") and not channel.has(f"timeout/{rank}") \
                 and _is_dead(channel, env, rank):
-            record.dead[rank] = "its process had ended, without an error, before the launcher stopped the job"
+            record.dead[rank] = ("its process had ended before the launcher stopped the job; its exit status is "
+                                 "known only to the launcher (torchrun prints it, with the rank's output)")
 
 
 def _teardown() -> None:

@@ -77,8 +77,10 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
                 detail["note"] = "the rank lost its launcher or the out-of-band store"
             fates[rank] = RankFate(rank, "crash", exit_info.t, None, stage, detail)
         elif rank in record.dead:
-            fates[rank] = RankFate(rank, "crash", record.ended, None, stage,
-                                   {"exit_code": None, "note": record.dead[rank]})
+            detail = {"exit_code": None, "note": record.dead[rank]}
+            if any(f.startswith("crash:") and f"rank={rank}:" in f + ":" for f in record.faults):
+                detail["injected"] = True
+            fates[rank] = RankFate(rank, "crash", record.ended, None, stage, detail)
         elif rank in record.done:
             fates[rank] = RankFate(rank, "ok", 0.0, None, stage, {})
         elif rank not in record.hellos and not record.heartbeats.get(rank):
@@ -136,7 +138,14 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
                  "ranks, and that the driver works there (`nvidia-smi`)."),
         ))
 
-    if record.interrupted:
+    failed = {r: f for r, f in fates.items() if f.kind not in ("ok", "interrupted")}
+    primaries = {r: f for r, f in failed.items() if not f.waiting_on_peers}
+    victims = {r: f for r, f in failed.items() if f.waiting_on_peers}
+    stopped = {r: f for r, f in fates.items() if f.kind == "interrupted"}
+
+    if record.interrupted and not primaries:
+        # With a cause found, the stop is its consequence (torchrun stops every worker when
+        # one fails): the stopped ranks are listed as affected, not as a second alarm.
         findings.append(Finding(
             code="RUN006", severity=Severity.CRITICAL, probe=PROBE,
             title=f"The run was interrupted by {record.interrupted}; results are partial",
@@ -147,10 +156,6 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
             why="ddpdoctor was stopped before every probe finished; every rank was terminated.",
             fix="Run the check again and let it finish; every stage has its own deadline (--timeout).",
         ))
-
-    failed = {r: f for r, f in fates.items() if f.kind not in ("ok", "interrupted")}
-    primaries = {r: f for r, f in failed.items() if not f.waiting_on_peers}
-    victims = {r: f for r, f in failed.items() if f.waiting_on_peers}
 
     missing = sorted(r for r, f in primaries.items() if f.kind == "missing")
     arrived = sorted(record.hellos)
@@ -172,7 +177,7 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
     for rank, fate in sorted(primaries.items(), key=lambda kv: kv[1].t):
         if fate.kind == "missing":
             continue
-        findings.append(_primary_finding(rank, fate, hosts[rank], victims))
+        findings.append(_primary_finding(rank, fate, hosts[rank], {**victims, **stopped}))
 
     if victims and not primaries:
         findings.append(_collective_hang(victims, hosts))
@@ -220,7 +225,9 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
             fix=("Nothing to fix: run without --inject / DDPDOCTOR_INJECT." if injected else
                  "Check `dmesg | grep -i -E 'oom|killed process'` on that host; if memory is short, run fewer ranks "
                  "per node or a smaller batch." if killed_oom else
-                 "Read the rank's last output above: it shows the error that ended the process."),
+                 "Read the rank's last output above: it shows the error that ended the process."
+                 if fate.detail.get("log_tail") else
+                 "Read that rank's own output (torchrun prefixes it with [rankN]:) for the error that ended it."),
         )
     if fate.kind == "error":
         return Finding(
