@@ -9,7 +9,9 @@ from .ddp_smoke import DdpSmoke
 from .gpu_count import GpuCount
 
 _PROBES: dict[str, Probe] = {p.name: p for p in (DdpSmoke(), GpuCount())}
-DEFAULT_PROBES: tuple[str, ...] = ("ddp-smoke", "gpu-count")
+# gpu-count first: it publishes its device facts before the shared DDP workload runs,
+# so a device-mapping fault that breaks the workload is still diagnosed.
+DEFAULT_PROBES: tuple[str, ...] = ("gpu-count", "ddp-smoke")
 
 
 def all_probes() -> dict[str, Probe]:

@@ -30,15 +30,20 @@ class GpuCount:
 
     # -- collect (on each rank) -------------------------------------------------
     def collect(self, ctx: Any) -> dict[str, Any]:
-        run_workload(ctx)  # the contexts NVML reports afterwards are the ones DDP really used
         current = ctx.device.index if ctx.device is not None and ctx.device.type == "cuda" else None
-        nvml_facts = read_nvml()
-        return {
+        facts = {
             "host": ctx.env.hostname, "rank": ctx.rank, "local_rank": ctx.env.local_rank,
             "local_world_size": ctx.env.local_world_size, "world_size": ctx.world_size, "pid": os.getpid(),
-            "device": str(ctx.device), "env": read_env(), "torch": read_torch(current), "nvml": nvml_facts,
-            "contexts": contexts_of(os.getpid(), nvml_facts),
+            "device": str(ctx.device), "env": read_env(), "torch": read_torch(current), "nvml": read_nvml(),
+            "contexts": {"unknown": "the DDP workload did not finish on this rank"},
         }
+        # A bad device mapping is exactly what makes the DDP steps fail or hang (NCCL refuses
+        # two ranks on one GPU): publish what was read before running them.
+        ctx.channel.set(f"result/{NAME}/{ctx.rank}", facts)
+        run_workload(ctx)
+        facts["nvml"] = read_nvml()  # the contexts NVML reports now are the ones DDP really used
+        facts["contexts"] = contexts_of(os.getpid(), facts["nvml"])
+        return facts
 
     # -- diagnose (pure) --------------------------------------------------------
     def diagnose(self, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
@@ -48,7 +53,8 @@ class GpuCount:
             by_host[str(facts[rank].get("host"))].append(rank)
         for host, ranks in by_host.items():
             findings += _host_findings(host, ranks, facts)
-        findings += _duplicate_gpus(facts)
+        crowded = {r for f in findings if f.code == "GPU001" for r in f.ranks}
+        findings += _duplicate_gpus({r: f for r, f in facts.items() if r not in crowded})
         findings += _foreign_contexts(facts)
         if not findings and facts:
             findings.append(_all_clear(facts))
@@ -84,7 +90,8 @@ def _host_findings(host: str, ranks: list[int], facts: Mapping[int, Mapping[str,
 
     # CUDA cannot be used on a node that has GPUs.
     if nvml_count:
-        broken = [r for r in ranks if not _torch(facts[r]).get("cuda_available") and visible[r].count != 0]
+        broken = [r for r in ranks if not _torch(facts[r]).get("cuda_available") and visible[r].count != 0
+                  and not _names_missing_devices(visible[r].entries[:1], facts[r])]  # GPU005 explains those
         if broken:
             t = _torch(facts[broken[0]])
             nv = facts[broken[0]].get("nvml") or {}
@@ -104,6 +111,10 @@ def _host_findings(host: str, ranks: list[int], facts: Mapping[int, Mapping[str,
                      if not built else "Upgrade the driver to one that supports torch's CUDA version, or install a "
                      "torch build for an older CUDA; check `nvidia-smi` works on that node."),
             ))
+
+    local = max(len(ranks), int(sample.get("local_world_size") or len(ranks)))
+    available = _gpus_available(ranks, facts)
+    oversubscribed = available is not None and 0 < available < local
 
     # CUDA_VISIBLE_DEVICES that CUDA reads differently than the user meant.
     for r in ranks:
@@ -139,7 +150,7 @@ def _host_findings(host: str, ranks: list[int], facts: Mapping[int, Mapping[str,
             ))
         seen = torch_counts[r] if _torch(facts[r]).get("cuda_available") else v.count
         local_rank = int(facts[r].get("local_rank") or 0)
-        if seen is not None and seen > 1 and local_rank >= seen:
+        if seen is not None and seen > 1 and local_rank >= seen and not oversubscribed:
             out.append(Finding(
                 code="GPU005", severity=Severity.CRITICAL, probe=NAME,
                 title=f"Rank {r} has LOCAL_RANK={local_rank} but sees only {seen} GPUs: set_device(LOCAL_RANK) fails",
@@ -172,22 +183,25 @@ def _host_findings(host: str, ranks: list[int], facts: Mapping[int, Mapping[str,
                      "the job script; if torch sees none, check it is a CUDA build."),
             ))
 
-    # Ranks versus GPUs on the node.
+    # Ranks versus GPUs on the node, from what the ranks can see (whether or not
+    # ddpdoctor ran them on a GPU: with too few GPUs it falls back to CPU).
     uses_gpu = all(str(facts[r].get("device", "")).startswith("cuda") for r in ranks)
-    local = max(len(ranks), int(sample.get("local_world_size") or len(ranks)))
-    own = {r: _uuid(_torch(facts[r]).get("current")) for r in ranks}
-    distinct = {u for u in own.values() if u}
     visible_gpus = max(torch_counts.values(), default=0)
-    if uses_gpu and distinct and len(distinct) < local:
-        pass  # shared GPUs: reported once, by UUID, in _duplicate_gpus
-    elif uses_gpu and visible_gpus and local > visible_gpus and all(c == visible_gpus for c in torch_counts.values()) \
-            and visible_gpus > 1:
+    if oversubscribed:
         out.append(Finding(
             code="GPU001", severity=Severity.CRITICAL, probe=NAME,
-            title=f"{local} ranks on {host} but only {visible_gpus} GPUs: ranks will share a GPU",
-            ranks=tuple(ranks), nodes=nodes, evidence={"local_ranks": local, "visible_gpus": visible_gpus},
-            why="NCCL refuses two ranks on one GPU; with gloo they compete for its memory and compute.",
-            fix=f"Launch at most {visible_gpus} processes on this node (--nproc_per_node={visible_gpus}).",
+            title=f"{local} ranks on {host} but only {available} GPU{'s' if available != 1 else ''} "
+                  "among them: ranks will share a GPU",
+            ranks=tuple(ranks), nodes=nodes,
+            evidence={"local_ranks": local, "distinct_gpus": available, "node_gpus": nvml_count,
+                      "gpus_seen_by_rank": torch_counts,
+                      "CUDA_VISIBLE_DEVICES_by_rank": {r: visible[r].raw for r in ranks if visible[r].restricts}},
+            why=("NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\" / \"Multiple Ranks are using the "
+                 "same GPU/Partition\"); with gloo they compete for its memory and compute."),
+            fix=(f"Launch at most {available} processes on this node (--nproc_per_node={available}), or give each "
+                 "rank its own GPU (srun --gpus-per-task=1)"
+                 + (f"; the node has {nvml_count} GPUs, so check that CUDA_VISIBLE_DEVICES or the GPU request does not "
+                    "hand the same ones to every rank." if nvml_count and nvml_count > available else ".")),
         ))
     if sample.get("world_size") == 1 and max(visible_gpus, nvml_count or 0) > 1:
         out.append(Finding(
@@ -198,15 +212,28 @@ def _host_findings(host: str, ranks: list[int], facts: Mapping[int, Mapping[str,
             why="The classic \"only one GPU is used\": the script was started with `python train.py`, not torchrun.",
             fix=f"Start it with `torchrun --nproc_per_node={max(visible_gpus, nvml_count or 0)} train.py`.",
         ))
-    elif uses_gpu and len(ranks) == local and visible_gpus > local and all(c == visible_gpus for c in torch_counts.values()):
+    elif uses_gpu and len(ranks) == local and available is not None and available > local:
         out.append(Finding(
             code="GPU002", severity=Severity.WARN, probe=NAME,
-            title=f"{local} ranks on {host} use {local} of its {visible_gpus} visible GPUs; the rest are idle",
-            ranks=tuple(ranks), nodes=nodes, evidence={"local_ranks": local, "visible_gpus": visible_gpus},
+            title=f"{local} ranks on {host} use {local} of its {available} visible GPUs; the rest are idle",
+            ranks=tuple(ranks), nodes=nodes, evidence={"local_ranks": local, "visible_gpus": available},
             why="Launched with fewer processes per node than GPUs (e.g. --nproc_per_node=2 on a 4-GPU node).",
-            fix=f"Use --nproc_per_node={visible_gpus}, or set CUDA_VISIBLE_DEVICES to the GPUs you mean to use.",
+            fix=f"Use --nproc_per_node={available}, or set CUDA_VISIBLE_DEVICES to the GPUs you mean to use.",
         ))
     return out
+
+
+def _gpus_available(ranks: list[int], facts: Mapping[int, Mapping[str, Any]]) -> Optional[int]:
+    """Distinct GPUs the ranks of one node can use between them; None if CUDA works on none."""
+    working = [r for r in ranks if _torch(facts[r]).get("cuda_available")]
+    if not working:
+        return None
+    uuids = {d.get("uuid") for r in working for d in _torch(facts[r]).get("devices", []) if d.get("uuid")}
+    if uuids:
+        return len(uuids)
+    counts = {int(_torch(facts[r]).get("device_count") or 0) for r in working}
+    # Without UUIDs, one GPU each could be one GPU per task (Slurm binding): undecidable.
+    return counts.pop() if len(counts) == 1 and counts != {1} else None
 
 
 def _names_missing_devices(entries: tuple[str, ...], f: Mapping[str, Any]) -> list[str]:

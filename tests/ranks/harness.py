@@ -166,3 +166,7 @@ def run_hand_set_ranks(tmp_path: Path, world_size: int, per_rank_env: dict[int, 
         done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     report = json.loads(report_path.read_text()) if report_path.exists() else None
     return done, report, tag
+
+
+def probe_section(report: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(p for p in report["probes"] if p["name"] == name)

@@ -12,7 +12,7 @@ import pytest
 
 from ddpdoctor.inject import STAGES
 
-from .harness import assert_nothing_left, run_check
+from .harness import assert_nothing_left, probe_section, run_check
 
 pytestmark = pytest.mark.ranks
 
@@ -36,7 +36,7 @@ def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
     assert run.severities() <= {"ok", "info"}, run.explain()
     assert sorted(f["code"] for f in run.findings()) == ["DDP001", "GPU000"]
     assert all(r["state"] == "ok" for r in report["ranks"])
-    smoke = report["probes"][0]
+    smoke = probe_section(report, "ddp-smoke")
     assert smoke["name"] == "ddp-smoke" and smoke["status"] == "ok"
     assert [p["status"] for p in report["probes"]] == ["ok", "ok"]
     facts = smoke["facts"]
@@ -62,6 +62,9 @@ def test_crashed_rank_is_named_with_its_stage(tmp_path, stage):
     blamed = {r for f in run.findings() if f["severity"] == "critical" and f["probe"] == "run" for r in f["ranks"]}
     assert blamed == {1}, run.explain()
     assert run.report["injected_faults"] == [f"crash:rank=1:stage={stage}"]
+    if stage in ("ddp", "train", "verify"):
+        # gpu-count published rank 1's device facts before the DDP steps it crashed in.
+        assert "1" in probe_section(run.report, "gpu-count")["facts"], run.explain()
     assert run.findings("RUN010")
     assert run.wall_s < STARTUP_S + 2 * TIMEOUT + 10, run.explain()
     assert_nothing_left(run)
@@ -103,7 +106,7 @@ def test_signal_to_launcher_stops_everything_and_reports(tmp_path, sig):
 def test_slow_rank_is_really_slower_and_reported_as_injected(tmp_path):
     run = run_check(tmp_path, "--nproc", "2", "--inject", "slow:rank=1:factor=4")
     assert run.returncode == 0, run.explain()
-    facts = run.report["probes"][0]["facts"]
+    facts = probe_section(run.report, "ddp-smoke")["facts"]
     slow = [s["step_ms"] for s in facts["1"]["steps"]]
     delays = [s["injected_delay_ms"] for s in facts["1"]["steps"]]
     assert all(d > 0 for d in delays) and all(s["injected_delay_ms"] == 0 for s in facts["0"]["steps"])
