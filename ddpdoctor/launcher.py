@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import shutil
@@ -151,6 +152,8 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
                 signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
             _stop_all(pcontext, record, "interrupted by " + record.interrupted)
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)  # nothing may cut the cleanup and the report short
         if pcontext is not None:
             _stop_all(pcontext, record, "ddpdoctor is exiting")
             for rank, path in pcontext.stderrs.items():
@@ -230,8 +233,8 @@ def _supervise(pcontext: Any, channel: Channel, record: RunRecord, cfg: CheckCon
                     first_failure = now
         try:
             read_record(channel, record)
-        except Exception:
-            pass
+        except (RuntimeError, OSError, ValueError):
+            pass  # a store hiccup: the next poll reads again (signals must pass through)
         states = {r: ("exited %s" % record.exits[r].code) if r in record.exits else "running" for r in procs}
         view.update(record.heartbeats, states)
         running = [r for r in procs if r not in record.exits]
@@ -247,7 +250,10 @@ def _supervise(pcontext: Any, channel: Channel, record: RunRecord, cfg: CheckCon
                 to_stop[rank] = f"silent: no heartbeat for {now - float(hb['t']):.1f}s"
             elif now - float(hb.get("stage_started", now)) > cfg.timeout_s * (3 + 4 * len(cfg.probes)) + 10:
                 to_stop[rank] = f"stuck in stage {hb.get('stage')} past every deadline"
-            elif first_failure is not None and now - first_failure > grace_s:
+            elif first_failure is not None and now - first_failure > grace_s and (
+                    hb.get("collective") or now > float(hb.get("stage_started", now)) + cfg.timeout_s + 1):
+                # Only ranks waiting on a peer, or past their own deadline: a rank stuck in its
+                # own code gets its stage deadline, so its watchdog can say where it is.
                 to_stop[rank] = f"stopped {grace_s:g}s after another rank failed"
         if to_stop:
             for rank in to_stop:
@@ -259,7 +265,10 @@ def _supervise(pcontext: Any, channel: Channel, record: RunRecord, cfg: CheckCon
                     os.killpg(procs[rank].pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-                procs[rank].wait(timeout=STOP_GRACE_S)
+                try:
+                    procs[rank].wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass  # stuck in the kernel (D state): recorded as still running
                 record.exits[rank].code = procs[rank].poll()
                 _name_signal(record.exits[rank])
         time.sleep(0.1)

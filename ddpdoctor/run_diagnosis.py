@@ -59,7 +59,8 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
             fates[rank] = RankFate(rank, "error", float(e.get("t", 0)), e.get("collective"), str(e.get("stage", stage)),
                                    {"error": f"{e.get('type')}: {e.get('message')}", "traceback": e.get("traceback", "")})
         elif exit_info is not None and exit_info.killed_by_us:
-            kind = "silent" if exit_info.killed_by_us.startswith("silent") else "stopped"
+            # Frozen, or stuck past every deadline: a cause. Stopped after another failed: a victim.
+            kind = "silent" if exit_info.killed_by_us.startswith(("silent", "stuck")) else "stopped"
             if record.interrupted:
                 kind = "interrupted"
             fates[rank] = RankFate(rank, kind, exit_info.t, hb.get("collective"), stage,

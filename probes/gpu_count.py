@@ -280,11 +280,11 @@ def _duplicate_gpus(facts: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
 def _foreign_contexts(facts: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
     """Contexts a rank holds on another rank's GPU, and processes that are not ours at all."""
     out = []
-    owner = {}
-    for r, f in facts.items():
+    owner: dict[str, list[int]] = defaultdict(list)
+    for r, f in sorted(facts.items()):
         uuid = _uuid(_torch(f).get("current"))
         if uuid:
-            owner[uuid] = r
+            owner[uuid].append(r)
     for r, f in sorted(facts.items()):
         contexts = f.get("contexts")
         if not isinstance(contexts, list):
@@ -294,7 +294,7 @@ def _foreign_contexts(facts: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
         if stray:
             out.append(Finding(
                 code="GPU004", severity=Severity.CRITICAL, probe=NAME,
-                title=f"Rank {r} also holds a CUDA context on rank {rank_ranges(owner[u] for u in stray)}'s GPU",
+                title=f"Rank {r} also holds a CUDA context on rank {rank_ranges(o for u in stray for o in owner[u])}'s GPU",
                 ranks=(r,), nodes=(str(f.get("host")),),
                 evidence={"own_gpu": own, "stray_contexts": stray},
                 why=("Each context costs several hundred MB on that GPU: the classic \"OOM on GPU 0 only\" when ranks "
@@ -317,7 +317,7 @@ def _foreign_contexts(facts: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
             out.append(Finding(
                 code="GPU007", severity=Severity.WARN, probe=NAME,
                 title=f"{len(foreign)} process(es) that are not ours use the GPUs of {host}",
-                ranks=tuple(sorted(owner[x["gpu"]] for x in foreign)), nodes=(host,),
+                ranks=tuple(sorted({o for x in foreign for o in owner[x["gpu"]]})), nodes=(host,),
                 evidence={"foreign_processes": foreign},
                 why="Another job or a leftover process shares these GPUs: less memory, slower steps, possible OOM.",
                 fix="Find them with `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`; end leftovers, "

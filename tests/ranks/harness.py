@@ -119,7 +119,12 @@ def _run(cmd: list[str], tag: str, env: Optional[dict[str, str]], timeout_s: flo
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=_env(tag, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if signal_after is not None:
+        # Count the delay from when the launcher has spawned its ranks: before that it is
+        # still importing torch, and a signal then tests Python's defaults, not ddpdoctor.
         delay, sig = signal_after
+        deadline = time.monotonic() + 60
+        while len(tagged_processes(tag)) < 3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
         time.sleep(delay)
         proc.send_signal(sig)
     try:
