@@ -38,6 +38,12 @@ class CheckConfig:
         return max(5.0, min(self.timeout_s / 2, 15.0))
 
     @property
+    def run_deadline_s(self) -> float:
+        """Every stage of a run back to back (rendezvous, init, report and 4 per probe):
+        how long a reporter may wait for the others, and the others for its verdict."""
+        return self.timeout_s * (3 + 4 * len(self.probes))
+
+    @property
     def startup_allowance_s(self) -> float:
         """Importing torch on a loaded node can take many seconds before any heartbeat."""
         return self.timeout_s + 60.0

@@ -24,10 +24,9 @@ from typing import Any, Optional
 from ddpdoctor.channel import Channel
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
-from ddpdoctor.findings import EXIT_UNKNOWN
 from ddpdoctor.inject import check_ranks
 from ddpdoctor.launch_env import BACKEND_VAR, DEVICE_VAR, LAUNCHER_PID_VAR, RUN_ID_VAR
-from ddpdoctor.run_record import ExitInfo, RunRecord, read_record
+from ddpdoctor.run_record import ExitInfo, RunRecord, read_record, signal_name
 
 STOP_GRACE_S = 3.0  # SIGTERM → SIGKILL
 
@@ -147,15 +146,12 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
             record.interrupted = signal.Signals(exc.sigval).name
         except KeyboardInterrupt:
             record.interrupted = "SIGINT"
-        if record.interrupted:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
-            _stop_all(pcontext, record, "interrupted by " + record.interrupted)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)  # nothing may cut the cleanup and the report short
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup and the report short
         if pcontext is not None:
-            _stop_all(pcontext, record, "ddpdoctor is exiting")
+            _stop_all(pcontext, record,
+                      f"interrupted by {record.interrupted}" if record.interrupted else "ddpdoctor is exiting")
             for rank, path in pcontext.stderrs.items():
                 if rank in record.exits:
                     record.exits[rank].log_tail = _tail(path)
@@ -196,15 +192,7 @@ def _stop_all(pcontext: Any, record: RunRecord, reason: str) -> None:
         info = record.exits.setdefault(rank, ExitInfo(code=proc.poll(), t=time.time()))
         if info.code is None:
             info.code = proc.poll()
-        _name_signal(info)
-
-
-def _name_signal(info: ExitInfo) -> None:
-    if info.code is not None and info.code < 0 and info.signal is None:
-        try:
-            info.signal = signal.Signals(-info.code).name
-        except ValueError:
-            info.signal = f"signal {-info.code}"
+        info.signal = info.signal or signal_name(info.code)
 
 
 def _request_stacks(proc: Any) -> None:
@@ -228,7 +216,7 @@ def _supervise(pcontext: Any, channel: Channel, record: RunRecord, cfg: CheckCon
             code = proc.poll()
             if code is not None and rank not in record.exits:
                 record.exits[rank] = ExitInfo(code=code, t=now,
-                                              signal=signal.Signals(-code).name if code < 0 else None)
+                                              signal=signal_name(code))
                 if code != 0 and first_failure is None:
                     first_failure = now
         try:
@@ -248,7 +236,7 @@ def _supervise(pcontext: Any, channel: Channel, record: RunRecord, cfg: CheckCon
                     to_stop[rank] = f"silent: no heartbeat {cfg.startup_allowance_s:g}s after start"
             elif now - float(hb["t"]) > cfg.silent_after_s:
                 to_stop[rank] = f"silent: no heartbeat for {now - float(hb['t']):.1f}s"
-            elif now - float(hb.get("stage_started", now)) > cfg.timeout_s * (3 + 4 * len(cfg.probes)) + 10:
+            elif now - float(hb.get("stage_started", now)) > cfg.run_deadline_s + 10:
                 to_stop[rank] = f"stuck in stage {hb.get('stage')} past every deadline"
             elif first_failure is not None and now - first_failure > grace_s and (
                     hb.get("collective") or now > float(hb.get("stage_started", now)) + cfg.timeout_s + 1):
@@ -270,5 +258,5 @@ def _supervise(pcontext: Any, channel: Channel, record: RunRecord, cfg: CheckCon
                 except subprocess.TimeoutExpired:
                     pass  # stuck in the kernel (D state): recorded as still running
                 record.exits[rank].code = procs[rank].poll()
-                _name_signal(record.exits[rank])
+                record.exits[rank].signal = signal_name(record.exits[rank].code)
         time.sleep(0.1)

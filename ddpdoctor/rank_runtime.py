@@ -80,10 +80,11 @@ def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:
     keys = [f"hello/{r}" for r in range(ctx.world_size)]
     with ctx.collective("rendezvous"):
         # Shorter than the stage deadline, so a missing rank is an orderly finding, not a watchdog exit.
-        present = ctx.channel.wait(keys, ctx.cfg.timeout_s * 0.8)
+        wait_s = ctx.cfg.timeout_s * 0.8
+        present = ctx.channel.wait(keys, wait_s)
         missing = [r for r in range(ctx.world_size) if f"hello/{r}" not in present]
         if missing:
-            raise RuntimeError(f"ranks {missing} did not arrive within {ctx.cfg.timeout_s * 0.8:g}s "
+            raise RuntimeError(f"ranks {missing} did not arrive within {wait_s:g}s "
                                f"({len(present)} of {ctx.world_size} arrived)")
     hellos = ctx.channel.collect("hello/{rank}", range(ctx.world_size))
     hosts: list[str] = []
@@ -153,7 +154,7 @@ def _wait_for_ranks(channel: Channel, record: RunRecord, cfg: CheckConfig) -> No
 
 
 def _write_report(ctx: RankContext, record: RunRecord, channel: Channel, command: list[str],
-                        wait: bool = True) -> int:
+                  wait: bool = True) -> int:
     from ddpdoctor.render import make_console, render_report
     from ddpdoctor.report import build_report, write_json
 
@@ -232,21 +233,20 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
             healthy = False
         # The reporter waits for every other rank's stages, and the others wait for its
         # verdict, so this deadline spans a whole run's stages, not one.
-        report_deadline = cfg.timeout_s * (3 + 4 * len(cfg.probes)) if env.store_host != "launcher" else cfg.timeout_s
+        report_deadline = cfg.run_deadline_s if env.store_host != "launcher" else cfg.timeout_s
         with ctx.stage("report", deadline_s=report_deadline):
             if healthy:
                 channel.set(f"done/{env.rank}", time.time())
             if env.is_reporter:
                 code = _write_report(ctx, record, channel, command)
                 channel.set("verdict", code)
-            elif env.store_host != "launcher":
-                # Wait for the verdict so the store (on rank 0) outlives nobody's reads, but exit
-                # with our own health: torchrun names the first non-zero exit as the root cause,
-                # and the verdict is rank 0's exit code and the report's.
-                with ctx.collective("wait_for_verdict"):
-                    channel.wait(["verdict"], report_deadline - 1.0)
-                code = 0 if healthy else 1
             else:
+                if env.store_host != "launcher":
+                    # Wait for the verdict so the store (on rank 0) outlives nobody's reads, but
+                    # exit with our own health: torchrun names the first non-zero exit as the root
+                    # cause, and the verdict is rank 0's exit code and the report's.
+                    with ctx.collective("wait_for_verdict"):
+                        channel.wait(["verdict"], report_deadline - 1.0)
                 code = 0 if healthy else 1
             channel.set(f"bye/{env.rank}", time.time())
             if env.hosts_store:

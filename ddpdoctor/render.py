@@ -11,12 +11,12 @@ import os
 import time
 from typing import Any, Mapping, Optional
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.findings import Finding, Severity, rank_ranges
+from ddpdoctor.findings import Severity, rank_ranges
 from ddpdoctor.report import Report
 
 _STYLE = {Severity.OK: "green", Severity.INFO: "cyan", Severity.WARN: "yellow", Severity.CRITICAL: "bold red"}

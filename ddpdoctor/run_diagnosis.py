@@ -8,14 +8,13 @@ waiting inside a collective is a victim whenever some rank failed outside one.
 
 from __future__ import annotations
 
-import signal as _signal
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ddpdoctor.findings import Finding, Severity, rank_ranges
-from ddpdoctor.inject import INJECTED_CRASH_EXIT
+from ddpdoctor.inject import INJECTED_CRASH_EXIT, parse_faults
 from ddpdoctor.liveness import ORPHANED_EXIT, STAGE_TIMEOUT_EXIT
-from ddpdoctor.run_record import RunRecord
+from ddpdoctor.run_record import RunRecord, signal_name
 
 PROBE = "run"
 
@@ -35,13 +34,6 @@ class RankFate:
         if self.kind in ("silent", "crash"):
             return False
         return self.in_collective is not None or self.kind in ("stopped", "interrupted")
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return _signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
 
 
 def rank_fates(record: RunRecord) -> dict[int, RankFate]:
@@ -69,7 +61,7 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
             code = int(exit_info.code)
             detail: dict[str, Any] = {"exit_code": code, "log_tail": exit_info.log_tail}
             if code < 0:
-                detail["signal"] = _signal_name(code)
+                detail["signal"] = signal_name(code)
             if code == INJECTED_CRASH_EXIT:
                 detail["injected"] = True
             if code == STAGE_TIMEOUT_EXIT:
@@ -79,7 +71,7 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
             fates[rank] = RankFate(rank, "crash", exit_info.t, None, stage, detail)
         elif rank in record.dead:
             detail = {"exit_code": None, "note": record.dead[rank]}
-            if any(f.startswith("crash:") and f"rank={rank}:" in f + ":" for f in record.faults):
+            if any(f.kind == "crash" and f.rank == rank for f in parse_faults(",".join(record.faults))):
                 detail["injected"] = True
             fates[rank] = RankFate(rank, "crash", record.ended, None, stage, detail)
         elif rank in record.done:
@@ -150,8 +142,7 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
         findings.append(Finding(
             code="RUN006", severity=Severity.CRITICAL, probe=PROBE,
             title=f"The run was interrupted by {record.interrupted}; results are partial",
-            ranks=tuple(r for r, f in fates.items() if f.kind == "interrupted"),
-            nodes=nodes(r for r, f in fates.items() if f.kind == "interrupted"),
+            ranks=tuple(stopped), nodes=nodes(stopped),
             evidence={"signal": record.interrupted,
                       "stage_by_rank": {r: f.stage for r, f in fates.items()}},
             why="ddpdoctor was stopped before every probe finished; every rank was terminated.",

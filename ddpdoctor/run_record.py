@@ -6,11 +6,22 @@ Reading is separate from judging: `read_record` only copies what ranks published
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ddpdoctor.channel import Channel
+
+
+def signal_name(exit_code: Optional[int]) -> Optional[str]:
+    """`-9` → "SIGKILL": Popen's negative exit code for a process ended by a signal."""
+    if exit_code is None or exit_code >= 0:
+        return None
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
 
 
 @dataclass

@@ -13,24 +13,28 @@ def expand_nodelist(text: str) -> list[str]:
         match = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", item)
         if not match:
             if "[" in item or "]" in item or not item:
-                raise UsageError(f"cannot read Slurm node list {text!r}: set MASTER_ADDR to the first node's address")
+                raise _unreadable(text)
             hosts.append(item)
             continue
         prefix, ranges, suffix = match.groups()
         for part in ranges.split(","):
             lo, sep, hi = part.strip().partition("-")
             if not re.fullmatch(r"[0-9]+", lo) or (sep and not re.fullmatch(r"[0-9]+", hi)):
-                raise UsageError(f"cannot read Slurm node list {text!r}: set MASTER_ADDR to the first node's address")
+                raise _unreadable(text)
             if not sep:
                 hosts.append(f"{prefix}{lo}{suffix}")
                 continue
             if int(hi) < int(lo):
-                raise UsageError(f"cannot read Slurm node list {text!r}: set MASTER_ADDR to the first node's address")
+                raise _unreadable(text)
             if int(hi) - int(lo) + 1 > 100_000:
                 raise UsageError(f"Slurm node list {text!r} names over 100000 hosts: set MASTER_ADDR explicitly")
             width = len(lo)
             hosts.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(int(lo), int(hi) + 1))
     return hosts
+
+
+def _unreadable(text: str) -> UsageError:
+    return UsageError(f"cannot read Slurm node list {text!r}: set MASTER_ADDR to the first node's address")
 
 
 def first_host(text: str) -> str:

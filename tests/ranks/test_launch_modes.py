@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from .harness import assert_nothing_left, free_port, run_check, run_command, tagged_processes, TAG_VAR
+from .harness import assert_nothing_left, free_port, run_command, tagged_processes, TAG_VAR
 
 pytestmark = pytest.mark.ranks
 
