@@ -171,7 +171,7 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
             continue
         findings.append(_primary_finding(rank, fate, hosts[rank], {**victims, **stopped}))
 
-    if victims and not primaries:
+    if victims and not primaries and not odd_sizes:  # a world-size disagreement explains the waits
         findings.append(_collective_hang(victims, hosts))
     return findings
 

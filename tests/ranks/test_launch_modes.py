@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from .harness import assert_nothing_left, free_port, run_command, tagged_processes, TAG_VAR
+from .harness import assert_nothing_left, free_port, run_command, run_hand_set_ranks, tagged_processes, TAG_VAR
 
 pytestmark = pytest.mark.ranks
 
@@ -238,4 +238,32 @@ def test_rank_zero_hosting_the_store_dies_and_the_others_say_so(tmp_path):
     lines = outs[1][1].strip().splitlines()
     assert len(lines) == 1 and "lost the rendezvous store" in lines[0] and "Traceback" not in outs[1][1]
     assert time.monotonic() - start < 30
+    assert not tagged_processes(tag)
+
+
+def test_ranks_started_with_different_world_sizes_are_named(tmp_path):
+    """One rank launched with another WORLD_SIZE: RUN007 names it, and nothing else is blamed."""
+    env = {0: {"LOCAL_RANK": "0"}, 1: {"LOCAL_RANK": "1", "WORLD_SIZE": "3"}}
+    procs, report, tag = run_hand_set_ranks(tmp_path, 2, env, "--timeout", "6")
+    assert procs[0].returncode == 2, procs[0].stdout + procs[0].stderr
+    odd = [f for f in report["findings"] if f["code"] == "RUN007"]
+    assert len(odd) == 1 and odd[0]["ranks"] == [1]
+    assert odd[0]["evidence"]["world_size_by_rank"] == {"0": 2, "1": 3}
+    assert not [f for f in report["findings"] if f["code"] in ("RUN008", "RUN009")], report["findings"]
+    assert not tagged_processes(tag)
+
+
+def test_backend_missing_on_the_ranks_is_an_error_on_each(tmp_path):
+    """--backend nccl on a CPU-only torch under hand-set ranks: each rank's init fails on its own."""
+    import torch.distributed as dist
+
+    if dist.is_nccl_available():
+        pytest.skip("this torch has NCCL; the error path needs a CPU-only build")
+    env = {r: {"LOCAL_RANK": str(r)} for r in (0, 1)}
+    procs, report, tag = run_hand_set_ranks(tmp_path, 2, env, "--timeout", "6", "--backend", "nccl")
+    assert procs[0].returncode == 2, procs[0].stdout + procs[0].stderr
+    errors = [f for f in report["findings"] if f["code"] == "RUN003"]
+    assert sorted(r for f in errors for r in f["ranks"]) == [0, 1]
+    assert all(f["evidence"]["stage"] == "init" and "NCCL backend is not available" in f["evidence"]["error"]
+               for f in errors)
     assert not tagged_processes(tag)
