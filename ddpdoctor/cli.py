@@ -41,6 +41,7 @@ def _bounded(convert: Callable[[str], Any], what: str, lo: float, hi: float) -> 
 _positive_int = _bounded(int, "a whole number", 1, 65536)
 _seconds = _bounded(float, "a number of seconds", 0.5, 86400)
 _port = _bounded(int, "a port number", 1, 65535)
+_percent = _bounded(float, "a percentage", 1, 90)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--steps", type=_positive_int, default=5, help="measured DDP training steps (default 5)")
     check.add_argument("--port", type=_port, default=None, help="standalone: loopback port for the rendezvous store (default: a free one)")
     check.add_argument("--no-live", action="store_true", help="no live view of the ranks while they run")
+    check.add_argument("--slow-threshold", type=_percent, default=None, metavar="PCT",
+                       help="homogeneity: flag a rank this many percent slower than its peers "
+                            "(default 10 on GPUs, 20 on CPU ranks)")
     sub.add_parser("probes", help="list the probes with one line each")
     return parser
 
@@ -84,7 +88,7 @@ def _config(args: argparse.Namespace):
         probes=probes.select(args.probes), nproc=args.nproc, backend=args.backend, device=args.device,
         timeout_s=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
         json_path=args.json_path, inject=parse_faults(spec), steps=args.steps, port=args.port,
-        live=not args.no_live)
+        live=not args.no_live, slow_threshold_pct=args.slow_threshold)
 
 
 def _check(args: argparse.Namespace, argv: list[str]) -> int:

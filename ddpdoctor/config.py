@@ -25,6 +25,13 @@ class CheckConfig:
     warmup: int = 2
     port: Optional[int] = None
     live: bool = True
+    # homogeneity: a rank this much slower than its peers is flagged; None: 10% on GPU, 20% on CPU
+    slow_threshold_pct: Optional[float] = None
+
+    @property
+    def settings(self) -> dict[str, float]:
+        """What the diagnoses need of the config, recorded in the report."""
+        return {} if self.slow_threshold_pct is None else {"slow_threshold_pct": self.slow_threshold_pct}
 
     @property
     def heartbeat_s(self) -> float:

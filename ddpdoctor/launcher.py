@@ -130,6 +130,7 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
         envs[rank] = env
     record = RunRecord(world_size=nproc, mode="ddpdoctor", probes=cfg.probes, started=time.time(),
                        faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s,
+                       settings=cfg.settings,
                        default_host=socket.gethostname())
     console = make_console()
     pcontext = None

@@ -193,7 +193,8 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     # From this process's start, imports included, as the standalone launcher counts from the spawn.
     record = RunRecord(world_size=env.world_size, mode=env.mode, probes=cfg.probes,
                        started=psutil.Process().create_time(),
-                       faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s)
+                       faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s,
+                       settings=cfg.settings)
     try:
         channel = _connect(env, cfg)
         side = SideChannel(Channel.connect(env.master_addr, env.master_port, cfg.timeout_s))

@@ -76,6 +76,7 @@ class Report:
             "device": self.device,
             "python": platform.python_version(),
             "injected_faults": list(rec.faults),
+            "settings": rec.settings,
             "interrupted": rec.interrupted or None,
             "duration_s": round(max(0.0, rec.ended - rec.started), 3),
             "verdict": VERDICTS[self.exit_code],
@@ -112,7 +113,7 @@ def build_report(record: RunRecord, backend: str = "", device: str = "",
 
     view = RunView(world_size=record.world_size,
                    hosts={r: record.host(r) for r in record.hellos},
-                   injected=record.faults)
+                   injected=record.faults, settings=record.settings)
     sections = []
     for name in record.probes:
         facts = record.results.get(name, {})

@@ -60,6 +60,7 @@ class RunRecord:
     # Ranks found gone (no process) by a reporter that shares their host, with why we looked.
     dead: dict[int, str] = field(default_factory=dict)
     default_host: str = "?"  # the standalone launcher knows every rank's host: its own
+    settings: dict[str, Any] = field(default_factory=dict)  # thresholds the diagnoses honour
 
 
     def host(self, rank: int) -> str:

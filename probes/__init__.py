@@ -7,11 +7,12 @@ from ddpdoctor.errors import UsageError
 from .base import Probe, RunView
 from .ddp_smoke import DdpSmoke
 from .gpu_count import GpuCount
+from .homogeneity import Homogeneity
 
-_PROBES: dict[str, Probe] = {p.name: p for p in (DdpSmoke(), GpuCount())}
+_PROBES: dict[str, Probe] = {p.name: p for p in (DdpSmoke(), GpuCount(), Homogeneity())}
 # gpu-count first: it publishes its device facts before the shared DDP workload runs,
 # so a device-mapping fault that breaks the workload is still diagnosed.
-DEFAULT_PROBES: tuple[str, ...] = ("gpu-count", "ddp-smoke")
+DEFAULT_PROBES: tuple[str, ...] = ("gpu-count", "homogeneity", "ddp-smoke")
 
 
 def all_probes() -> dict[str, Probe]:

@@ -21,6 +21,8 @@ class RunView:
     world_size: int
     hosts: Mapping[int, str] = field(default_factory=dict)
     injected: tuple[str, ...] = ()
+    # User-set thresholds a diagnosis honours (e.g. slow_threshold_pct); absent means the default.
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     def nodes_of(self, ranks: Any) -> tuple[str, ...]:
         return tuple(sorted({self.hosts[r] for r in ranks if r in self.hosts}))

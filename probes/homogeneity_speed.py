@@ -1,0 +1,129 @@
+"""The slow rank on identical hardware, from measured matmul throughput.
+
+A rank is compared only with its peers on the same hardware (same GPU model and memory,
+or same CPU model), by its best round: noise (another process, a busy hypervisor, a
+moment of throttling) only ever slows a measurement down, so a device's best round is
+what it can do, and a rank that is slow in every round is really slow.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any, Mapping, Optional
+
+from ddpdoctor.findings import Finding, Severity, rank_ranges
+
+from .base import RunView
+
+NAME = "homogeneity"
+# Defaults: GPUs are exclusive and measured with CUDA events; CPU ranks share cores with
+# everything else on the host (and, in VMs, with other tenants), which is noisier.
+DEFAULT_SLOW_PCT = {"gpu": 10.0, "cpu": 20.0}
+
+
+def _matmul(f: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    value = (f.get("measured") or {}).get("matmul")
+    return value if isinstance(value, Mapping) and value.get("flops_per_s") else None
+
+
+def _hardware(f: Mapping[str, Any]) -> tuple[Any, ...]:
+    gpu = f.get("gpu") or {}
+    mm = _matmul(f) or {}
+    if gpu.get("name"):
+        return ("gpu", gpu.get("name"), gpu.get("memory_total_bytes"), mm.get("dtype"), mm.get("size"))
+    return ("cpu", (f.get("host_hw") or {}).get("cpu_model"), mm.get("dtype"), mm.get("size"))
+
+
+def _rounds(f: Mapping[str, Any]) -> list[float]:
+    mm = _matmul(f) or {}
+    rounds = [float(x) for x in mm.get("round_flops_per_s") or [] if x]
+    return rounds or [float(mm["flops_per_s"])]
+
+
+def _shared_cpus(facts: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Hosts whose CPU ranks want more threads than they have cores: speeds there are noise."""
+    crowded: dict[str, dict[str, Any]] = {}
+    by_host: dict[str, list[int]] = defaultdict(list)
+    for r, f in facts.items():
+        if not f.get("gpu"):
+            by_host[str(f.get("host"))].append(r)
+    for host, ranks in by_host.items():
+        hw = [facts[r].get("host_hw") or {} for r in ranks]
+        threads = sum(int(h.get("torch_threads") or 1) for h in hw)
+        cores = max((int(h.get("cpus_usable") or h.get("cpu_logical_cores") or 0) for h in hw), default=0)
+        if cores and threads > cores:
+            crowded[host] = {"ranks": rank_ranges(ranks), "threads": threads, "cores": cores}
+    return crowded
+
+
+def _unit(kind: str) -> tuple[str, float]:
+    return ("TFLOP/s", 1e12) if kind == "gpu" else ("GFLOP/s", 1e9)
+
+
+def slow_rank_findings(facts: Mapping[int, Mapping[str, Any]], run: RunView,
+                       threshold_pct: Optional[float] = None) -> list[Finding]:
+    """`threshold_pct` None: the default for the device kind (DEFAULT_SLOW_PCT)."""
+    out: list[Finding] = []
+    crowded = _shared_cpus(facts)
+    if crowded:
+        ranks = tuple(sorted(r for r, f in facts.items() if str(f.get("host")) in crowded and not f.get("gpu")))
+        out.append(Finding(
+            code="HOM013", severity=Severity.INFO, probe=NAME,
+            title=f"Compute speed not compared on {', '.join(crowded)}: its CPU ranks share too few cores",
+            ranks=ranks, nodes=tuple(sorted(crowded)), evidence={"hosts": crowded},
+            why="More compute threads than cores: the ranks time-share, and their measured speeds are scheduling noise.",
+            fix="Give each rank its own cores (fewer ranks per node, or OMP_NUM_THREADS=cores/ranks) to compare them.",
+        ))
+    groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    for r, f in sorted(facts.items()):
+        if _matmul(f) and not (not f.get("gpu") and str(f.get("host")) in crowded):
+            groups[_hardware(f)].append(r)
+    for hardware, ranks in groups.items():
+        if len(ranks) < 2:
+            continue
+        pct = float(threshold_pct) if threshold_pct is not None else DEFAULT_SLOW_PCT[hardware[0]]
+        limit = 1.0 - pct / 100.0
+        best = {r: max(_rounds(facts[r])) for r in ranks}
+        scores = {r: best[r] / statistics.median([best[p] for p in ranks if p != r]) for r in ranks}
+        slow = sorted(r for r in ranks if scores[r] < limit)
+        if slow:
+            out.append(_slow_finding(facts, run, hardware, ranks, slow, scores, pct))
+    return out
+
+
+def _slow_finding(facts: Mapping[int, Mapping[str, Any]], run: RunView, hardware: tuple[Any, ...], ranks: list[int],
+                  slow: list[int], scores: Mapping[int, float], threshold_pct: float) -> Finding:
+    unit, scale = _unit(hardware[0])
+    speed = {r: round(max(_rounds(facts[r])) / scale, 2) for r in ranks}
+    peers = [r for r in ranks if r not in slow]
+    typical = statistics.median(speed[r] for r in (peers or ranks))
+    worst = min(slow, key=lambda r: scores[r])
+    where = f"{facts[worst].get('host')}" + (f" GPU {(facts[worst].get('gpu') or {}).get('pci_bus_id')}"
+                                            if hardware[0] == "gpu" else "")
+    mm = _matmul(facts[worst]) or {}
+    what = f"{hardware[1]}" if hardware[0] == "gpu" else f"CPU {hardware[1]}"
+    steps = {r: (facts[r].get("measured") or {}).get("step_ms") for r in ranks}
+    return Finding(
+        code="HOM006", severity=Severity.WARN, probe=NAME,
+        title=(f"Rank {rank_ranges(slow)} computes {100 * (1 - scores[worst]):.0f}% slower than "
+               f"{'its peer' if len(ranks) == 2 else f'the median of its {len(ranks) - 1} peers'} on identical hardware "
+               f"({speed[worst]:g} vs {typical:g} {unit}, {where})"),
+        ranks=tuple(slow), nodes=run.nodes_of(slow),
+        evidence={
+            "hardware": what,
+            "measurement": (f"{mm.get('dtype')} {mm.get('size')}x{mm.get('size')} matmul, best of "
+                            f"{len(_rounds(facts[worst]))} rounds ({mm.get('reps')} repetitions)"),
+            f"throughput_{unit.replace('/', '_per_')}_by_rank": speed,
+            "slower_than_peers_pct": {r: round(100 * (1 - scores[r]), 1) for r in slow},
+            "threshold_pct": threshold_pct,
+            "ddp_step_ms_by_rank": {r: v for r, v in steps.items() if v is not None},
+        },
+        why=("DDP runs every step at the pace of its slowest rank. On identical hardware a slower rank points at "
+             "clocks held low, thermal or power throttling, another process on its device, or a busy CPU."),
+        fix=("On that GPU: `nvidia-smi -q -d PERFORMANCE,CLOCK,POWER,TEMPERATURE` for throttle reasons, `nvidia-smi` for "
+             "other processes, `nvidia-smi -rac` to reset application clocks; if it stays slow, drain the node and run "
+             "`dcgmi diag -r 3`." if hardware[0] == "gpu" else
+             "On that node: look for other busy processes on the rank's cores (`top`, `ps -eo pid,psr,pcpu,comm`), the "
+             "CPU frequency governor, and the rank's CPU affinity (`taskset -p PID`)."),
+    )
