@@ -67,7 +67,32 @@ def build_parser() -> argparse.ArgumentParser:
                        help="homogeneity: flag a rank this many percent slower than its peers "
                             "(default 10 on GPUs, 20 on CPU ranks)")
     sub.add_parser("probes", help="list the probes with one line each")
+    snap = sub.add_parser("snapshot", help="record this node's facts to a JSON file (for a bug report or `diagnose`)",
+                          description="Read this node's hardware, software, GPU health and environment (secrets "
+                                      "redacted) and measure each device's matmul speed, without starting ranks.")
+    snap.add_argument("--out", metavar="FILE", help="where to write it (default ddpdoctor-snapshot-HOST.json)")
+    snap.add_argument("--no-measure", action="store_true", help="read facts only, skip the matmul measurement")
+    diag = sub.add_parser("diagnose", help="diagnose snapshots (one per node) or earlier JSON reports",
+                          description="Judge snapshot files from several nodes, or `check --json` reports, as if "
+                                      "their ranks were one job: ranks are numbered file by file.")
+    diag.add_argument("files", nargs="+", metavar="FILE", help="snapshot or report JSON files")
+    diag.add_argument("--json", dest="json_path", metavar="PATH", help="also write the diagnosis as JSON to PATH")
+    diag.add_argument("--slow-threshold", type=_percent, default=None, metavar="PCT",
+                      help="flag a rank this many percent slower than its peers (default 10 on GPUs, 20 on CPU)")
     return parser
+
+
+def _check_output_path(flag: str, path: Optional[str]) -> None:
+    """Refuse an unwritable output before measuring anything, not after."""
+    if not path:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UsageError(f"{flag} {path}: folder {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"{flag} {path}: folder {directory} is not writable")
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a folder: give a file path")
 
 
 def _config(args: argparse.Namespace):
@@ -75,14 +100,7 @@ def _config(args: argparse.Namespace):
     from ddpdoctor.config import DEFAULT_TIMEOUT_S, CheckConfig
     from ddpdoctor.inject import ENV_VAR, parse_faults
 
-    if args.json_path:
-        directory = os.path.dirname(os.path.abspath(args.json_path))
-        if not os.path.isdir(directory):
-            raise UsageError(f"--json {args.json_path}: folder {directory} does not exist")
-        if not os.access(directory, os.W_OK):
-            raise UsageError(f"--json {args.json_path}: folder {directory} is not writable")
-        if os.path.isdir(args.json_path):
-            raise UsageError(f"--json {args.json_path} is a folder: give a file path")
+    _check_output_path("--json", args.json_path)
     spec = args.inject if args.inject is not None else os.environ.get(ENV_VAR)
     return CheckConfig(
         probes=probes.select(args.probes), nproc=args.nproc, backend=args.backend, device=args.device,
@@ -109,6 +127,34 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    from ddpdoctor.snapshot import take_snapshot, write_snapshot
+
+    _check_output_path("--out", args.out)
+    snapshot = take_snapshot(measure=not args.no_measure)
+    path = write_snapshot(snapshot, args.out)
+    devices = snapshot["probes"]["homogeneity"]
+    print(f"ddpdoctor: wrote {path}: {len(devices)} device{'s' if len(devices) != 1 else ''} on {snapshot['host']} "
+          f"({', '.join(sorted({d['device'] for d in devices}))}); secrets in the environment are redacted")
+    return 0
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from ddpdoctor.render import make_console, render_diagnosis
+    from ddpdoctor.report import atomic_write_json
+    from ddpdoctor.snapshot import diagnose_inputs, load_inputs
+
+    _check_output_path("--json", args.json_path)
+    inputs = load_inputs(args.files)
+    if args.slow_threshold is not None:
+        inputs.settings["slow_threshold_pct"] = args.slow_threshold
+    diagnosis = diagnose_inputs(inputs)
+    if args.json_path:
+        atomic_write_json(diagnosis.to_json(), args.json_path)
+    render_diagnosis(diagnosis, make_console())
+    return diagnosis.exit_code
 
 
 def _list_probes() -> int:
@@ -139,6 +185,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _check(args, args_list)
         if args.command == "probes":
             return _list_probes()
+        if args.command == "snapshot":
+            return _snapshot(args)
+        if args.command == "diagnose":
+            return _diagnose(args)
         build_parser().print_help()
         return EXIT_UNKNOWN
     except UsageError as exc:

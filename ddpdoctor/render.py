@@ -16,8 +16,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.findings import Severity, rank_ranges
+from ddpdoctor.findings import Finding, Severity, rank_ranges
 from ddpdoctor.report import Report
+from ddpdoctor.snapshot import Diagnosis
 
 _STYLE = {Severity.OK: "green", Severity.INFO: "cyan", Severity.WARN: "yellow", Severity.CRITICAL: "bold red"}
 _VERDICT = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
@@ -90,6 +91,44 @@ def _evidence_lines(evidence: Mapping[str, Any], width: int = 240) -> list[str]:
     return lines
 
 
+def render_findings(findings: list[Finding], console: Console) -> None:
+    """The table, then why / evidence / fix for every warning and worse."""
+    table = Table(show_header=True, header_style="bold", expand=False, box=None, pad_edge=False)
+    for col in ("severity", "code", "finding", "ranks", "nodes"):
+        table.add_column(col, overflow="fold")
+    # Causes first: the run's own findings explain the probes' consequences.
+    ordered = sorted(findings, key=lambda f: (-int(f.severity), f.probe != "run", f.code))
+    for f in ordered:
+        table.add_row(Text(f.severity.label, style=_STYLE[f.severity]), Text(f.code), Text(f.title),
+                      Text(rank_ranges(f.ranks)), Text(",".join(f.nodes)))
+    console.print(table)
+    for f in ordered:
+        if f.severity < Severity.WARN:
+            continue
+        console.print()
+        console.print(Text(f"{f.code} {f.title}", style=_STYLE[f.severity]))
+        if f.why:
+            console.print(Text(f"  why: {f.why}"))
+        for line in _evidence_lines(f.evidence):
+            console.print(Text(f"  {line}", style="dim"))
+        if f.fix:
+            console.print(Text(f"  fix: {f.fix}", style="bold"))
+
+
+def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
+    code = diagnosis.exit_code
+    nodes = diagnosis.nodes()
+    files = len(diagnosis.inputs.files)
+    head = Text()
+    head.append("ddpdoctor diagnose  ", style="bold")
+    head.append(_VERDICT[code], style=_STYLE[max((f.severity for f in diagnosis.findings), default=Severity.OK)])
+    head.append(f"  {diagnosis.inputs.world_size} ranks on {len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+                f" ({', '.join(nodes[:4])}{', ...' if len(nodes) > 4 else ''})  from {files} file{'s' if files != 1 else ''}")
+    console.print(head)
+    render_findings(diagnosis.findings, console)
+    console.print(Text(f"exit {code} ({_VERDICT[code]})", style="dim"))
+
+
 def render_report(report: Report, console: Console) -> None:
     data_nodes = report.nodes()
     rec = report.record
@@ -106,25 +145,6 @@ def render_report(report: Report, console: Console) -> None:
     head.append(f"  {max(0.0, rec.ended - rec.started):.1f}s")
     console.print(head)
 
-    table = Table(show_header=True, header_style="bold", expand=False, box=None, pad_edge=False)
-    for col in ("severity", "code", "finding", "ranks", "nodes"):
-        table.add_column(col, overflow="fold")
-    # Causes first: the run's own findings explain the probes' consequences.
-    ordered = sorted(report.findings, key=lambda f: (-int(f.severity), f.probe != "run", f.code))
-    for f in ordered:
-        table.add_row(Text(f.severity.label, style=_STYLE[f.severity]), Text(f.code), Text(f.title),
-                      Text(rank_ranges(f.ranks)), Text(",".join(f.nodes)))
-    console.print(table)
-
-    details = [f for f in ordered if f.severity >= Severity.WARN]
-    for f in details:
-        console.print()
-        console.print(Text(f"{f.code} {f.title}", style=_STYLE[f.severity]))
-        if f.why:
-            console.print(Text(f"  why: {f.why}"))
-        for line in _evidence_lines(f.evidence):
-            console.print(Text(f"  {line}", style="dim"))
-        if f.fix:
-            console.print(Text(f"  fix: {f.fix}", style="bold"))
+    render_findings(report.findings, console)
     status = ", ".join(f"{p.name}: {p.status}" for p in report.probes)
     console.print(Text(f"probes: {status}   exit {code} ({_VERDICT[code]})", style="dim"))

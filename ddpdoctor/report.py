@@ -141,14 +141,19 @@ def _finite(value: Any) -> Any:
 
 
 def write_json(report: Report, path: str) -> None:
+    atomic_write_json(report.to_json(), path)
+
+
+def atomic_write_json(data: Any, path: str) -> None:
+    """Strict JSON via a temp file and rename: a killed run never leaves half a file."""
     import json
 
-    data = json.dumps(_finite(report.to_json()), indent=2, default=str, allow_nan=False)
+    text = json.dumps(_finite(data), indent=2, default=str, allow_nan=False)
     directory = os.path.dirname(os.path.abspath(path)) or "."
     fd, tmp = tempfile.mkstemp(prefix=".ddpdoctor-", suffix=".json.tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(data + "\n")
+            handle.write(text + "\n")
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file

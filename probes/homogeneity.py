@@ -80,7 +80,7 @@ class Homogeneity:
     def collect(self, ctx: Any) -> dict[str, Any]:
         facts = read_device_facts(ctx.device)
         facts.update(host=ctx.env.hostname, rank=ctx.rank, local_rank=ctx.env.local_rank,
-                     local_world_size=ctx.env.local_world_size, world_size=ctx.world_size)
+                     local_world_size=ctx.env.local_world_size, world_size=ctx.world_size, source="rank")
         # What was read stays diagnosable even if the measurement below fails or hangs.
         ctx.channel.set(f"result/{NAME}/{ctx.rank}", facts)
         facts["measured"] = {"matmul": _measure_matmul(ctx).to_json()}

@@ -165,12 +165,14 @@ def host_findings(facts: Facts, run: RunView) -> list[Finding]:
         if gpu_ranks and ram and gpus and ram / gpus < RAM_PER_GPU_BYTES:
             low_ram[host] = f"{ram / 2**30:.0f} GiB RAM for {gpus} GPUs ({ram / gpus / 2**30:.1f} GiB each)"
             low_ram_ranks += ranks
-        local = max(len(ranks), max(int(facts[r].get("local_world_size") or 1) for r in ranks))
-        unset = [r for r in ranks if "OMP_NUM_THREADS" not in (facts[r].get("env") or {})]
-        wanted = sum(int((facts[r].get("host_hw") or {}).get("torch_threads") or 1) for r in ranks)
+        # Only live ranks: a snapshot's threads are its own process's, not a training rank's.
+        live = [r for r in ranks if facts[r].get("source") != "snapshot"]
+        local = max([len(live)] + [int(facts[r].get("local_world_size") or 1) for r in live])
+        unset = [r for r in live if "OMP_NUM_THREADS" not in (facts[r].get("env") or {})]
+        wanted = sum(int((facts[r].get("host_hw") or {}).get("torch_threads") or 1) for r in live)
         cores = _int(hw.get("cpus_usable")) or _int(hw.get("cpu_logical_cores")) or 0
         if local > 1 and unset and cores and wanted > cores:
-            threads[host] = (f"{len(ranks)} ranks x {wanted // len(ranks)} threads on {cores} CPUs, "
+            threads[host] = (f"{len(live)} ranks with {wanted} compute threads between them on {cores} CPUs, "
                              "OMP_NUM_THREADS unset")
             thread_ranks += unset
     if low_ram:

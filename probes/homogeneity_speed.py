@@ -32,7 +32,9 @@ def _hardware(f: Mapping[str, Any]) -> tuple[Any, ...]:
     mm = _matmul(f) or {}
     if gpu.get("name"):
         return ("gpu", gpu.get("name"), gpu.get("memory_total_bytes"), mm.get("dtype"), mm.get("size"))
-    return ("cpu", (f.get("host_hw") or {}).get("cpu_model"), mm.get("dtype"), mm.get("size"))
+    hw = f.get("host_hw") or {}
+    # A CPU rank's speed scales with its threads: only ranks with as many threads are peers.
+    return ("cpu", hw.get("cpu_model"), mm.get("dtype"), mm.get("size"), hw.get("torch_threads"))
 
 
 def _rounds(f: Mapping[str, Any]) -> list[float]:
@@ -46,14 +48,14 @@ def _shared_cpus(facts: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, 
     crowded: dict[str, dict[str, Any]] = {}
     by_host: dict[str, list[int]] = defaultdict(list)
     for r, f in facts.items():
-        if not f.get("gpu"):
+        if not f.get("gpu") and f.get("source") != "snapshot":  # a snapshot measures one device at a time
             by_host[str(f.get("host"))].append(r)
     for host, ranks in by_host.items():
         hw = [facts[r].get("host_hw") or {} for r in ranks]
         threads = sum(int(h.get("torch_threads") or 1) for h in hw)
         cores = max((int(h.get("cpus_usable") or h.get("cpu_logical_cores") or 0) for h in hw), default=0)
         if cores and threads > cores:
-            crowded[host] = {"ranks": rank_ranges(ranks), "threads": threads, "cores": cores}
+            crowded[host] = {"ranks": rank_ranges(ranks), "threads": threads, "cores": cores, "rank_list": ranks}
     return crowded
 
 
@@ -66,8 +68,9 @@ def slow_rank_findings(facts: Mapping[int, Mapping[str, Any]], run: RunView,
     """`threshold_pct` None: the default for the device kind (DEFAULT_SLOW_PCT)."""
     out: list[Finding] = []
     crowded = _shared_cpus(facts)
+    crowded_ranks = {r for info in crowded.values() for r in info.pop("rank_list")}
     if crowded:
-        ranks = tuple(sorted(r for r, f in facts.items() if str(f.get("host")) in crowded and not f.get("gpu")))
+        ranks = tuple(sorted(crowded_ranks))
         out.append(Finding(
             code="HOM013", severity=Severity.INFO, probe=NAME,
             title=f"Compute speed not compared on {', '.join(crowded)}: its CPU ranks share too few cores",
@@ -77,7 +80,7 @@ def slow_rank_findings(facts: Mapping[int, Mapping[str, Any]], run: RunView,
         ))
     groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for r, f in sorted(facts.items()):
-        if _matmul(f) and not (not f.get("gpu") and str(f.get("host")) in crowded):
+        if _matmul(f) and r not in crowded_ranks:
             groups[_hardware(f)].append(r)
     for hardware, ranks in groups.items():
         if len(ranks) < 2:
@@ -102,11 +105,12 @@ def _slow_finding(facts: Mapping[int, Mapping[str, Any]], run: RunView, hardware
     where = f"{facts[worst].get('host')}" + (f" GPU {(facts[worst].get('gpu') or {}).get('pci_bus_id')}"
                                             if hardware[0] == "gpu" else "")
     mm = _matmul(facts[worst]) or {}
-    what = f"{hardware[1]}" if hardware[0] == "gpu" else f"CPU {hardware[1]}"
+    what = f"{hardware[1]}" if hardware[0] == "gpu" else f"CPU {hardware[1]}, {hardware[4]} threads per rank"
     steps = {r: (facts[r].get("measured") or {}).get("step_ms") for r in ranks}
     return Finding(
         code="HOM006", severity=Severity.WARN, probe=NAME,
-        title=(f"Rank {rank_ranges(slow)} computes {100 * (1 - scores[worst]):.0f}% slower than "
+        title=(f"{'Rank' if len(slow) == 1 else 'Ranks'} {rank_ranges(slow)} "
+               f"{'computes' if len(slow) == 1 else 'compute up to'} {100 * (1 - scores[worst]):.0f}% slower than "
                f"{'its peer' if len(ranks) == 2 else f'the median of its {len(ranks) - 1} peers'} on identical hardware "
                f"({speed[worst]:g} vs {typical:g} {unit}, {where})"),
         ranks=tuple(slow), nodes=run.nodes_of(slow),

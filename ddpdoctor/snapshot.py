@@ -1,0 +1,180 @@
+"""Snapshots: one node's facts in a file, and diagnosis from such files.
+
+A support engineer cannot log in to a user's cluster; a user can run `ddpdoctor
+snapshot` on each node and attach the files. Each file holds what the probes read
+without peers, one entry per GPU as one rank per GPU would read it, so the same
+diagnose functions judge files and live runs alike. `ddpdoctor diagnose` also takes
+JSON reports of earlier `check` runs, to re-judge them (say with another threshold).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from ddpdoctor import __version__
+from ddpdoctor.errors import UsageError
+from ddpdoctor.findings import Finding, Severity, exit_code_for
+
+SCHEMA = "ddpdoctor.snapshot/1"
+REPORT_SCHEMA = "ddpdoctor.report/1"
+DIAGNOSIS_SCHEMA = "ddpdoctor.diagnosis/1"
+# Probes whose collect needs no peers and no process-specific launch environment.
+# gpu-count is not among them: its facts are what one rank's environment makes it see.
+SNAPSHOT_PROBES = ("homogeneity",)
+
+
+def _devices() -> list[Any]:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    return [torch.device("cpu")]
+
+
+def take_snapshot(measure: bool = True) -> dict[str, Any]:
+    """This node's facts, one entry per device, as ranks 0..n-1 of this node would read them."""
+    from ddpdoctor.node_facts import read_device_facts, read_gpu_state
+    from ddpdoctor.throughput import measure_matmul
+
+    host = socket.gethostname()
+    devices = _devices()
+    entries = []
+    for local_rank, device in enumerate(devices):
+        facts = read_device_facts(device)
+        facts.update(host=host, rank=local_rank, local_rank=local_rank, local_world_size=len(devices),
+                     world_size=len(devices), source="snapshot")
+        if measure:
+            facts["measured"] = {"matmul": measure_matmul(device).to_json()}
+            if facts.get("gpu"):
+                facts["gpu"].update(read_gpu_state(facts["gpu"].get("uuid")))
+        entries.append(facts)
+    return {"schema": SCHEMA, "ddpdoctor_version": __version__,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": host, "measured": measure, "probes": {"homogeneity": entries}}
+
+
+@dataclass
+class Inputs:
+    """Facts from several files, renumbered into one job's ranks, file by file."""
+
+    facts: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    hosts: dict[int, str] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts)
+
+
+def _read(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a folder: give snapshot or report files") from None
+    except PermissionError:
+        raise UsageError(f"{path}: permission denied") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not a text file: give a snapshot (ddpdoctor snapshot --out FILE) "
+                         "or a report (ddpdoctor check --json FILE)") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}): was it cut short?") from None
+    if not isinstance(data, dict) or data.get("schema") not in (SCHEMA, REPORT_SCHEMA):
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise UsageError(f"{path} is not a ddpdoctor snapshot or report (schema {found!r}; expected "
+                         f"{SCHEMA} or {REPORT_SCHEMA})")
+    return data
+
+
+def _per_rank(path: str, data: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """A file's facts as probe → list of rank facts, in the file's rank order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    try:
+        if data["schema"] == SCHEMA:
+            for name, entries in data["probes"].items():
+                out[name] = [dict(e) for e in entries]
+        else:
+            for probe in data["probes"]:
+                ranked = sorted(probe.get("facts", {}).items(), key=lambda kv: int(kv[0]))
+                out[probe["name"]] = [dict(v, rank=int(k)) for k, v in ranked]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UsageError(f"{path} has the right schema but a malformed body ({type(exc).__name__}: {exc}): "
+                         "regenerate it with this ddpdoctor version") from None
+    return out
+
+
+def load_inputs(paths: list[str]) -> Inputs:
+    from ddpdoctor.probes import all_probes
+
+    known = all_probes()
+    inputs = Inputs(files=list(paths))
+    seen_hosts: dict[str, str] = {}
+    for path in paths:
+        data = _read(path)
+        per_probe = _per_rank(path, data)
+        base = inputs.world_size
+        local_ranks: set[int] = set()
+        for name, entries in per_probe.items():
+            if name not in known:
+                continue  # written by a newer ddpdoctor: judge what this one knows
+            for offset, entry in enumerate(entries):
+                rank = base + (int(entry.get("rank", offset)) if data["schema"] == REPORT_SCHEMA else offset)
+                host = str(entry.get("host", "?"))
+                if seen_hosts.setdefault(host, path) != path:
+                    host = f"{host} ({os.path.basename(path)})"  # the same machine in two files
+                entry = dict(entry, rank=rank, host=host)
+                inputs.facts.setdefault(name, {})[rank] = entry
+                inputs.hosts[rank] = host
+                local_ranks.add(rank)
+        if not local_ranks:
+            raise UsageError(f"{path} holds no facts this ddpdoctor can judge (probes: "
+                             f"{', '.join(per_probe) or 'none'})")
+    return inputs
+
+
+@dataclass
+class Diagnosis:
+    inputs: Inputs
+    findings: list[Finding]
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_for(f.severity for f in self.findings)
+
+    def nodes(self) -> list[str]:
+        return list(dict.fromkeys(self.inputs.hosts[r] for r in sorted(self.inputs.hosts)))
+
+    def to_json(self) -> dict[str, Any]:
+        from ddpdoctor.report import VERDICTS
+
+        return {"schema": DIAGNOSIS_SCHEMA, "ddpdoctor_version": __version__, "inputs": self.inputs.files,
+                "world_size": self.inputs.world_size, "nodes": self.nodes(), "settings": self.inputs.settings,
+                "verdict": VERDICTS[self.exit_code],
+                "worst_severity": max((f.severity for f in self.findings), default=Severity.OK).label,
+                "exit_code": self.exit_code, "findings": [f.to_json() for f in self.findings]}
+
+
+def diagnose_inputs(inputs: Inputs) -> Diagnosis:
+    from ddpdoctor.probes import RunView, get_probe
+
+    view = RunView(world_size=inputs.world_size, hosts=inputs.hosts, settings=inputs.settings)
+    findings: list[Finding] = []
+    for name, facts in inputs.facts.items():
+        findings += get_probe(name).diagnose(facts, view)
+    return Diagnosis(inputs, findings)
+
+
+def write_snapshot(snapshot: Mapping[str, Any], path: Optional[str]) -> str:
+    from ddpdoctor.report import atomic_write_json
+
+    target = path or f"ddpdoctor-snapshot-{snapshot['host']}.json"
+    atomic_write_json(snapshot, target)
+    return target
