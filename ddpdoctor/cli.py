@@ -44,6 +44,34 @@ _port = _bounded(int, "a port number", 1, 65535)
 _percent = _bounded(float, "a percentage", 1, 90)
 
 
+def _size(text: str) -> int:
+    from ddpdoctor.busbw import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, or a number with K, M or G") from None
+    if not 1 <= value <= 2**40:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: give 1 byte to 1T")
+    return value
+
+
+
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
+    """What every command that starts ranks takes."""
+    parser.add_argument("--nproc", type=_positive_int, help="local ranks to spawn (default: visible GPUs, else 2)")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--timeout", type=_seconds, default=None,
+                        help="deadline in seconds for each stage (rendezvous, init, each probe step); default 30")
+    parser.add_argument("--json", dest="json_path", metavar="PATH", help="also write the report as JSON to PATH")
+    parser.add_argument("--inject", default=None,
+                        help="make a rank misbehave on purpose, e.g. crash:rank=1:stage=train (also DDPDOCTOR_INJECT)")
+    parser.add_argument("--port", type=_port, default=None,
+                        help="standalone: loopback port for the rendezvous store (default: a free one)")
+    parser.add_argument("--no-live", action="store_true", help="no live view of the ranks while they run")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ddpdoctor", description="Diagnose PyTorch DDP jobs: what is wrong, on which rank and node, and the fix.")
     parser.add_argument("--version", action="version", version=f"ddpdoctor {__version__}")
@@ -51,21 +79,39 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="run the probes on every rank and report",
                            description="Run the probes on every rank. With no rank variables in the environment, "
                                        "spawns --nproc local ranks; under torchrun or srun, each process is one rank.")
-    check.add_argument("--nproc", type=_positive_int, help="local ranks to spawn (default: visible GPUs, else 2)")
+    _add_run_args(check)
     check.add_argument("--probes", default=None, help="comma-separated probe names, 'all' or 'default' (see `ddpdoctor probes`)")
-    check.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    check.add_argument("--timeout", type=_seconds, default=None,
-                       help="deadline in seconds for each stage (rendezvous, init, each probe step); default 30")
-    check.add_argument("--json", dest="json_path", metavar="PATH", help="also write the report as JSON to PATH")
-    check.add_argument("--inject", default=None,
-                       help="make a rank misbehave on purpose, e.g. crash:rank=1:stage=train (also DDPDOCTOR_INJECT)")
     check.add_argument("--steps", type=_positive_int, default=5, help="measured DDP training steps (default 5)")
-    check.add_argument("--port", type=_port, default=None, help="standalone: loopback port for the rendezvous store (default: a free one)")
-    check.add_argument("--no-live", action="store_true", help="no live view of the ranks while they run")
     check.add_argument("--slow-threshold", type=_percent, default=None, metavar="PCT",
                        help="homogeneity: flag a rank this many percent slower than its peers "
                             "(default 10 on GPUs, 20 on CPU ranks)")
+    bench = sub.add_parser("allreduce-bench", help="measure collective bandwidth (algbw/busbw as nccl-tests) and find slow links",
+                           description="Sweep message sizes through torch.distributed on every rank, as nccl-tests "
+                                       "does: time per call (slowest rank), algbw and busbw from the median, every "
+                                       "result checked, and a ring of rank pairs to find a slow link. Runs standalone, "
+                                       "under torchrun or under srun, like `check`.")
+    _add_run_args(bench)
+    from ddpdoctor.busbw import OPS
+
+    bench.add_argument("--op", choices=OPS, default="all_reduce", help="the collective (default all_reduce)")
+    bench.add_argument("--min-bytes", type=_size, default=None, metavar="SIZE",
+                       help="smallest size, e.g. 8, 1K, 4M (default 8 on GPU, 1K on CPU)")
+    bench.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE",
+                       help="largest size (default 256M on GPU, 16M on CPU)")
+    bench.add_argument("--factor", type=_bounded(int, "a whole number", 2, 1024), default=None,
+                       help="size multiplier between steps (default 2 on GPU, 4 on CPU)")
+    bench.add_argument("--dtype", choices=("float32", "float16", "bfloat16", "float64", "int32"), default="float32")
+    bench.add_argument("--warmup", type=_bounded(int, "a whole number", 0, 1000), default=5,
+                       help="untimed iterations per size (default 5)")
+    bench.add_argument("--iters", type=_bounded(int, "a whole number", 1, 10000), default=20,
+                       help="timed iterations per size (default 20)")
+    bench.add_argument("--no-check", action="store_true", help="do not check results (saves one call per size)")
+    bench.add_argument("--localise", choices=("auto", "always", "never"), default="auto",
+                       help="time each ring pair of ranks to find a slow link (auto: with 3 or more ranks)")
+    bench.add_argument("--min-busbw", type=_bounded(float, "a bandwidth in GB/s", 0.0001, 1e6), default=None,
+                       metavar="GBPS", help="fail (exit 2) when busbw at the largest size is below this")
+    bench.add_argument("--csv", dest="csv_path", metavar="PATH", help="also write the size table as CSV")
+    bench.add_argument("--plot", dest="plot_path", metavar="PATH", help="also plot busbw vs size (.svg; .png needs matplotlib)")
     sub.add_parser("probes", help="list the probes with one line each")
     snap = sub.add_parser("snapshot", help="record this node's facts to a JSON file (for a bug report or `diagnose`)",
                           description="Read this node's hardware, software, GPU health and environment (secrets "
@@ -102,11 +148,41 @@ def _config(args: argparse.Namespace):
 
     _check_output_path("--json", args.json_path)
     spec = args.inject if args.inject is not None else os.environ.get(ENV_VAR)
-    return CheckConfig(
-        probes=probes.select(args.probes), nproc=args.nproc, backend=args.backend, device=args.device,
-        timeout_s=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
-        json_path=args.json_path, inject=parse_faults(spec), steps=args.steps, port=args.port,
-        live=not args.no_live, slow_threshold_pct=args.slow_threshold)
+    common = dict(nproc=args.nproc, backend=args.backend, device=args.device,
+                  timeout_s=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
+                  json_path=args.json_path, inject=parse_faults(spec), port=args.port, live=not args.no_live)
+    if args.command == "allreduce-bench":
+        return CheckConfig(probes=("allreduce",), command="allreduce-bench", bench=_bench_config(args), **common)
+    return CheckConfig(probes=probes.select(args.probes), steps=args.steps, slow_threshold_pct=args.slow_threshold,
+                       **common)
+
+
+def _check_plot_path(path: str) -> None:
+    """Before any rank starts: a plot that cannot be made is a usage error, not a lost run."""
+    import importlib.util
+
+    from ddpdoctor.bench_output import PLOT_SUFFIXES
+
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in PLOT_SUFFIXES:
+        raise UsageError(f"--plot {path}: give a {' or '.join(PLOT_SUFFIXES)} path")
+    if suffix == ".png" and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(f"--plot {path} needs matplotlib (pip install matplotlib), or give a .svg path")
+
+
+def _bench_config(args: argparse.Namespace):
+    from ddpdoctor.config import BenchConfig
+
+    if args.min_bytes is not None and args.max_bytes is not None and args.min_bytes > args.max_bytes:
+        raise UsageError(f"--min-bytes {args.min_bytes} is larger than --max-bytes {args.max_bytes}")
+    _check_output_path("--csv", args.csv_path)
+    _check_output_path("--plot", args.plot_path)
+    if args.plot_path:
+        _check_plot_path(args.plot_path)
+    return BenchConfig(op=args.op, min_bytes=args.min_bytes, max_bytes=args.max_bytes, factor=args.factor,
+                       dtype=args.dtype, warmup=args.warmup, iters=args.iters, check=not args.no_check,
+                       localise=args.localise, min_busbw_gbps=args.min_busbw, csv_path=args.csv_path,
+                       plot_path=args.plot_path)
 
 
 def _check(args: argparse.Namespace, argv: list[str]) -> int:
@@ -181,7 +257,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(args_list)
-        if args.command == "check":
+        if args.command in ("check", "allreduce-bench"):
             return _check(args, args_list)
         if args.command == "probes":
             return _list_probes()

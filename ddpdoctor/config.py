@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from ddpdoctor.inject import Fault
 
 DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """`allreduce-bench` (and the `allreduce` probe): what to sweep and how to judge it."""
+
+    op: str = "all_reduce"
+    min_bytes: Optional[int] = None  # None: busbw.default_range for the device
+    max_bytes: Optional[int] = None
+    factor: Optional[int] = None
+    dtype: str = "float32"
+    warmup: int = 5
+    iters: int = 20
+    check: bool = True  # count wrong elements of every result
+    localise: str = "auto"  # auto | always | never: ring-pair search for a slow link
+    min_busbw_gbps: Optional[float] = None  # the gate: below it, the run is critical
+    csv_path: Optional[str] = None
+    plot_path: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -27,11 +45,18 @@ class CheckConfig:
     live: bool = True
     # homogeneity: a rank this much slower than its peers is flagged; None: 10% on GPU, 20% on CPU
     slow_threshold_pct: Optional[float] = None
+    command: str = "check"  # or "allreduce-bench": the same ranks, another report
+    bench: BenchConfig = field(default_factory=BenchConfig)
 
     @property
     def settings(self) -> dict[str, float]:
         """What the diagnoses need of the config, recorded in the report."""
-        return {} if self.slow_threshold_pct is None else {"slow_threshold_pct": self.slow_threshold_pct}
+        out: dict[str, float] = {}
+        if self.slow_threshold_pct is not None:
+            out["slow_threshold_pct"] = self.slow_threshold_pct
+        if self.bench.min_busbw_gbps is not None:
+            out["min_busbw_gbps"] = self.bench.min_busbw_gbps
+        return out
 
     @property
     def heartbeat_s(self) -> float:

@@ -87,6 +87,14 @@ class RankContext:
             else:
                 self.watchdog.disarm()
 
+    def progress(self) -> None:
+        """A long measurement that is moving on (a benchmark's next size): a fresh deadline.
+
+        The stage deadline catches a stuck step, not a long sweep of quick ones.
+        """
+        self.state.stage_started = time.time()
+        self.watchdog.arm(self.state.stage, self.cfg.timeout_s)
+
     @contextlib.contextmanager
     def collective(self, op: str, **detail: Any) -> Iterator[None]:
         """Mark a wait on the other ranks, so a deadline can say who waited for whom."""

@@ -1,7 +1,8 @@
 """Reading a GPU's health through NVML: ECC, retired pages, remapped rows, power, clocks, PCIe.
 
 Reading only: nothing here judges. A separate diagnosis compares the facts (a power cap
-below the default, a thermal slowdown, a PCIe link below its maximum, a pending row remap).
+below the default, a thermal slowdown, a pending row remap); the PCIe link is recorded
+here, but judging it needs a reading under load, which is the topology probe's job.
 Any call may fail and "not available" is a value, never an error: an idle GPU drops its
 clocks and PCIe link, consumer boards have no ECC, Hopper reports remapped rows but not
 retired pages, and each driver branch adds, renames or removes functions (the clock
@@ -30,6 +31,8 @@ _REASONS: tuple[tuple[str, str, int], ...] = (
     ("hw_thermal_slowdown", "HwThermalSlowdown", 0x40),
     ("hw_power_brake_slowdown", "HwPowerBrakeSlowdown", 0x80),
     ("display_clock_setting", "DisplayClockSetting", 0x100),
+    ("board_limit", "BoardLimit", 0x200),  # throttle-reason family only (nvml.h, R535+)
+    ("reliability", "Reliability", 0x400),
 )
 
 

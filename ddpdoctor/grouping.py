@@ -34,12 +34,13 @@ def group_ranks(values: Mapping[int, Any]) -> list[tuple[Any, list[int]]]:
     return sorted(groups.values(), key=lambda g: (-len(g[1]), g[1][0]))
 
 
-def describe_groups(groups: list[tuple[Any, list[int]]], show: Callable[[Any], str] = shown, word: str = "on") -> str:
-    """`ranks 0-3,6 on A100 80GB; ranks 4-5 on A100 40GB`."""
+def describe_groups(groups: list[tuple[Any, list[int]]], show: Callable[[Any], str] = shown,
+                    word: str = "on", plural_word: str = "") -> str:
+    """`ranks 0-3,6 on A100 80GB; ranks 4-5 on A100 40GB` (word "has": "ranks 0-1 have Ring")."""
     parts = []
     for value, ranks in groups:
-        noun = "rank" if len(ranks) == 1 else "ranks"
-        parts.append(f"{noun} {rank_ranges(ranks)} {word} {show(value)}")
+        noun, verb = ("rank", word) if len(ranks) == 1 else ("ranks", plural_word or word)
+        parts.append(f"{noun} {rank_ranges(ranks)} {verb} {show(value)}")
     return "; ".join(parts)
 
 

@@ -11,6 +11,7 @@ import os
 import platform
 from typing import Any, Optional
 
+from ddpdoctor.findings import rank_ranges
 from ddpdoctor.redact import relevant_env
 
 
@@ -72,6 +73,7 @@ def read_host() -> dict[str, Any]:
         "cpu_physical_cores": psutil.cpu_count(logical=False),
         "cpu_logical_cores": psutil.cpu_count(logical=True),
         "cpus_usable": len(usable),  # this process's affinity: what a cgroup or srun gave it
+        "cpu_affinity": rank_ranges(usable),  # which ones: ranks pinned apart do not compete
         "ram_bytes": int(psutil.virtual_memory().total),
         "torch_threads": torch.get_num_threads(),
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,

@@ -28,11 +28,15 @@ _KEYS = {
     "hang": {"rank": True, "stage": True},
     "crash": {"rank": True, "stage": True},
     "diverge": {"rank": True},
+    "corrupt": {"rank": True},  # the rank's collective results come out wrong (checked by allreduce)
+    "slowlink": {"ranks": True},  # collectives between these two ranks crawl (localised by allreduce)
 }
+# A slow link carries this much: about a PCIe Gen1 x1 lane, far below any real interconnect.
+SLOW_LINK_BYTES_PER_S = 0.25e9
 
 _HELP = (
-    "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init "
-    "or diverge:rank=1; stages: " + ", ".join(STAGES)
+    "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init, "
+    "diverge:rank=1, corrupt:rank=1 or slowlink:ranks=1,2; stages: " + ", ".join(STAGES)
 )
 
 
@@ -42,9 +46,10 @@ class Fault:
     rank: int
     stage: Optional[str] = None
     factor: Optional[float] = None
+    peer: Optional[int] = None  # slowlink: the other end of the link
 
     def describe(self) -> str:
-        parts = [self.kind, f"rank={self.rank}"]
+        parts = [self.kind, f"rank={self.rank}" if self.peer is None else f"ranks={self.rank},{self.peer}"]
         if self.stage is not None:
             parts.append(f"stage={self.stage}")
         if self.factor is not None:
@@ -59,7 +64,16 @@ class Fault:
 def parse_faults(spec: Optional[str]) -> tuple[Fault, ...]:
     if not spec or not spec.strip():
         return ()
-    return tuple(_parse_one(item.strip()) for item in spec.split(",") if item.strip())
+    # Faults are comma-separated, and so are slowlink's two ranks: a piece that does not
+    # start a new fault (no "kind:") continues the one before it.
+    items: list[str] = []
+    for piece in spec.split(","):
+        piece = piece.strip()
+        if items and piece and ":" not in piece:
+            items[-1] += "," + piece
+        elif piece:
+            items.append(piece)
+    return tuple(_parse_one(item) for item in items)
 
 
 def _parse_one(item: str) -> Fault:
@@ -79,10 +93,17 @@ def _parse_one(item: str) -> Fault:
     missing = [k for k in _KEYS[kind] if k not in values]
     if missing:
         raise UsageError(f"fault {kind!r} needs {', '.join(missing)} in --inject {item!r}: {_HELP}")
-    try:
-        rank = int(values["rank"])
-    except ValueError:
-        raise UsageError(f"rank must be an integer in --inject {item!r}") from None
+    peer = None
+    if kind == "slowlink":
+        ends = [e.strip() for e in values["ranks"].split(",")]
+        if len(ends) != 2 or not all(e.isdigit() for e in ends) or ends[0] == ends[1]:
+            raise UsageError(f"slowlink needs two different ranks, e.g. slowlink:ranks=1,2, in --inject {item!r}")
+        rank, peer = int(ends[0]), int(ends[1])
+    else:
+        try:
+            rank = int(values["rank"])
+        except ValueError:
+            raise UsageError(f"rank must be an integer in --inject {item!r}") from None
     if rank < 0:
         raise UsageError(f"rank must be >= 0 in --inject {item!r}")
     stage = values.get("stage")
@@ -96,23 +117,24 @@ def _parse_one(item: str) -> Fault:
             raise UsageError(f"factor must be a number in --inject {item!r}") from None
         if not 1.0 <= factor <= 1000.0:
             raise UsageError(f"factor must be between 1 and 1000 in --inject {item!r}")
-    return Fault(kind=kind, rank=rank, stage=stage, factor=factor)
+    return Fault(kind=kind, rank=rank, stage=stage, factor=factor, peer=peer)
 
 
 def check_ranks(faults: tuple[Fault, ...], world_size: int) -> None:
     for fault in faults:
-        if fault.rank >= world_size:
-            raise UsageError(
-                f"--inject {fault.describe()} names rank {fault.rank}, but there are only "
-                f"{world_size} ranks (0-{world_size - 1})"
-            )
+        for rank in (fault.rank, fault.peer):
+            if rank is not None and rank >= world_size:
+                raise UsageError(
+                    f"--inject {fault.describe()} names rank {rank}, but there are only "
+                    f"{world_size} ranks (0-{world_size - 1})"
+                )
 
 
 class Injector:
     """The per-rank hooks. Each stage calls `at_stage`; the workload asks `slow_factor`."""
 
     def __init__(self, faults: tuple[Fault, ...], rank: int) -> None:
-        self.faults = tuple(f for f in faults if f.rank == rank)
+        self.faults = tuple(f for f in faults if rank in (f.rank, f.peer))
         self.rank = rank
 
     def at_stage(self, stage: str) -> None:
@@ -132,6 +154,16 @@ class Injector:
 
     def diverges(self) -> bool:
         return any(f.kind == "diverge" for f in self.faults)
+
+    def corrupts(self) -> bool:
+        return any(f.kind == "corrupt" for f in self.faults)
+
+    def link_delay_s(self, group_ranks: Any, size_bytes: int) -> float:
+        """Extra time a collective of `size_bytes` over `group_ranks` spends on an injected slow link."""
+        members = set(group_ranks)
+        if any(f.kind == "slowlink" and {f.rank, f.peer} <= members for f in self.faults):
+            return size_bytes / SLOW_LINK_BYTES_PER_S
+        return 0.0
 
 
 def _hang_forever() -> None:

@@ -99,7 +99,7 @@ class _Interrupted(Exception):
 
 def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int:
     from ddpdoctor.render import LiveView, make_console, render_report
-    from ddpdoctor.report import build_report, write_json
+    from ddpdoctor.report import build_report, write_outputs
 
     nproc = cfg.nproc if cfg.nproc is not None else default_nproc()
     check_ranks(cfg.inject, nproc)
@@ -159,8 +159,7 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
         read_record(channel, record)
         shutil.rmtree(log_root, ignore_errors=True)
     report = build_report(record, backend, device, command)
-    if cfg.json_path:
-        write_json(report, cfg.json_path)
+    write_outputs(report, cfg)
     render_report(report, console)
     del channel  # closes the store and frees the port
     return report.exit_code

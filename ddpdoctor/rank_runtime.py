@@ -156,14 +156,13 @@ def _wait_for_ranks(channel: Channel, record: RunRecord, cfg: CheckConfig) -> No
 def _write_report(ctx: RankContext, record: RunRecord, channel: Channel, command: list[str],
                   wait: bool = True) -> int:
     from ddpdoctor.render import make_console, render_report
-    from ddpdoctor.report import build_report, write_json
+    from ddpdoctor.report import build_report, write_outputs
 
     if wait:
         _wait_for_ranks(channel, record, ctx.cfg)
     read_record(channel, record)
     report = build_report(record, ctx.backend, str(ctx.device.type if ctx.device is not None else ""), command)
-    if ctx.cfg.json_path:
-        write_json(report, ctx.cfg.json_path)
+    write_outputs(report, ctx.cfg)
     render_report(report, make_console())
     return report.exit_code
 

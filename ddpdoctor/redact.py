@@ -16,12 +16,13 @@ from typing import Mapping, Optional
 REDACTED = "<redacted>"
 
 # What decides how NCCL, gloo and the CPU threads behave.
-RELEVANT_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_CPP_LOG", "GLOO_", "CUDA_", "OMP_",
+RELEVANT_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "CUDA_", "OMP_",
                      "MKL_NUM_THREADS", "UCX_", "FI_", "NVIDIA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF")
 
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|API_?KEY|ACCESS_?KEY|PRIVATE|COOKIE|SESSION)",
                           re.IGNORECASE)
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^/@:\s]*):(?P<password>[^/@\s]+)@",
+# The password runs to the last "@" before the path, as urllib reads it (p@ss is one password).
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^/@:\s]*):(?P<password>[^/\s]+)@",
                               re.IGNORECASE)
 # Well-known token shapes: GitHub, Hugging Face, Slack, AWS access keys, OpenAI-style keys, JWTs.
 _TOKEN_SHAPES = re.compile(
@@ -29,7 +30,9 @@ _TOKEN_SHAPES = re.compile(
     r"|sk-[A-Za-z0-9_-]{20,}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})")
 # A long run of mixed letters and digits with no separators looks like a key, not a setting.
 _OPAQUE = re.compile(r"^[A-Za-z0-9+/=_-]{32,}$")
-_DEVICE_IDS = re.compile(r"^((GPU|MIG)-[0-9A-Fa-f/-]+)(,(GPU|MIG)-[0-9A-Fa-f/-]+)*$")  # CUDA_VISIBLE_DEVICES UUIDs
+# CUDA_VISIBLE_DEVICES UUIDs: GPU-<uuid>, MIG-<uuid>, and the pre-R470 MIG-GPU-<uuid>/gi/ci.
+_DEVICE_ID = r"(MIG-GPU-|GPU-|MIG-)[0-9A-Fa-f/-]+"
+_DEVICE_IDS = re.compile(rf"^{_DEVICE_ID}(,{_DEVICE_ID})*$")
 
 
 def is_relevant(name: str) -> bool:

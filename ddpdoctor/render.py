@@ -129,12 +129,25 @@ def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
     console.print(Text(f"exit {code} ({_VERDICT[code]})", style="dim"))
 
 
+def _probe_details(report: Report, console: Console) -> None:
+    """A probe with more to show than findings (the bandwidth table) shows it above them."""
+    from ddpdoctor.probes import get_probe
+
+    for section in report.probes:
+        details = getattr(get_probe(section.name), "render_details", None)
+        if details is not None and section.facts:
+            try:
+                details(section.facts, console)
+            except Exception as exc:  # a rendering bug must not hide the findings
+                console.print(Text(f"({section.name}: details could not be shown: {type(exc).__name__}: {exc})"))
+
+
 def render_report(report: Report, console: Console) -> None:
     data_nodes = report.nodes()
     rec = report.record
     code = report.exit_code
     head = Text()
-    head.append("ddpdoctor check  ", style="bold")
+    head.append(f"ddpdoctor {report.title}  ", style="bold")
     head.append(_VERDICT[code], style=_STYLE[report.verdict] if code != 3 else "bold magenta")
     head.append(f"  {rec.world_size} rank{'s' if rec.world_size != 1 else ''} on {len(data_nodes)} "
                 f"node{'s' if len(data_nodes) != 1 else ''}")
@@ -145,6 +158,7 @@ def render_report(report: Report, console: Console) -> None:
     head.append(f"  {max(0.0, rec.ended - rec.started):.1f}s")
     console.print(head)
 
+    _probe_details(report, console)
     render_findings(report.findings, console)
     status = ", ".join(f"{p.name}: {p.status}" for p in report.probes)
     console.print(Text(f"probes: {status}   exit {code} ({_VERDICT[code]})", style="dim"))

@@ -42,6 +42,12 @@ class Report:
     command: list[str] = field(default_factory=list)
 
     @property
+    def title(self) -> str:
+        """The command that made it: `check` or `allreduce-bench` (command[1], after the program)."""
+        sub = self.command[1] if len(self.command) > 1 else "check"
+        return sub if sub in ("check", "allreduce-bench") else "check"
+
+    @property
     def findings(self) -> list[Finding]:
         return self.run_findings + [f for p in self.probes for f in p.findings]
 
@@ -140,6 +146,25 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def write_outputs(report: Report, cfg: Any) -> None:
+    """The report's JSON, then what the probes write besides (the bench's CSV and plot).
+
+    A file that cannot be written costs one line on stderr, never the report itself.
+    """
+    if cfg.json_path:
+        write_json(report, cfg.json_path)
+    from ddpdoctor.probes import get_probe
+
+    for section in report.probes:
+        extra = getattr(get_probe(section.name), "write_outputs", None)
+        if extra is None or not section.facts:
+            continue
+        try:
+            extra(section.facts, cfg)
+        except Exception as exc:
+            sys.stderr.write(f"ddpdoctor: could not write the {section.name} outputs: {type(exc).__name__}: {exc}\n")
+
+
 def write_json(report: Report, path: str) -> None:
     atomic_write_json(report.to_json(), path)
 
@@ -148,12 +173,15 @@ def atomic_write_json(data: Any, path: str) -> None:
     """Strict JSON via a temp file and rename: a killed run never leaves half a file."""
     import json
 
-    text = json.dumps(_finite(data), indent=2, default=str, allow_nan=False)
+    atomic_write_text(json.dumps(_finite(data), indent=2, default=str, allow_nan=False) + "\n", path)
+
+
+def atomic_write_text(text: str, path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path)) or "."
     fd, tmp = tempfile.mkstemp(prefix=".ddpdoctor-", suffix=".json.tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
+            handle.write(text)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file

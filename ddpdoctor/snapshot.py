@@ -2,7 +2,8 @@
 
 A support engineer cannot log in to a user's cluster; a user can run `ddpdoctor
 snapshot` on each node and attach the files. Each file holds what the probes read
-without peers, one entry per GPU as one rank per GPU would read it, so the same
+without peers, one entry per GPU as one rank per GPU would read it (homogeneity only:
+gpu-count's facts are what one rank's launch environment makes it see), so the same
 diagnose functions judge files and live runs alike. `ddpdoctor diagnose` also takes
 JSON reports of earlier `check` runs, to re-judge them (say with another threshold).
 """
@@ -23,9 +24,6 @@ from ddpdoctor.findings import Finding, Severity, exit_code_for
 SCHEMA = "ddpdoctor.snapshot/1"
 REPORT_SCHEMA = "ddpdoctor.report/1"
 DIAGNOSIS_SCHEMA = "ddpdoctor.diagnosis/1"
-# Probes whose collect needs no peers and no process-specific launch environment.
-# gpu-count is not among them: its facts are what one rank's environment makes it see.
-SNAPSHOT_PROBES = ("homogeneity",)
 
 
 def _devices() -> list[Any]:
@@ -69,7 +67,7 @@ class Inputs:
 
     @property
     def world_size(self) -> int:
-        return len(self.hosts)
+        return max(self.hosts, default=-1) + 1
 
 
 def _read(path: str) -> dict[str, Any]:
@@ -111,32 +109,54 @@ def _per_rank(path: str, data: Mapping[str, Any]) -> dict[str, list[dict[str, An
     return out
 
 
+def _hosts_of(data: Mapping[str, Any]) -> dict[int, str]:
+    """A report's own rank table says each rank's host; probe facts may not (ddp-smoke's do not)."""
+    if data.get("schema") != REPORT_SCHEMA:
+        return {}
+    return {int(r["rank"]): str(r["host"]) for r in data.get("ranks") or []
+            if isinstance(r, Mapping) and "rank" in r and r.get("host") not in (None, "?")}
+
+
 def load_inputs(paths: list[str]) -> Inputs:
     from ddpdoctor.probes import all_probes
 
     known = all_probes()
     inputs = Inputs(files=list(paths))
-    seen_hosts: dict[str, str] = {}
-    for path in paths:
+    owner: dict[str, int] = {}  # host name -> the file (by position) that first had it
+    labels: set[str] = set()
+    for index, path in enumerate(paths):
         data = _read(path)
         per_probe = _per_rank(path, data)
-        base = inputs.world_size
+        base = max(inputs.hosts, default=-1) + 1  # past every rank so far, even with gaps
+        hosts = _hosts_of(data)
+        renamed: dict[str, str] = {}
+
+        def label(host: str) -> str:
+            if owner.setdefault(host, index) == index:
+                return host
+            if host not in renamed:  # the same machine in two files, or one file given twice
+                name = f"{host} ({os.path.basename(path)})"
+                renamed[host] = name if name not in labels else f"{host} ({os.path.basename(path)} #{index + 1})"
+                labels.add(renamed[host])
+            return renamed[host]
+
         local_ranks: set[int] = set()
         for name, entries in per_probe.items():
             if name not in known:
                 continue  # written by a newer ddpdoctor: judge what this one knows
             for offset, entry in enumerate(entries):
-                rank = base + (int(entry.get("rank", offset)) if data["schema"] == REPORT_SCHEMA else offset)
-                host = str(entry.get("host", "?"))
-                if seen_hosts.setdefault(host, path) != path:
-                    host = f"{host} ({os.path.basename(path)})"  # the same machine in two files
-                entry = dict(entry, rank=rank, host=host)
-                inputs.facts.setdefault(name, {})[rank] = entry
+                own = int(entry.get("rank", offset)) if data["schema"] == REPORT_SCHEMA else offset
+                rank = base + own
+                host = label(hosts.get(own) or str(entry.get("host") or "?"))
+                inputs.facts.setdefault(name, {})[rank] = dict(entry, rank=rank, host=host)
                 inputs.hosts[rank] = host
                 local_ranks.add(rank)
         if not local_ranks:
             raise UsageError(f"{path} holds no facts this ddpdoctor can judge (probes: "
                              f"{', '.join(per_probe) or 'none'})")
+        if isinstance(data.get("settings"), Mapping):
+            for key, value in data["settings"].items():
+                inputs.settings.setdefault(key, value)  # the thresholds the report was judged with
     return inputs
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from ddpdoctor.errors import UsageError
 
+from .allreduce import AllReduce
 from .base import Probe, RunView
 from .ddp_smoke import DdpSmoke
 from .gpu_count import GpuCount
 from .homogeneity import Homogeneity
 
-_PROBES: dict[str, Probe] = {p.name: p for p in (DdpSmoke(), GpuCount(), Homogeneity())}
+_PROBES: dict[str, Probe] = {p.name: p for p in (DdpSmoke(), GpuCount(), Homogeneity(), AllReduce())}
 # gpu-count first: it publishes its device facts before the shared DDP workload runs,
 # so a device-mapping fault that breaks the workload is still diagnosed.
 DEFAULT_PROBES: tuple[str, ...] = ("gpu-count", "homogeneity", "ddp-smoke")

@@ -19,7 +19,7 @@ from ddpdoctor.workload import run_workload
 
 from .base import RunView
 from .homogeneity_health import gpu_health_findings, host_findings
-from .homogeneity_speed import slow_rank_findings
+from .homogeneity_speed import slow_rank_findings, speed_spread
 
 NAME = "homogeneity"
 
@@ -150,7 +150,7 @@ def _values(facts: Facts, read: Callable[[Mapping[str, Any]], Any]) -> dict[int,
     return {r: read(f) for r, f in facts.items()}
 
 
-def _by_node(facts: Facts, groups: list[tuple[Any, list[int]]]) -> Optional[str]:
+def _by_node(facts: Facts, groups: list[tuple[Any, list[int]]], word: str = "on") -> Optional[str]:
     """`nodes a,b on X; node c on Y` when every node is uniform and there are several."""
     per_node: dict[str, set[int]] = defaultdict(set)
     for index, (_, ranks) in enumerate(groups):
@@ -161,7 +161,7 @@ def _by_node(facts: Facts, groups: list[tuple[Any, list[int]]]) -> Optional[str]
     parts = []
     for index, (value, _) in enumerate(groups):
         hosts = sorted(h for h, v in per_node.items() if v == {index})
-        parts.append(f"{'node' if len(hosts) == 1 else 'nodes'} {','.join(hosts)} on {shown(value)}")
+        parts.append(f"{'node' if len(hosts) == 1 else 'nodes'} {','.join(hosts)} {word} {shown(value)}")
     return "; ".join(parts)
 
 
@@ -199,7 +199,8 @@ def _env_differences(facts: Facts, run: RunView) -> list[Finding]:
                 continue
             groups = group_ranks({r: (f.get("env") or {}).get(name, "unset") for r, f in facts.items()})
             if len(groups) > 1:
-                evidence[name] = _by_node(facts, groups) or describe_groups(groups, word="has")
+                evidence[name] = (_by_node(facts, groups, word="with") or
+                                  describe_groups(groups, word="has", plural_word="have"))
                 odd.update(minority(groups))
         if not evidence:
             continue
@@ -231,9 +232,14 @@ def _all_agree(facts: Facts, run: RunView) -> Finding:
         value = read(sample)
         if value is not None and shown(value) != "unknown":
             parts.append(f"{label} {shown(value)}")
+    spread = speed_spread(facts)
+    if spread is not None:
+        pct, slowest, fastest, unit = spread
+        parts.append(f"measured speed of peers within {pct:.0f}% ({slowest:.3g}-{fastest:.3g} {unit})")
     nodes = run.nodes_of(ranks) or tuple(sorted({str(f.get("host")) for f in facts.values()}))
     return Finding(code="HOM000", severity=Severity.OK, probe=NAME,
-                   title=f"{len(ranks)} ranks on {len(nodes)} node{'s' if len(nodes) != 1 else ''} agree: "
+                   title=f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} on {len(nodes)} "
+                         f"node{'s' if len(nodes) != 1 else ''} agree: "
                          + ", ".join(parts),
                    ranks=ranks, nodes=nodes,
                    evidence={"ranks": rank_ranges(ranks)})

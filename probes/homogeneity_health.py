@@ -15,9 +15,14 @@ from .base import RunView
 
 NAME = "homogeneity"
 RAM_PER_GPU_BYTES = 16 * 2**30  # common practice: at least 16 GB of host RAM per GPU (data loading, pinned memory)
-SLOWDOWNS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+SLOWDOWNS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown", "board_limit",
+             "reliability")
 
 Facts = Mapping[int, Mapping[str, Any]]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _int(value: Any) -> Optional[int]:
@@ -26,6 +31,29 @@ def _int(value: Any) -> Optional[int]:
 
 def _num(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _cpu_set(text: Any) -> set[int]:
+    """`0-3,8` (as rank_ranges writes an affinity) → {0, 1, 2, 3, 8}; unreadable → empty."""
+    cpus: set[int] = set()
+    for part in str(text or "").split(","):
+        lo, _, hi = part.partition("-")
+        if lo.strip().isdigit() and (not hi or hi.strip().isdigit()):
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def cpus_for(host_hw: list[Mapping[str, Any]]) -> int:
+    """CPUs the ranks of one host may run on between them: the union of their affinities.
+
+    Ranks pinned apart (srun --cpus-per-task) do not compete even though each sees few CPUs.
+    """
+    union: set[int] = set()
+    for hw in host_hw:
+        union |= _cpu_set(hw.get("cpu_affinity"))
+    if union:
+        return len(union)
+    return max((_int(hw.get("cpus_usable")) or _int(hw.get("cpu_logical_cores")) or 0 for hw in host_hw), default=0)
 
 
 def _gpus(facts: Facts) -> list[tuple[str, list[int], Mapping[str, Any]]]:
@@ -45,6 +73,7 @@ def _gpus(facts: Facts) -> list[tuple[str, list[int], Mapping[str, Any]]]:
 def _per_gpu(facts: Facts, run: RunView, judge: Callable[[Mapping[str, Any]], Optional[tuple[Severity, str]]],
              code: str, title: str, why: str, fix: str) -> list[Finding]:
     evidence: dict[str, str] = {}
+    severities: dict[str, Severity] = {}
     ranks: list[int] = []
     worst = Severity.OK
     for label, gpu_ranks, gpu in _gpus(facts):
@@ -54,10 +83,11 @@ def _per_gpu(facts: Facts, run: RunView, judge: Callable[[Mapping[str, Any]], Op
         severity, said = verdict
         worst = max(worst, severity)
         evidence[label] = said
+        severities[label] = severity
         ranks += gpu_ranks
     if not evidence:
         return []
-    first = next(iter(evidence))
+    first = max(evidence, key=lambda label: severities[label])  # the worst GPU names the finding
     more = f" and {len(evidence) - 1} more" if len(evidence) > 1 else ""
     ranks_t = tuple(sorted(set(ranks)))
     return [Finding(code=code, severity=worst, probe=NAME, title=f"{title} on {first}{more}: {evidence[first]}",
@@ -74,15 +104,15 @@ def _memory_errors(gpu: Mapping[str, Any]) -> Optional[tuple[Severity, str]]:
         said.append("row remapping FAILED")
         severity = Severity.CRITICAL
     if (_int(ecc.get("volatile")) or 0) > 0:
-        said.append(f"{ecc['volatile']} uncorrectable ECC errors since the last reset")
+        said.append(f"{_count(ecc['volatile'], 'uncorrectable ECC error')} since the last reset")
         severity = max(severity, Severity.WARN)
     if rows.get("pending") is True or pages.get("pending") is True:
         said.append("a row remap / page retirement is pending until the GPU is reset")
         severity = max(severity, Severity.WARN)
     if not said and (_int(ecc.get("aggregate")) or 0) > 0:
-        said.append(f"{ecc['aggregate']} uncorrectable ECC errors in its lifetime (none since the last reset)")
+        said.append(f"{_count(ecc['aggregate'], 'uncorrectable ECC error')} in its lifetime (none since the last reset)")
     if (_int(rows.get("uncorrectable")) or 0) > 0:
-        said.append(f"{rows['uncorrectable']} rows remapped for uncorrectable errors")
+        said.append(f"{_count(rows['uncorrectable'], 'row')} remapped for uncorrectable errors")
     return (severity, "; ".join(said)) if said else None
 
 
@@ -170,7 +200,7 @@ def host_findings(facts: Facts, run: RunView) -> list[Finding]:
         local = max([len(live)] + [int(facts[r].get("local_world_size") or 1) for r in live])
         unset = [r for r in live if "OMP_NUM_THREADS" not in (facts[r].get("env") or {})]
         wanted = sum(int((facts[r].get("host_hw") or {}).get("torch_threads") or 1) for r in live)
-        cores = _int(hw.get("cpus_usable")) or _int(hw.get("cpu_logical_cores")) or 0
+        cores = cpus_for([facts[r].get("host_hw") or {} for r in live])
         if local > 1 and unset and cores and wanted > cores:
             threads[host] = (f"{len(live)} ranks with {wanted} compute threads between them on {cores} CPUs, "
                              "OMP_NUM_THREADS unset")

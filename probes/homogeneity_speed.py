@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 from ddpdoctor.findings import Finding, Severity, rank_ranges
 
 from .base import RunView
+from .homogeneity_health import cpus_for
 
 NAME = "homogeneity"
 # Defaults: GPUs are exclusive and measured with CUDA events; CPU ranks share cores with
@@ -53,7 +54,7 @@ def _shared_cpus(facts: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, 
     for host, ranks in by_host.items():
         hw = [facts[r].get("host_hw") or {} for r in ranks]
         threads = sum(int(h.get("torch_threads") or 1) for h in hw)
-        cores = max((int(h.get("cpus_usable") or h.get("cpu_logical_cores") or 0) for h in hw), default=0)
+        cores = cpus_for(hw)
         if cores and threads > cores:
             crowded[host] = {"ranks": rank_ranges(ranks), "threads": threads, "cores": cores, "rank_list": ranks}
     return crowded
@@ -61,6 +62,27 @@ def _shared_cpus(facts: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, 
 
 def _unit(kind: str) -> tuple[str, float]:
     return ("TFLOP/s", 1e12) if kind == "gpu" else ("GFLOP/s", 1e9)
+
+
+def _peer_groups(facts: Mapping[int, Mapping[str, Any]], excluded: set[int]) -> dict[tuple[Any, ...], list[int]]:
+    """Ranks that may be compared: measured, same hardware, not on time-shared cores."""
+    groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    for r, f in sorted(facts.items()):
+        if _matmul(f) and r not in excluded:
+            groups[_hardware(f)].append(r)
+    return {k: v for k, v in groups.items() if len(v) >= 2}
+
+
+def speed_spread(facts: Mapping[int, Mapping[str, Any]]) -> Optional[tuple[float, float, float, str]]:
+    """(percent, slowest, fastest, unit) within the widest group of peers, for the all-clear line."""
+    excluded = {r for info in _shared_cpus(facts).values() for r in info["rank_list"]}
+    widest = None
+    for hardware, ranks in _peer_groups(facts, excluded).items():
+        best = [max(_rounds(facts[r])) for r in ranks]
+        unit, scale = _unit(hardware[0])
+        spread = (100 * (1 - min(best) / max(best)), min(best) / scale, max(best) / scale, unit)
+        widest = spread if widest is None or spread[0] > widest[0] else widest
+    return widest
 
 
 def slow_rank_findings(facts: Mapping[int, Mapping[str, Any]], run: RunView,
@@ -78,13 +100,7 @@ def slow_rank_findings(facts: Mapping[int, Mapping[str, Any]], run: RunView,
             why="More compute threads than cores: the ranks time-share, and their measured speeds are scheduling noise.",
             fix="Give each rank its own cores (fewer ranks per node, or OMP_NUM_THREADS=cores/ranks) to compare them.",
         ))
-    groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
-    for r, f in sorted(facts.items()):
-        if _matmul(f) and r not in crowded_ranks:
-            groups[_hardware(f)].append(r)
-    for hardware, ranks in groups.items():
-        if len(ranks) < 2:
-            continue
+    for hardware, ranks in _peer_groups(facts, crowded_ranks).items():
         pct = float(threshold_pct) if threshold_pct is not None else DEFAULT_SLOW_PCT[hardware[0]]
         limit = 1.0 - pct / 100.0
         best = {r: max(_rounds(facts[r])) for r in ranks}
@@ -105,7 +121,8 @@ def _slow_finding(facts: Mapping[int, Mapping[str, Any]], run: RunView, hardware
     where = f"{facts[worst].get('host')}" + (f" GPU {(facts[worst].get('gpu') or {}).get('pci_bus_id')}"
                                             if hardware[0] == "gpu" else "")
     mm = _matmul(facts[worst]) or {}
-    what = f"{hardware[1]}" if hardware[0] == "gpu" else f"CPU {hardware[1]}, {hardware[4]} threads per rank"
+    threads = hardware[4] if hardware[0] == "cpu" else None
+    what = f"{hardware[1]}" if threads is None else f"CPU {hardware[1]}, {threads} thread{'s' if threads != 1 else ''} per rank"
     steps = {r: (facts[r].get("measured") or {}).get("step_ms") for r in ranks}
     return Finding(
         code="HOM006", severity=Severity.WARN, probe=NAME,

@@ -88,10 +88,15 @@ def assert_nothing_left(run: Run, settle_s: float = 5.0) -> None:
         assert port_is_free(run.port), f"port {run.port} still bound after the run\n{run.explain()}"
 
 
-def _env(tag: str, extra: Optional[dict[str, str]]) -> dict[str, str]:
+def _env(tag: str, extra: Optional[dict[str, Optional[str]]]) -> dict[str, str]:
+    """The test's environment for a run; a None value in `extra` removes that variable."""
     env = {k: v for k, v in os.environ.items()}
     env.update({TAG_VAR: tag, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    env.update(extra or {})
+    for key, value in (extra or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 

@@ -191,7 +191,7 @@ def test_throttle_mask_is_decoded_into_stable_names(monkeypatch: pytest.MonkeyPa
 def test_bits_without_a_name_are_kept_as_unknown_hex(monkeypatch: pytest.MonkeyPatch) -> None:
     install(monkeypatch, fake_pynvml([gpu(reasons=0x4 | 0x200 | 0x800)]))
     assert gpu_health.read_gpu(H100["uuid"])["clock_event_reasons"] == {
-        "mask": 0xA04, "active": ["sw_power_cap", "unknown_0x200", "unknown_0x800"]}
+        "mask": 0xA04, "active": ["sw_power_cap", "board_limit", "unknown_0x800"]}
 
 
 def test_bit_values_come_from_the_bindings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,83 @@
+"""The allreduce-bench table, laid out like nccl-tests' so its users read it at a glance.
+
+Rendering only: the figures come from busbw.SizeResult, the judging from the probe.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any, Mapping
+
+from rich.table import Table
+from rich.text import Text
+
+from ddpdoctor.busbw import SizeResult
+
+_REDOP = {"all_reduce": "sum", "reduce_scatter": "sum"}
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+def render_bench(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:
+    if not results:
+        return
+    placements = sorted({r.in_place for r in results})  # out-of-place first, as nccl-tests
+    table = Table(title=f"{results[0].op}  {len(facts)} ranks  {results[0].dtype}", title_justify="left",
+                  box=None, pad_edge=False, header_style="bold")
+    for col in ("size", "count", "type", "redop"):
+        table.add_column(col, justify="right")
+    for in_place in placements:
+        label = "in-place" if in_place else "out-of-place"
+        for col in ("time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"):
+            table.add_column(f"{label}\n{col}", justify="right")
+    by_size: dict[int, dict[bool, SizeResult]] = defaultdict(dict)
+    for r in results:
+        by_size[r.size_bytes][r.in_place] = r
+    for size in sorted(by_size):
+        row = by_size[size]
+        any_r = next(iter(row.values()))
+        cells = [_size(size), str(any_r.count), any_r.dtype, _REDOP.get(any_r.op, "none")]
+        for in_place in placements:
+            r = row.get(in_place)
+            if r is None:
+                cells += ["", "", "", ""]
+                continue
+            cells += [f"{r.median_s * 1e6:.1f}", f"{r.algbw_gbps:.3f}", f"{r.busbw_gbps:.3f}",
+                      "n/a" if r.wrong is None else str(r.wrong)]
+        table.add_row(*cells)
+    console.print(table)
+    _per_rank(results, facts, console)
+
+
+def _per_rank(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:
+    """Each rank's own median at the largest size: the rank the others wait for spends the least time inside."""
+    top = max(r.size_bytes for r in results)
+    own: dict[int, float] = {}
+    for rank, f in facts.items():
+        for entry in f.get("results") or []:
+            if entry.get("size_bytes") == top and entry.get("times_s"):
+                own[rank] = statistics.median(entry["times_s"])
+                break
+    if len(own) < 2:
+        return
+    typical = statistics.median(own.values())
+    by_host: dict[str, list[int]] = defaultdict(list)
+    for rank in sorted(own):
+        by_host[str(facts[rank].get("host"))].append(rank)
+    line = Text(f"per node at {_size(top)} (each rank's own median time): ", style="dim")
+    parts = []
+    for host, ranks in by_host.items():
+        times = [own[r] * 1e6 for r in ranks]
+        parts.append(f"{host}: ranks {ranks[0]}-{ranks[-1]} {min(times):.0f}-{max(times):.0f} us")
+    line.append("; ".join(parts), style="dim")
+    console.print(line)
+    late = [r for r, t in own.items() if t < 0.5 * typical]
+    if late:
+        console.print(Text("ranks the others waited for (they spent under half the typical time inside the call): "
+                           + ", ".join(f"{r} ({facts[r].get('host')})" for r in sorted(late)), style="yellow"))

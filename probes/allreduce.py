@@ -1,0 +1,279 @@
+"""Probe `allreduce` (and the `allreduce-bench` command): what the interconnect delivers.
+
+Collect sweeps message sizes on every rank, timing each call on its own, checks every
+result against values each rank can compute alone, then looks for a slow link along a
+ring of rank pairs (n pairs, not n²). Diagnose takes, per iteration, the slowest rank's
+time (a collective is done when its last rank is) and derives algbw and busbw exactly
+as nccl-tests does, from the median.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Mapping
+
+from ddpdoctor import busbw
+from ddpdoctor.collectives import PLACEMENTS, check_once, element_size, make_buffers, time_iterations, torch_dtype
+from ddpdoctor.findings import Finding, Severity, rank_ranges
+
+from .base import RunView
+
+NAME = "allreduce"
+PAIR_CAP_BYTES = {"cuda": 64 * 2**20, "cpu": 4 * 2**20}  # big enough to be bandwidth-bound, small enough to be quick
+
+
+def _fmt_bytes(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:g} {unit}"
+    return f"{size} B"
+
+
+class AllReduce:
+    name = NAME
+    summary = "Sweep collective sizes: algbw/busbw as nccl-tests, wrong elements counted, slow link localised."
+
+    # -- collect (on each rank) -------------------------------------------------
+    def collect(self, ctx: Any) -> dict[str, Any]:
+        bench = ctx.cfg.bench
+        n, rank, device = ctx.world_size, ctx.rank, ctx.device
+        dtype = torch_dtype(bench.dtype)
+        elem = element_size(bench.dtype)
+        lo, hi, factor = busbw.default_range(device.type)
+        sizes = busbw.sweep_sizes(bench.min_bytes or lo, bench.max_bytes or hi, bench.factor or factor, elem, n, bench.op)
+        facts: dict[str, Any] = {"host": ctx.env.hostname, "rank": rank, "local_rank": ctx.env.local_rank,
+                                 "device": str(device), "backend": ctx.backend, "op": bench.op, "dtype": bench.dtype,
+                                 "world_size": n, "warmup": bench.warmup, "iters": bench.iters, "results": []}
+        everyone = range(n)
+        for in_place in PLACEMENTS[bench.op]:
+            for size in sizes:
+                ctx.progress()
+                count = busbw.count_per_rank(bench.op, size, elem, n)
+                buffers = make_buffers(bench.op, count, n, rank, in_place, dtype, device)
+                with ctx.collective(bench.op, size=size, in_place=in_place):
+                    times = time_iterations(buffers, device, bench.warmup, bench.iters,
+                                            ctx.injector.link_delay_s(everyone, size))
+                    wrong = check_once(buffers, corrupt=ctx.injector.corrupts()) if bench.check else None
+                facts["results"].append({"size_bytes": size, "count": count, "in_place": in_place,
+                                         "times_s": times, "wrong": wrong})
+                del buffers
+        # The sweep stays in the report even if the localisation below fails.
+        ctx.channel.set(f"result/{NAME}/{rank}", facts)
+        if bench.localise == "always" and n >= 2 or bench.localise == "auto" and n >= 3:
+            facts["pairs"] = _measure_ring_pairs(ctx, min(sizes[-1], PAIR_CAP_BYTES.get(device.type, sizes[-1])),
+                                                 dtype, elem)
+        return facts
+
+    # -- diagnose (pure) --------------------------------------------------------
+    def diagnose(self, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+        if not facts:
+            return []
+        results = merge_results(facts)
+        findings: list[Finding] = []
+        findings += _wrong_results(facts, run)
+        summary = busbw.summarise(results) if results else None
+        gate = run.settings.get("min_busbw_gbps")
+        sample = facts[min(facts)]
+        if summary is not None and gate is not None:
+            findings += _gate(results, float(gate), sample, run)
+        findings += _slow_link(facts, run)
+        if summary is not None and not any(f.severity >= Severity.WARN for f in findings):
+            findings.insert(0, _verdict(summary, results, sample, run, len(facts)))
+        return findings
+
+    def write_outputs(self, facts: Mapping[int, Mapping[str, Any]], cfg: Any) -> None:
+        from ddpdoctor.bench_output import to_csv, write_plot
+        from ddpdoctor.report import atomic_write_text
+
+        results = merge_results(facts)
+        if cfg.bench.csv_path:
+            atomic_write_text(to_csv(results), cfg.bench.csv_path)
+        if cfg.bench.plot_path and results:
+            write_plot(results, cfg.bench.plot_path, f"{results[0].op} busbw, {len(facts)} ranks, {results[0].dtype}")
+
+    def render_details(self, facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:
+        from ddpdoctor.render_bench import render_bench
+
+        render_bench(merge_results(facts), facts, console)
+
+
+def _measure_ring_pairs(ctx: Any, size: int, dtype: Any, elem: int) -> dict[str, Any]:
+    """Every ring pair's own 2-rank all-reduce, disjoint pairs at the same time."""
+    import torch.distributed as dist
+
+    pairs = busbw.ring_pairs(ctx.world_size)
+    groups = {pair: dist.new_group(list(pair)) for pair in pairs}  # every rank creates every group, in order
+    count = busbw.count_per_rank("all_reduce", size, elem, 2)
+    iters = max(5, ctx.cfg.bench.iters // 2)
+    out: dict[str, Any] = {"size_bytes": size, "times_s": {}}
+    for phase in _phases(pairs):
+        ctx.progress()
+        with ctx.collective("localise_barrier"):
+            dist.barrier()
+        for pair in phase:
+            if ctx.rank not in pair:
+                continue
+            buffers = make_buffers("all_reduce", count, 2, pair.index(ctx.rank), True, dtype, ctx.device,
+                                   group=groups[pair])
+            with ctx.collective("pair_all_reduce", pair=list(pair)):
+                out["times_s"][f"{pair[0]}-{pair[1]}"] = time_iterations(
+                    buffers, ctx.device, 2, iters, ctx.injector.link_delay_s(pair, size))
+    with ctx.collective("localise_barrier"):
+        dist.barrier()
+    return out
+
+
+def _phases(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Pairs that share no rank run together: 2 phases for an even ring, 3 for an odd one."""
+    phases: list[list[tuple[int, int]]] = []
+    for pair in pairs:
+        for phase in phases:
+            if not any(set(pair) & set(other) for other in phase):
+                phase.append(pair)
+                break
+        else:
+            phases.append([pair])
+    return phases
+
+
+def merge_results(facts: Mapping[int, Mapping[str, Any]]) -> list[busbw.SizeResult]:
+    """Per size and placement: each iteration's slowest rank, and every rank's wrong elements."""
+    ranks = sorted(facts)
+    first = facts[ranks[0]]
+    n = int(first.get("world_size") or len(ranks))
+    merged = []
+    for index, entry in enumerate(first.get("results") or []):
+        per_rank = {}
+        wrong = 0
+        for r in ranks:
+            entries = facts[r].get("results") or []
+            if index < len(entries) and entries[index].get("size_bytes") == entry["size_bytes"]:
+                per_rank[r] = entries[index]["times_s"]
+                wrong += int(entries[index].get("wrong") or 0)
+        try:
+            slowest = busbw.slowest_per_iteration(per_rank)
+        except ValueError:
+            continue
+        merged.append(busbw.SizeResult(op=first["op"], size_bytes=int(entry["size_bytes"]), count=int(entry["count"]),
+                                       dtype=first["dtype"], in_place=bool(entry["in_place"]), per_iter_s=slowest,
+                                       wrong=wrong, world_size=n))
+    return merged
+
+
+def _wrong_results(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    bad: dict[int, dict[str, int]] = {}
+    for r, f in sorted(facts.items()):
+        for entry in f.get("results") or []:
+            if entry.get("wrong"):
+                place = "in-place" if entry.get("in_place") else "out-of-place"
+                bad.setdefault(r, {})[f"{_fmt_bytes(int(entry['size_bytes']))} {place}"] = int(entry["wrong"])
+    if not bad:
+        return []
+    ranks = tuple(sorted(bad))
+    total = sum(v for sizes in bad.values() for v in sizes.values())
+    op = facts[ranks[0]].get("op")
+    return [Finding(
+        code="BW001", severity=Severity.CRITICAL, probe=NAME,
+        title=f"{op} returned wrong values on rank {rank_ranges(ranks)}: {total} wrong elements",
+        ranks=ranks, nodes=run.nodes_of(ranks),
+        evidence={"wrong_elements_by_rank": {str(r): v for r, v in bad.items()}},
+        why=("Every rank knows what each peer contributed, so the result is checked exactly; wrong elements mean "
+             "corrupted data on the path to that rank (GPU memory, PCIe/NVLink, NIC, or a library bug), the kind "
+             "of fault that shows up as a loss that suddenly diverges."),
+        fix=("Drain the node of the named ranks and run `dcgmi diag -r 3` and nccl-tests with `-c 1`; check "
+             "`nvidia-smi -q -d ECC,ROW_REMAPPER` and the kernel log for Xid errors; try NCCL_PROTO=Simple to rule out "
+             "a protocol bug; replace hardware that keeps failing."),
+    )]
+
+
+def _largest(results: list[busbw.SizeResult]) -> busbw.SizeResult:
+    top = max(r.size_bytes for r in results)
+    return max((r for r in results if r.size_bytes == top), key=lambda r: r.busbw_gbps)
+
+
+def _gate(results: list[busbw.SizeResult], gate: float, sample: Mapping[str, Any], run: RunView) -> list[Finding]:
+    largest = _largest(results)
+    if largest.busbw_gbps >= gate:
+        return []
+    ranks = tuple(range(run.world_size))
+    return [Finding(
+        code="BW002", severity=Severity.CRITICAL, probe=NAME,
+        title=(f"{sample.get('op')} busbw {largest.busbw_gbps:.3g} GB/s at {_fmt_bytes(largest.size_bytes)} is below "
+               f"the required {gate:g} GB/s"),
+        ranks=ranks, nodes=run.nodes_of(ranks),
+        evidence={"busbw_gbps": round(largest.busbw_gbps, 3), "required_gbps": gate,
+                  "size": _fmt_bytes(largest.size_bytes), "backend": sample.get("backend"),
+                  "median_us": round(largest.median_s * 1e6, 1)},
+        why="--min-busbw makes this a gate: the interconnect did not deliver the bandwidth the job needs.",
+        fix=("Look at the slow-link finding and the per-rank view; check NCCL_DEBUG=INFO output for the transport "
+             "(\"via NET/Socket\" where \"NET/IB\" was expected, \"P2P/SHM\" where \"P2P/IPC\" or NVLink was expected) "
+             "and the topology probe's link speeds."),
+    )]
+
+
+def _slow_link(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    times: dict[str, dict[int, list[float]]] = {}
+    size = None
+    for r, f in facts.items():
+        pairs = f.get("pairs") or {}
+        size = pairs.get("size_bytes", size)
+        for key, values in (pairs.get("times_s") or {}).items():
+            times.setdefault(key, {})[r] = values
+    if not times or size is None:
+        return []
+    pair_bw: dict[tuple[int, int], float] = {}
+    for key, per_rank in times.items():
+        a, b = (int(x) for x in key.split("-"))
+        try:
+            slowest = busbw.slowest_per_iteration(per_rank)
+        except ValueError:
+            continue
+        pair_bw[(a, b)] = busbw.busbw_gbps("all_reduce", 2, int(size), statistics.median(slowest))
+    slow = busbw.slowest_link(pair_bw)
+    if not slow:
+        return []
+    suspects = tuple(busbw.suspect_ranks(slow))
+    hosts = {r: run.hosts.get(r, "?") for r in suspects}
+    typical = statistics.median(pair_bw.values())
+    worst = slow[0]
+    where = (f"rank {suspects[0]} ({hosts[suspects[0]]})" if len(suspects) == 1 else
+             f"the link between rank {worst[0]} ({run.hosts.get(worst[0], '?')}) and rank {worst[1]} "
+             f"({run.hosts.get(worst[1], '?')})")
+    return [Finding(
+        code="BW003", severity=Severity.WARN, probe=NAME,
+        title=(f"Slow link: {where}: {pair_bw[worst]:.3g} GB/s where ring pairs typically reach {typical:.3g} GB/s"),
+        ranks=suspects, nodes=run.nodes_of(suspects),
+        evidence={"pair_busbw_gbps": {f"{a}-{b}": round(v, 3) for (a, b), v in sorted(pair_bw.items())},
+                  "slow_pairs": [f"{a}-{b}" for a, b in slow], "size": _fmt_bytes(int(size))},
+        why=("Each neighbouring pair of ranks ran its own all-reduce; a rank whose two ring pairs are both slow has a "
+             "slow link of its own (NIC, PCIe slot, NVLink), a single slow pair is the link between them."),
+        fix=("On the named node: `nvidia-smi topo -m` and `nvidia-smi nvlink -s` for NVLink, `lspci -vv` for the "
+             "PCIe link (LnkSta vs LnkCap), `ibstat` / `ethtool` for the NIC's rate; then nccl-tests between just "
+             "those ranks to confirm."),
+    )]
+
+
+def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str, Any], run: RunView,
+             present: int) -> Finding:
+    ranks = tuple(range(run.world_size))
+    largest = _largest(results)
+    nodes = run.nodes_of(ranks)
+    checked = all(e.get("wrong") is not None for e in sample.get("results") or [])
+    evidence: dict[str, Any] = {
+        "peak_busbw_gbps": round(summary.peak_busbw_gbps, 3), "peak_at": _fmt_bytes(summary.peak_size_bytes),
+        "busbw_at_largest_gbps": round(summary.busbw_at_largest_gbps, 3),
+        "busbw_at_ddp_bucket_gbps": round(summary.busbw_at_bucket_gbps, 3),
+        "small_message_latency_us": round(summary.latency_us, 1),
+        "latency_measured_at": _fmt_bytes(summary.latency_size_bytes),
+        "backend": sample.get("backend"), "dtype": sample.get("dtype"), "ranks_reporting": present,
+    }
+    if len(nodes) > 1:
+        evidence["per_accelerator_network_gbps"] = round(
+            busbw.per_accelerator_network_gbps(largest.busbw_gbps, len(nodes), run.world_size), 3)
+    return Finding(
+        code="BW000", severity=Severity.OK, probe=NAME,
+        title=(f"{sample.get('op')} on {run.world_size} ranks: peak busbw {summary.peak_busbw_gbps:.3g} GB/s "
+               f"(at {_fmt_bytes(summary.peak_size_bytes)}), {summary.busbw_at_bucket_gbps:.3g} GB/s at DDP's bucket "
+               f"size, {summary.latency_us:.0f} us for small messages"
+               + ("; every result correct" if checked else "; results not checked (--no-check)")),
+        ranks=ranks, nodes=nodes, evidence=evidence)
