@@ -53,7 +53,7 @@ def to_csv(results: Sequence[SizeResult]) -> str:
         writer.writerow([
             r.op, r.size_bytes, r.count, r.dtype, "true" if r.in_place else "false",
             _us(r.median_s), _us(r.p95_s), _us(r.min_s),
-            _gbps(r.algbw_gbps), _gbps(r.busbw_gbps), r.wrong,
+            _gbps(r.algbw_gbps), _gbps(r.busbw_gbps), "" if r.wrong is None else r.wrong,
         ])
     return buffer.getvalue()
 

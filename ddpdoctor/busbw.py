@@ -22,7 +22,7 @@ import math
 import re
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
@@ -229,7 +229,8 @@ class SizeResult:
     per_iter_s holds one time per timed iteration, each the SLOWEST rank's time for that
     iteration (`slowest_per_iteration`). The bandwidths come from the median: a median
     shrugs off one iteration hit by a page fault or a neighbour's job, where a mean would
-    not. wrong counts elements whose value did not match the expected result.
+    not. wrong counts elements whose value did not match the expected result; None when
+    the results were not checked (--no-check), which is not the same as none wrong.
     """
 
     op: str
@@ -239,7 +240,7 @@ class SizeResult:
     in_place: bool
     world_size: int
     per_iter_s: list[float]
-    wrong: int
+    wrong: Optional[int]
 
     def __post_init__(self) -> None:
         _check_op(self.op)
@@ -290,7 +291,7 @@ class SizeResult:
             in_place=bool(data["in_place"]),
             world_size=int(data["world_size"]),
             per_iter_s=[float(t) for t in data["per_iter_s"]],
-            wrong=int(data["wrong"]),
+            wrong=None if data["wrong"] is None else int(data["wrong"]),
         )
 
 
@@ -377,7 +378,7 @@ def summarise(results: list[SizeResult], bucket_bytes: int = DDP_BUCKET_BYTES) -
         busbw_at_bucket_gbps=at_bucket.busbw_gbps,
         latency_size_bytes=smallest.size_bytes,
         latency_us=smallest.median_s * 1e6,
-        wrong=sum(r.wrong for r in results),
+        wrong=sum(r.wrong or 0 for r in results),
     )
 
 

@@ -52,7 +52,7 @@ def _size(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, or a number with K, M or G") from None
     if not 1 <= value <= 2**40:
-        raise argparse.ArgumentTypeError(f"{text} is out of range: give 1 byte to 1T")
+        raise argparse.ArgumentTypeError(f"{text} is out of range: give 1 byte to 1024G")
     return value
 
 

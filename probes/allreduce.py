@@ -137,26 +137,29 @@ def _phases(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
 
 
 def merge_results(facts: Mapping[int, Mapping[str, Any]]) -> list[busbw.SizeResult]:
-    """Per size and placement: each iteration's slowest rank, and every rank's wrong elements."""
+    """Per size and placement: each iteration's slowest rank, and every rank's wrong elements.
+
+    Entries are matched by (size, placement), not by position, so a rank that lacks one
+    size does not shift the others. A size some rank timed a different number of times
+    is left out rather than guessed.
+    """
     ranks = sorted(facts)
     first = facts[ranks[0]]
     n = int(first.get("world_size") or len(ranks))
+    by_rank = {r: {(int(e["size_bytes"]), bool(e["in_place"])): e for e in facts[r].get("results") or []}
+               for r in ranks}
     merged = []
-    for index, entry in enumerate(first.get("results") or []):
-        per_rank = {}
-        wrong = 0
-        for r in ranks:
-            entries = facts[r].get("results") or []
-            if index < len(entries) and entries[index].get("size_bytes") == entry["size_bytes"]:
-                per_rank[r] = entries[index]["times_s"]
-                wrong += int(entries[index].get("wrong") or 0)
+    for entry in first.get("results") or []:
+        key = (int(entry["size_bytes"]), bool(entry["in_place"]))
+        found = {r: by_rank[r][key] for r in ranks if key in by_rank[r]}
         try:
-            slowest = busbw.slowest_per_iteration(per_rank)
+            slowest = busbw.slowest_per_iteration({r: e["times_s"] for r, e in found.items()})
         except ValueError:
             continue
-        merged.append(busbw.SizeResult(op=first["op"], size_bytes=int(entry["size_bytes"]), count=int(entry["count"]),
-                                       dtype=first["dtype"], in_place=bool(entry["in_place"]), per_iter_s=slowest,
-                                       wrong=wrong, world_size=n))
+        checked = [e.get("wrong") for e in found.values() if e.get("wrong") is not None]
+        merged.append(busbw.SizeResult(op=first["op"], size_bytes=key[0], count=int(entry["count"]),
+                                       dtype=first["dtype"], in_place=key[1], per_iter_s=slowest,
+                                       wrong=sum(int(w) for w in checked) if checked else None, world_size=n))
     return merged
 
 
@@ -228,7 +231,9 @@ def _slow_link(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Fin
             slowest = busbw.slowest_per_iteration(per_rank)
         except ValueError:
             continue
-        pair_bw[(a, b)] = busbw.busbw_gbps("all_reduce", 2, int(size), statistics.median(slowest))
+        # A link's capability is its best iteration: noise (other pairs, a busy host) only slows
+        # one down, while a slow link is slow every time.
+        pair_bw[(a, b)] = busbw.busbw_gbps("all_reduce", 2, int(size), min(slowest))
     slow = busbw.slowest_link(pair_bw)
     if not slow:
         return []
@@ -245,7 +250,8 @@ def _slow_link(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Fin
         ranks=suspects, nodes=run.nodes_of(suspects),
         evidence={"pair_busbw_gbps": {f"{a}-{b}": round(v, 3) for (a, b), v in sorted(pair_bw.items())},
                   "slow_pairs": [f"{a}-{b}" for a, b in slow], "size": _fmt_bytes(int(size))},
-        why=("Each neighbouring pair of ranks ran its own all-reduce; a rank whose two ring pairs are both slow has a "
+        why=("Each neighbouring pair of ranks ran its own all-reduce (judged by its best iteration); a rank whose two "
+             "ring pairs are both slow has a "
              "slow link of its own (NIC, PCIe slot, NVLink), a single slow pair is the link between them."),
         fix=("On the named node: `nvidia-smi topo -m` and `nvidia-smi nvlink -s` for NVLink, `lspci -vv` for the "
              "PCIe link (LnkSta vs LnkCap), `ibstat` / `ethtool` for the NIC's rate; then nccl-tests between just "

@@ -1,0 +1,109 @@
+"""allreduce-bench end to end on gloo CPU ranks: real collectives, real faults.
+
+The faults are injected on the ranks themselves: `corrupt` makes one rank's results
+arrive wrong, `slowlink` makes every collective between two ranks crawl (both ends wait
+size / 0.25 GB/s extra per call). Sizes are kept small so a run takes seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from .harness import assert_nothing_left, probe_section, run_check, run_command
+
+pytestmark = pytest.mark.ranks
+
+SMALL = ("--min-bytes", "4K", "--max-bytes", "1M", "--factor", "16", "--warmup", "1", "--iters", "5")
+
+
+def _bench(tmp_path, *args, env=None):
+    import sys
+
+    from .harness import free_port
+
+    report = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "ddpdoctor", "allreduce-bench", "--no-live", "--json", str(report),
+           "--port", str(free_port()), *args]
+    return run_command(cmd, tmp_path, env=env, report_name="bench.json")
+
+
+def test_healthy_sweep_is_correct_and_reported_like_nccl_tests(tmp_path):
+    csv_path, svg_path = tmp_path / "bw.csv", tmp_path / "bw.svg"
+    run = _bench(tmp_path, "--nproc", "3", *SMALL, "--csv", str(csv_path), "--plot", str(svg_path))
+    assert run.returncode == 0, run.explain()
+    assert [f["code"] for f in run.findings()] == ["BW000"], run.explain()
+    facts = probe_section(run.report, "allreduce")["facts"]
+    sizes = [e["size_bytes"] for e in facts["0"]["results"]]
+    # 4K, 64K, 1M: each a multiple of 4 bytes; the 25 MiB bucket is outside the asked range.
+    assert sizes == [4096, 65536, 1048576]
+    assert all(e["wrong"] == 0 and len(e["times_s"]) == 5 and min(e["times_s"]) > 0
+               for f in facts.values() for e in f["results"])
+    # 3 ranks: the ring pairs were measured, and none is slow.
+    assert sorted(facts["0"]["pairs"]["times_s"]) == ["0-1", "2-0"]
+    assert sorted(facts["1"]["pairs"]["times_s"]) == ["0-1", "1-2"]
+    rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    assert [int(r["size_bytes"]) for r in rows] == sizes and all(r["wrong"] == "0" for r in rows)
+    # busbw = algbw x 2(n-1)/n for all_reduce on 3 ranks.
+    assert all(abs(float(r["busbw_gbps"]) - float(r["algbw_gbps"]) * 4 / 3) < 2e-4 for r in rows)
+    assert ET.fromstring(svg_path.read_text()).tag.endswith("svg")
+    head = run.stdout.splitlines()
+    assert head[0].startswith("ddpdoctor allreduce-bench  OK")
+    assert any("busbw(GB/s)" in line for line in head) and any(line.strip().startswith("1M") for line in head)
+    assert_nothing_left(run)
+
+
+def test_a_corrupted_result_is_counted_and_named(tmp_path):
+    run = _bench(tmp_path, "--nproc", "2", *SMALL, "--inject", "corrupt:rank=1")
+    assert run.returncode == 2, run.explain()
+    wrong = run.findings("BW001")
+    assert len(wrong) == 1 and wrong[0]["ranks"] == [1], run.explain()
+    facts = probe_section(run.report, "allreduce")["facts"]
+    assert all(e["wrong"] == 0 for e in facts["0"]["results"])
+    assert all(e["wrong"] > 0 for e in facts["1"]["results"])
+    assert_nothing_left(run)
+
+
+def test_a_slow_link_between_two_ranks_is_localised(tmp_path):
+    run = _bench(tmp_path, "--nproc", "4", *SMALL, "--inject", "slowlink:ranks=1,2")
+    assert run.returncode == 1, run.explain()
+    link = run.findings("BW003")
+    assert len(link) == 1 and link[0]["ranks"] == [1, 2], run.explain()
+    assert link[0]["evidence"]["slow_pairs"] == ["1-2"]
+    bw = link[0]["evidence"]["pair_busbw_gbps"]
+    assert bw["1-2"] < 0.5 * min(bw["0-1"], bw["2-3"], bw["3-0"])
+    assert_nothing_left(run)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "broadcast", "all_to_all"])
+def test_other_collectives_are_measured_and_checked(tmp_path, op):
+    run = _bench(tmp_path, "--nproc", "2", "--op", op, "--min-bytes", "4K", "--max-bytes", "64K", "--factor", "16",
+                 "--warmup", "1", "--iters", "3", "--localise", "never")
+    assert run.returncode == 0, run.explain()
+    facts = probe_section(run.report, "allreduce")["facts"]
+    placements = {e["in_place"] for e in facts["0"]["results"]}
+    assert placements == ({True} if op == "broadcast" else {False} if op == "all_to_all" else {False, True})
+    assert all(e["wrong"] == 0 for f in facts.values() for e in f["results"])
+    assert run.findings()[0]["code"] == "BW000" and op in run.findings()[0]["title"]
+    assert_nothing_left(run)
+
+
+def test_min_busbw_gates_the_exit_code(tmp_path):
+    run = _bench(tmp_path, "--nproc", "2", *SMALL, "--min-busbw", "1000")
+    assert run.returncode == 2, run.explain()
+    gate = run.findings("BW002")
+    assert len(gate) == 1 and gate[0]["evidence"]["required_gbps"] == 1000
+    assert run.report["settings"] == {"min_busbw_gbps": 1000.0}
+    assert_nothing_left(run)
+
+
+def test_the_allreduce_probe_runs_inside_check(tmp_path):
+    run = run_check(tmp_path, "--nproc", "2", "--probes", "allreduce")
+    assert run.returncode == 0, run.explain()
+    assert [f["code"] for f in run.findings()] == ["BW000"]
+    sizes = [e["size_bytes"] for e in probe_section(run.report, "allreduce")["facts"]["0"]["results"]]
+    assert 25 * 2**20 in sizes  # DDP's bucket size is always in the default sweep
+    assert_nothing_left(run)

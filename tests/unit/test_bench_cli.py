@@ -1,0 +1,177 @@
+"""`ddpdoctor allreduce-bench` flags: bad ones are exit 3 and one line before any rank starts,
+good ones build the CheckConfig the ranks will read."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+import ddpdoctor.launcher
+import ddpdoctor.rank_runtime
+from ddpdoctor import cli
+from ddpdoctor.config import BenchConfig, CheckConfig
+from ddpdoctor.findings import EXIT_UNKNOWN
+from ddpdoctor.inject import Fault, parse_faults
+
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+@pytest.fixture(autouse=True)
+def _no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No launcher variables may leak in, and if bad input were accepted, nothing may start."""
+    for name in list(os.environ):
+        if name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") \
+                or name.startswith(("SLURM_", "DDPDOCTOR_", "TORCHELASTIC_")):
+            monkeypatch.delenv(name)
+    for name in ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES"):
+        # main() sets these for the torch it may import; undo that after each test.
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
+
+    def must_not_start(*args, **kwargs):
+        raise AssertionError("bad input was accepted and ranks were about to start")
+
+    monkeypatch.setattr(ddpdoctor.launcher, "run_standalone", must_not_start)
+    monkeypatch.setattr(ddpdoctor.rank_runtime, "run_rank", must_not_start)
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert captured.err.endswith("\n")
+    assert lines[0].startswith("ddpdoctor: error: "), lines[0]
+    assert "Traceback" not in captured.err + captured.out
+    assert captured.out == ""
+    return lines[0]
+
+
+def _bench(*flags: str) -> list[str]:
+    return ["allreduce-bench", *flags]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (_bench("--op", "bogus"), ["--op", "invalid choice: 'bogus'", "all_reduce"]),
+    (_bench("--min-bytes", "0"), ["--min-bytes", "'0' is not a size"]),
+    (_bench("--min-bytes", "12X"), ["--min-bytes", "'12X' is not a size", "K, M or G"]),
+    (_bench("--max-bytes", "2T"), ["--max-bytes", "'2T' is not a size"]),
+    (_bench("--max-bytes", "1025G"), ["--max-bytes", "1025G is out of range"]),
+    (_bench("--min-bytes", "4K", "--max-bytes", "1K"), ["--min-bytes 4096 is larger than --max-bytes 1024"]),
+    (_bench("--factor", "1"), ["--factor", "out of range", "from 2 to 1024"]),
+    (_bench("--factor", "2.5"), ["--factor", "'2.5' is not a whole number"]),
+    (_bench("--iters", "0"), ["--iters", "out of range", "from 1 to 10000"]),
+    (_bench("--warmup", "-1"), ["--warmup", "out of range", "from 0 to 1000"]),
+    (_bench("--dtype", "int8"), ["--dtype", "invalid choice: 'int8'"]),
+    (_bench("--min-busbw", "-5"), ["--min-busbw", "out of range", "GB/s"]),
+    (_bench("--min-busbw", "fast"), ["--min-busbw", "'fast' is not a bandwidth in GB/s"]),
+    (_bench("--localise", "sometimes"), ["--localise", "invalid choice: 'sometimes'"]),
+    (_bench("--csv", "/nonexistent/dir/sweep.csv"), ["--csv /nonexistent/dir/sweep.csv", "does not exist"]),
+    (_bench("--inject", "slowlink:ranks=1"), ["slowlink needs two different ranks", "slowlink:ranks=1"]),
+    (_bench("--inject", "slowlink:ranks=1,1"), ["slowlink needs two different ranks", "slowlink:ranks=1,1"]),
+    (_bench("--inject", "slowlink:ranks=a,b"), ["slowlink needs two different ranks"]),
+    (_bench("--inject", "slowlink:rank=1"), ["bad option 'rank=1' for fault 'slowlink'"]),
+    (_bench("--inject", "corrupt:rank=x"), ["rank must be an integer", "corrupt:rank=x"]),
+    (_bench("--inject", "corrupt:rank=-1"), ["rank must be >= 0"]),
+    (_bench("--steps", "3"), ["unrecognized arguments: --steps 3"]),
+])
+def test_bad_bench_flag_is_one_line_and_exit_3(capsys, argv, words):
+    before = "torch" in sys.modules
+    assert cli.main(argv) == EXIT_UNKNOWN == 3
+    line = _one_error_line(capsys)
+    for word in words:
+        assert word in line, line
+    if not before:
+        assert "torch" not in sys.modules  # a usage error must not pay for importing torch
+
+
+def test_plot_needs_svg_or_png(capsys, tmp_path):
+    path = tmp_path / "x.pdf"
+    assert cli.main(_bench("--plot", str(path))) == EXIT_UNKNOWN
+    line = _one_error_line(capsys)
+    assert f"--plot {path}" in line and ".svg or .png" in line
+    assert not path.exists()
+
+
+@pytest.mark.skipif(HAS_MATPLOTLIB, reason="matplotlib is installed: a .png plot is allowed")
+def test_png_plot_without_matplotlib(capsys, tmp_path):
+    assert cli.main(_bench("--plot", str(tmp_path / "x.png"))) == EXIT_UNKNOWN
+    line = _one_error_line(capsys)
+    assert "needs matplotlib" in line and ".svg" in line
+
+
+@pytest.mark.parametrize("flag", ["--csv", "--plot"])
+def test_output_path_that_is_a_folder(capsys, tmp_path, flag):
+    folder = tmp_path / "out.svg"
+    folder.mkdir()
+    assert cli.main(_bench(flag, str(folder))) == EXIT_UNKNOWN
+    assert "is a folder" in _one_error_line(capsys)
+
+
+def test_bad_inject_from_the_environment(capsys, monkeypatch):
+    monkeypatch.setenv("DDPDOCTOR_INJECT", "slowlink:ranks=2")
+    assert cli.main(_bench()) == EXIT_UNKNOWN
+    assert "slowlink needs two different ranks" in _one_error_line(capsys)
+
+
+# -- good flags ----------------------------------------------------------------
+
+def _config(*flags: str) -> CheckConfig:
+    return cli._config(cli.build_parser().parse_args(_bench(*flags)))
+
+
+def test_defaults():
+    cfg = _config()
+    assert cfg.probes == ("allreduce",)
+    assert cfg.command == "allreduce-bench"
+    assert cfg.bench == BenchConfig(op="all_reduce", min_bytes=None, max_bytes=None, factor=None, dtype="float32",
+                                    warmup=5, iters=20, check=True, localise="auto", min_busbw_gbps=None,
+                                    csv_path=None, plot_path=None)
+    assert cfg.settings == {}
+    assert cfg.inject == ()
+
+
+def test_every_bench_flag_lands_in_the_config(tmp_path):
+    csv, svg = str(tmp_path / "sweep.csv"), str(tmp_path / "sweep.svg")
+    cfg = _config("--op", "all_gather", "--min-bytes", "1K", "--max-bytes", "64M", "--factor", "4",
+                  "--dtype", "bfloat16", "--warmup", "0", "--iters", "7", "--no-check", "--localise", "always",
+                  "--min-busbw", "12.5", "--csv", csv, "--plot", svg, "--nproc", "3", "--backend", "gloo",
+                  "--device", "cpu", "--timeout", "9", "--inject", "slowlink:ranks=1,2,corrupt:rank=0")
+    assert cfg.probes == ("allreduce",)
+    assert cfg.command == "allreduce-bench"
+    assert cfg.bench == BenchConfig(op="all_gather", min_bytes=1024, max_bytes=64 * 2**20, factor=4,
+                                    dtype="bfloat16", warmup=0, iters=7, check=False, localise="always",
+                                    min_busbw_gbps=12.5, csv_path=csv, plot_path=svg)
+    assert cfg.settings == {"min_busbw_gbps": 12.5}
+    assert (cfg.nproc, cfg.backend, cfg.device, cfg.timeout_s) == (3, "gloo", "cpu", 9.0)
+    assert cfg.inject == (Fault("slowlink", 1, peer=2), Fault("corrupt", 0))
+    assert not os.path.exists(csv) and not os.path.exists(svg)  # nothing written before the run
+
+
+@pytest.mark.parametrize("text, size", [("8", 8), ("8B", 8), ("25M", 25 * 2**20), ("25MiB", 25 * 2**20),
+                                        ("25MB", 25 * 2**20), ("1G", 2**30), ("1024G", 2**40)])
+def test_sizes_in_nccl_tests_syntax(text, size):
+    cfg = _config("--min-bytes", text, "--max-bytes", text)
+    assert cfg.bench.min_bytes == cfg.bench.max_bytes == size
+
+
+def test_equal_min_and_max_and_the_smallest_gate_are_accepted():
+    cfg = _config("--min-bytes", "4K", "--max-bytes", "4096", "--min-busbw", "0.0001", "--warmup", "0")
+    assert (cfg.bench.min_bytes, cfg.bench.max_bytes, cfg.bench.warmup) == (4096, 4096, 0)
+    assert cfg.settings == {"min_busbw_gbps": 0.0001}
+
+
+def test_inject_from_the_environment_reaches_the_config(monkeypatch):
+    monkeypatch.setenv("DDPDOCTOR_INJECT", "corrupt:rank=3")
+    assert _config().inject == (Fault("corrupt", 3),)
+    assert _config("--inject", "slowlink:ranks=0,1").inject == (Fault("slowlink", 0, peer=1),)  # the flag wins
+
+
+def test_slowlink_and_crash_parse_and_round_trip():
+    faults = parse_faults("slowlink:ranks=1,2,crash:rank=0:stage=init")
+    assert faults == (Fault("slowlink", 1, peer=2), Fault("crash", 0, stage="init"))
+    assert [f.describe() for f in faults] == ["slowlink:ranks=1,2", "crash:rank=0:stage=init"]
+    assert parse_faults(",".join(f.describe() for f in faults)) == faults
+    assert faults[0].to_json() == {"kind": "slowlink", "rank": 1, "peer": 2}
