@@ -234,7 +234,22 @@ def test_two_slow_neighbouring_pairs_name_their_shared_rank():
     # median of [4.194304, 1.048576, 1.048576, 4.194304] = 2.62144
     assert slow.title == "Slow link: rank 2 (h2): 1.05 GB/s where ring pairs typically reach 2.62 GB/s"
     assert slow.evidence == {"pair_busbw_gbps": {"0-1": 4.194, "1-2": 1.049, "2-3": 1.049, "3-0": 4.194},
-                             "slow_pairs": ["1-2", "2-3"], "size": "4 MiB"}
+                             "slow_pairs": ["1-2", "2-3"], "size": "4 MiB",
+                             "threshold": "below 50% of the median pair"}
+
+
+def test_cpu_noise_is_not_a_slow_link_but_a_gpu_pair_that_far_behind_is():
+    # 3 healthy CPU ranks on 2 shared cores, as measured: 0.451, 0.514, 0.327 GB/s (72% of the median).
+    facts = _with_pairs(set())
+    times = {"0-1": 4 * 2**20 / 0.451e9, "1-2": 4 * 2**20 / 0.514e9, "2-3": 4 * 2**20 / 0.327e9,
+             "3-0": 4 * 2**20 / 0.451e9}
+    for f in facts.values():
+        f["pairs"]["times_s"] = {k: [v] * len(next(iter(f["pairs"]["times_s"].values()))) for k, v in times.items()
+                                 if k in f["pairs"]["times_s"]}
+    assert "BW003" not in _codes(AllReduce().diagnose(facts, _run(hosts=RING_HOSTS)))
+    for f in facts.values():
+        f["device"] = "cuda:0"
+    assert "BW003" in _codes(AllReduce().diagnose(facts, _run(hosts=RING_HOSTS)))
 
 
 def test_one_slow_pair_names_both_ends():
