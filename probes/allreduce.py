@@ -63,9 +63,12 @@ class AllReduce:
                 del buffers
         # The sweep stays in the report even if the localisation below fails.
         ctx.channel.set(f"result/{NAME}/{rank}", facts)
+        pair_size = min(sizes[-1], PAIR_CAP_BYTES.get(device.type, sizes[-1]))
         if bench.localise == "always" and n >= 2 or bench.localise == "auto" and n >= 3:
-            facts["pairs"] = _measure_ring_pairs(ctx, min(sizes[-1], PAIR_CAP_BYTES.get(device.type, sizes[-1])),
-                                                 dtype, elem)
+            facts["pairs"] = _measure_ring_pairs(ctx, pair_size, dtype, elem)
+            hosts = [str((ctx.channel.get(f"hello/{r}") or {}).get("host", "?")) for r in range(n)]
+            if len(set(hosts)) > 1 and bench.localise != "never":
+                facts["nodes"] = _measure_nodes(ctx, hosts, pair_size, dtype, elem)
         return facts
 
     # -- diagnose (pure) --------------------------------------------------------
@@ -81,6 +84,7 @@ class AllReduce:
         if summary is not None and gate is not None:
             findings += _gate(results, float(gate), sample, run)
         findings += _slow_link(facts, run)
+        findings += _slow_nodes(facts, run)
         if summary is not None and not any(f.severity >= Severity.WARN for f in findings):
             findings.insert(0, _verdict(summary, results, sample, run, len(facts)))
         return findings
@@ -121,6 +125,50 @@ def _measure_ring_pairs(ctx: Any, size: int, dtype: Any, elem: int) -> dict[str,
                                    group=groups[pair])
             with ctx.collective("pair_all_reduce", pair=list(pair)):
                 out["times_s"][f"{pair[0]}-{pair[1]}"] = time_iterations(
+                    buffers, ctx.device, 2, iters, ctx.injector.link_delay_s(pair, size))
+    with ctx.collective("localise_barrier"):
+        dist.barrier()
+    return out
+
+
+def _measure_nodes(ctx: Any, hosts: list[str], size: int, dtype: Any, elem: int) -> dict[str, Any]:
+    """Across nodes: each node's ranks among themselves (all nodes at once, they share no
+    link), then the node leaders along a ring: a slow node, or a slow node-to-node path."""
+    import torch.distributed as dist
+
+    nodes = list(dict.fromkeys(hosts))
+    members = {h: [r for r, host in enumerate(hosts) if host == h] for h in nodes}
+    leaders = [members[h][0] for h in nodes]
+    iters = max(10, ctx.cfg.bench.iters)
+    # Every rank creates every group, in the same order (torch requires it).
+    node_groups = {h: dist.new_group(members[h]) for h in nodes}
+    leader_pairs = [(leaders[a], leaders[b]) for a, b in busbw.ring_pairs(len(nodes))]
+    pair_groups = {pair: dist.new_group(list(pair)) for pair in leader_pairs}
+    out: dict[str, Any] = {"size_bytes": size, "node_of_rank": hosts, "intra_times_s": {}, "leader_times_s": {}}
+    ctx.progress()
+    with ctx.collective("localise_barrier"):
+        dist.barrier()
+    mine = hosts[ctx.rank]
+    if len(members[mine]) > 1:
+        n_local = len(members[mine])
+        count = busbw.count_per_rank("all_reduce", size, elem, n_local)
+        buffers = make_buffers("all_reduce", count, n_local, members[mine].index(ctx.rank), True, dtype, ctx.device,
+                               group=node_groups[mine])
+        with ctx.collective("node_all_reduce", node=mine):
+            out["intra_times_s"][mine] = time_iterations(buffers, ctx.device, 2, iters,
+                                                         ctx.injector.link_delay_s(members[mine], size))
+    for phase in _phases(leader_pairs):
+        ctx.progress()
+        with ctx.collective("localise_barrier"):
+            dist.barrier()
+        for pair in phase:
+            if ctx.rank not in pair:
+                continue
+            count = busbw.count_per_rank("all_reduce", size, elem, 2)
+            buffers = make_buffers("all_reduce", count, 2, pair.index(ctx.rank), True, dtype, ctx.device,
+                                   group=pair_groups[pair])
+            with ctx.collective("leader_all_reduce", pair=list(pair)):
+                out["leader_times_s"][f"{pair[0]}-{pair[1]}"] = time_iterations(
                     buffers, ctx.device, 2, iters, ctx.injector.link_delay_s(pair, size))
     with ctx.collective("localise_barrier"):
         dist.barrier()
@@ -218,28 +266,38 @@ def _gate(results: list[busbw.SizeResult], gate: float, sample: Mapping[str, Any
     )]
 
 
-def _slow_link(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+def _device_kind(facts: Mapping[int, Mapping[str, Any]]) -> str:
+    return "cuda" if any(str(f.get("device", "")).startswith("cuda") for f in facts.values()) else "cpu"
+
+
+def _pair_busbw(facts: Mapping[int, Mapping[str, Any]], section: str, key: str) -> tuple[dict[tuple[int, int], float], Any]:
+    """Each measured pair's busbw from its best iteration (slowest member per iteration).
+
+    A link's capability is its best iteration: noise (other pairs, a busy host) only slows
+    one down, while a slow link is slow every time.
+    """
     times: dict[str, dict[int, list[float]]] = {}
     size = None
     for r, f in facts.items():
-        pairs = f.get("pairs") or {}
-        size = pairs.get("size_bytes", size)
-        for key, values in (pairs.get("times_s") or {}).items():
-            times.setdefault(key, {})[r] = values
-    if not times or size is None:
-        return []
+        part = f.get(section) or {}
+        size = part.get("size_bytes", size)
+        for pair, values in (part.get(key) or {}).items():
+            times.setdefault(pair, {})[r] = values
     pair_bw: dict[tuple[int, int], float] = {}
-    for key, per_rank in times.items():
-        a, b = (int(x) for x in key.split("-"))
+    for pair, per_rank in times.items():
+        a, b = (int(x) for x in pair.split("-"))
         try:
             slowest = busbw.slowest_per_iteration(per_rank)
         except ValueError:
             continue
-        # A link's capability is its best iteration: noise (other pairs, a busy host) only slows
-        # one down, while a slow link is slow every time.
         pair_bw[(a, b)] = busbw.busbw_gbps("all_reduce", 2, int(size), min(slowest))
-    kind = "cuda" if any(str(f.get("device", "")).startswith("cuda") for f in facts.values()) else "cpu"
-    slow = busbw.slowest_link(pair_bw, threshold=SLOW_LINK_RATIO[kind])
+    return pair_bw, size
+
+
+def _slow_link(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    pair_bw, size = _pair_busbw(facts, "pairs", "times_s")
+    kind = _device_kind(facts)
+    slow = busbw.slowest_link(pair_bw, threshold=SLOW_LINK_RATIO[kind]) if pair_bw else []
     if not slow:
         return []
     suspects = tuple(busbw.suspect_ranks(slow))
@@ -263,6 +321,65 @@ def _slow_link(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Fin
              "PCIe link (LnkSta vs LnkCap), `ibstat` / `ethtool` for the NIC's rate; then nccl-tests between just "
              "those ranks to confirm."),
     )]
+
+
+def _slow_nodes(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    """Across nodes: a node slow among its own ranks (BW004), a node slow to reach the others (BW005)."""
+    nodes_part = next((f["nodes"] for f in facts.values() if f.get("nodes")), None)
+    if not nodes_part:
+        return []
+    ratio = SLOW_LINK_RATIO[_device_kind(facts)]
+    hosts = list(nodes_part.get("node_of_rank") or [])
+    size = int(nodes_part["size_bytes"])
+    out: list[Finding] = []
+    intra: dict[str, float] = {}
+    for host in dict.fromkeys(hosts):
+        members = [r for r, h in enumerate(hosts) if h == host]
+        per_rank = {r: facts[r]["nodes"]["intra_times_s"][host] for r in members
+                    if r in facts and host in ((facts[r].get("nodes") or {}).get("intra_times_s") or {})}
+        if len(members) > 1 and per_rank:
+            try:
+                intra[host] = busbw.busbw_gbps("all_reduce", len(members), size,
+                                               min(busbw.slowest_per_iteration(per_rank)))
+            except ValueError:
+                continue
+    if len(intra) >= 2:
+        typical = statistics.median(intra.values())
+        slow = sorted((h for h, v in intra.items() if v < ratio * typical), key=lambda h: intra[h])
+        if slow:
+            ranks = tuple(r for r, h in enumerate(hosts) if h in slow)
+            out.append(Finding(
+                code="BW004", severity=Severity.WARN, probe=NAME,
+                title=(f"Slow inside node {slow[0]}: its ranks all-reduce at {intra[slow[0]]:.3g} GB/s where nodes "
+                       f"typically reach {typical:.3g} GB/s"),
+                ranks=ranks, nodes=tuple(slow),
+                evidence={"intra_node_busbw_gbps": {h: round(v, 3) for h, v in intra.items()},
+                          "size": _fmt_bytes(size), "threshold": f"below {ratio:.0%} of the median node"},
+                why="All nodes' ranks ran an all-reduce among themselves at once; this node's GPUs talk to each other "
+                    "slower than the others' do (NVLink down, a PCIe switch or slot trained low, P2P disabled).",
+                fix="On that node: `nvidia-smi topo -m`, `nvidia-smi nvlink -s`, `lspci -vv` (LnkSta vs LnkCap); "
+                    "compare with a good node, and drain it if it differs.",
+            ))
+    leader_bw, _ = _pair_busbw(facts, "nodes", "leader_times_s")
+    slow_pairs = busbw.slowest_link(leader_bw, threshold=ratio) if len(leader_bw) >= 3 else []
+    if slow_pairs:
+        suspects = busbw.suspect_ranks(slow_pairs)
+        slow_hosts = tuple(dict.fromkeys(hosts[r] for r in suspects))
+        typical = statistics.median(leader_bw.values())
+        out.append(Finding(
+            code="BW005", severity=Severity.WARN, probe=NAME,
+            title=(f"Slow network path at node {' and '.join(slow_hosts)}: {leader_bw[slow_pairs[0]]:.3g} GB/s "
+                   f"between node leaders where others reach {typical:.3g} GB/s"),
+            ranks=tuple(r for r, h in enumerate(hosts) if h in slow_hosts), nodes=slow_hosts,
+            evidence={"leader_pair_busbw_gbps": {f"{hosts[a]}-{hosts[b]}": round(v, 3)
+                                                 for (a, b), v in sorted(leader_bw.items())},
+                      "size": _fmt_bytes(size)},
+            why="One rank per node ran an all-reduce with the next node's along a ring; the node in both slow pairs "
+                "has a slow NIC or port, a single slow pair is the path between those two nodes.",
+            fix=("Check the NIC rate and errors (`ibstat`, `ethtool -S`, `ibdiagnet`), the switch port, and that "
+                 "NCCL uses the intended NIC (NCCL_DEBUG=INFO: \"NET/IB\" not \"NET/Socket\")."),
+        ))
+    return out
 
 
 def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str, Any], run: RunView,

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from .harness import assert_nothing_left, probe_section, run_check, run_command
+from .harness import assert_nothing_left, probe_section, run_check, run_command, run_hand_set_ranks, tagged_processes
 
 pytestmark = pytest.mark.ranks
 
@@ -107,3 +107,22 @@ def test_the_allreduce_probe_runs_inside_check(tmp_path):
     sizes = [e["size_bytes"] for e in probe_section(run.report, "allreduce")["facts"]["0"]["results"]]
     assert 25 * 2**20 in sizes  # DDP's bucket size is always in the default sweep
     assert_nothing_left(run)
+
+
+def test_across_nodes_a_slow_node_and_a_slow_path_are_named(tmp_path):
+    # Six real ranks, named as three nodes of two (DDPDOCTOR_NODE_NAME): what grouping by node
+    # sees on a real cluster. Faults: both ranks of node n3 talk slowly to each other, and
+    # the leader of n2 (rank 2) to the leader of n3 (rank 4).
+    env = {r: {"LOCAL_RANK": str(r % 2), "LOCAL_WORLD_SIZE": "2", "DDPDOCTOR_NODE_NAME": f"n{r // 2 + 1}"}
+           for r in range(6)}
+    procs, report, tag = run_hand_set_ranks(
+        tmp_path, 6, env, *SMALL, "--timeout", "30", "--inject", "slowlink:ranks=4,5,slowlink:ranks=2,4",
+        command="allreduce-bench", timeout_s=150)
+    assert report is not None, procs[0].stdout + procs[0].stderr
+    codes = {f["code"]: f for f in report["findings"]}
+    assert report["nodes"] == ["n1", "n2", "n3"]
+    assert codes["BW004"]["nodes"] == ["n3"] and codes["BW004"]["ranks"] == [4, 5], report["findings"]
+    assert codes["BW005"]["nodes"] == ["n2", "n3"], report["findings"]
+    assert list(codes["BW005"]["evidence"]["leader_pair_busbw_gbps"]) == ["n1-n2", "n2-n3", "n3-n1"]
+    assert procs[0].returncode == 1
+    assert not tagged_processes(tag)
