@@ -11,7 +11,6 @@ import csv
 import io
 import math
 import os
-import tempfile
 from typing import Sequence
 from xml.sax.saxutils import escape
 
@@ -195,24 +194,12 @@ def _png_bytes(results: Sequence[SizeResult], title: str, path: str) -> bytes:
 
 
 def _atomic_write(data: bytes, path: str) -> None:
-    """Temp file in the same folder, then rename: a killed run never leaves half a plot."""
+    from ddpdoctor.report import atomic_write_bytes
+
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise UsageError(f"--plot {path}: folder {directory} does not exist; create it or give another path")
-    fd, tmp = tempfile.mkstemp(prefix=".ddpdoctor-", suffix=".plot.tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a plot is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_bytes(data, path)
 
 
 def write_plot(results: Sequence[SizeResult], path: str, title: str) -> None:

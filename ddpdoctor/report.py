@@ -177,11 +177,16 @@ def atomic_write_json(data: Any, path: str) -> None:
 
 
 def atomic_write_text(text: str, path: str) -> None:
+    atomic_write_bytes(text.encode("utf-8"), path)
+
+
+def atomic_write_bytes(data: bytes, path: str) -> None:
+    """Temp file in the same folder, then rename: a killed run never leaves half a file."""
     directory = os.path.dirname(os.path.abspath(path)) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".ddpdoctor-", suffix=".json.tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".ddpdoctor-", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file

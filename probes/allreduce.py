@@ -111,10 +111,21 @@ def _measure_ring_pairs(ctx: Any, size: int, dtype: Any, elem: int) -> dict[str,
 
     pairs = busbw.ring_pairs(ctx.world_size)
     groups = {pair: dist.new_group(list(pair)) for pair in pairs}  # every rank creates every group, in order
+    out = {"size_bytes": size, "times_s": _time_pairs(ctx, groups, size, dtype, elem, "pair_all_reduce")}
+    with ctx.collective("localise_barrier"):
+        dist.barrier()
+    return out
+
+
+def _time_pairs(ctx: Any, groups: Mapping[tuple[int, int], Any], size: int, dtype: Any, elem: int,
+                what: str) -> dict[str, list[float]]:
+    """This rank's timings of the pairs it belongs to, pair by pair in phases of disjoint pairs."""
+    import torch.distributed as dist
+
     count = busbw.count_per_rank("all_reduce", size, elem, 2)
     iters = max(10, ctx.cfg.bench.iters)  # the best of these judges the link
-    out: dict[str, Any] = {"size_bytes": size, "times_s": {}}
-    for phase in _phases(pairs):
+    times: dict[str, list[float]] = {}
+    for phase in _phases(list(groups)):
         ctx.progress()
         with ctx.collective("localise_barrier"):
             dist.barrier()
@@ -123,12 +134,10 @@ def _measure_ring_pairs(ctx: Any, size: int, dtype: Any, elem: int) -> dict[str,
                 continue
             buffers = make_buffers("all_reduce", count, 2, pair.index(ctx.rank), True, dtype, ctx.device,
                                    group=groups[pair])
-            with ctx.collective("pair_all_reduce", pair=list(pair)):
-                out["times_s"][f"{pair[0]}-{pair[1]}"] = time_iterations(
-                    buffers, ctx.device, 2, iters, ctx.injector.link_delay_s(pair, size))
-    with ctx.collective("localise_barrier"):
-        dist.barrier()
-    return out
+            with ctx.collective(what, pair=list(pair)):
+                times[f"{pair[0]}-{pair[1]}"] = time_iterations(buffers, ctx.device, 2, iters,
+                                                                 ctx.injector.link_delay_s(pair, size))
+    return times
 
 
 def _measure_nodes(ctx: Any, hosts: list[str], size: int, dtype: Any, elem: int) -> dict[str, Any]:
@@ -139,7 +148,7 @@ def _measure_nodes(ctx: Any, hosts: list[str], size: int, dtype: Any, elem: int)
     nodes = list(dict.fromkeys(hosts))
     members = {h: [r for r, host in enumerate(hosts) if host == h] for h in nodes}
     leaders = [members[h][0] for h in nodes]
-    iters = max(10, ctx.cfg.bench.iters)
+    iters = max(10, ctx.cfg.bench.iters)  # as for rank pairs
     # Every rank creates every group, in the same order (torch requires it).
     node_groups = {h: dist.new_group(members[h]) for h in nodes}
     leader_pairs = [(leaders[a], leaders[b]) for a, b in busbw.ring_pairs(len(nodes))]
@@ -157,19 +166,7 @@ def _measure_nodes(ctx: Any, hosts: list[str], size: int, dtype: Any, elem: int)
         with ctx.collective("node_all_reduce", node=mine):
             out["intra_times_s"][mine] = time_iterations(buffers, ctx.device, 2, iters,
                                                          ctx.injector.link_delay_s(members[mine], size))
-    for phase in _phases(leader_pairs):
-        ctx.progress()
-        with ctx.collective("localise_barrier"):
-            dist.barrier()
-        for pair in phase:
-            if ctx.rank not in pair:
-                continue
-            count = busbw.count_per_rank("all_reduce", size, elem, 2)
-            buffers = make_buffers("all_reduce", count, 2, pair.index(ctx.rank), True, dtype, ctx.device,
-                                   group=pair_groups[pair])
-            with ctx.collective("leader_all_reduce", pair=list(pair)):
-                out["leader_times_s"][f"{pair[0]}-{pair[1]}"] = time_iterations(
-                    buffers, ctx.device, 2, iters, ctx.injector.link_delay_s(pair, size))
+    out["leader_times_s"] = _time_pairs(ctx, pair_groups, size, dtype, elem, "leader_all_reduce")
     with ctx.collective("localise_barrier"):
         dist.barrier()
     return out
