@@ -61,8 +61,8 @@ class AllReduce:
                 facts["results"].append({"size_bytes": size, "count": count, "in_place": in_place,
                                          "times_s": times, "wrong": wrong})
                 del buffers
-        # The sweep stays in the report even if the localisation below fails.
-        ctx.channel.set(f"result/{NAME}/{rank}", facts)
+                # What is measured so far reaches the report even if a later size hangs or crashes.
+                ctx.channel.set(f"result/{NAME}/{rank}", facts)
         pair_size = min(sizes[-1], PAIR_CAP_BYTES.get(device.type, sizes[-1]))
         if bench.localise == "always" and n >= 2 or bench.localise == "auto" and n >= 3:
             facts["pairs"] = _measure_ring_pairs(ctx, pair_size, dtype, elem)
