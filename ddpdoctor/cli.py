@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--min-bytes", type=_size, default=None, metavar="SIZE",
                        help="smallest size, e.g. 8, 1K, 4M (default 8 on GPU, 1K on CPU)")
     bench.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE",
-                       help="largest size (default 256M on GPU, 16M on CPU)")
+                       help="largest size (default 256M on GPU, 32M on CPU)")
     bench.add_argument("--factor", type=_bounded(int, "a whole number", 2, 1024), default=None,
                        help="size multiplier between steps (default 2 on GPU, 4 on CPU)")
     bench.add_argument("--dtype", choices=("float32", "float16", "bfloat16", "float64", "int32"), default="float32")

@@ -112,9 +112,9 @@ def time_iterations(buffers: Buffers, device: Any, warmup: int, iters: int, extr
         for i, (start, end) in enumerate(events):
             start.record()
             buffers.run()
+            if extra_delay_s:  # inside the timed window, as a slow wire would be
+                torch.cuda._sleep(int(extra_delay_s * 1.4e9))  # ~cycles at 1.4 GHz
             end.record()
-            if extra_delay_s:
-                torch.cuda._sleep(int(extra_delay_s * 1.4e9))  # ~cycles at 1.4 GHz: the wire is slow
         torch.cuda.synchronize(device)
         return [s.elapsed_time(e) / 1e3 for s, e in events[warmup:]]
     times: list[float] = []

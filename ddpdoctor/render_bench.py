@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.busbw import SizeResult
+from ddpdoctor.findings import rank_ranges
 
 _REDOP = {"all_reduce": "sum", "reduce_scatter": "sum"}
 
@@ -28,14 +29,14 @@ def render_bench(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any
     if not results:
         return
     placements = sorted({r.in_place for r in results})  # out-of-place first, as nccl-tests
-    table = Table(title=f"{results[0].op}  {len(facts)} ranks  {results[0].dtype}", title_justify="left",
-                  box=None, pad_edge=False, header_style="bold")
+    sides = " | ".join("in-place" if p else "out-of-place" for p in placements)
+    table = Table(title=f"{results[0].op}  {len(facts)} ranks  {results[0].dtype}   columns: {sides}; "
+                        "algbw and busbw in GB/s", title_justify="left", box=None, pad_edge=False, header_style="bold")
     for col in ("size", "count", "type", "redop"):
         table.add_column(col, justify="right")
     for in_place in placements:
-        label = "in-place" if in_place else "out-of-place"
-        for col in ("time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"):
-            table.add_column(f"{label}\n{col}", justify="right")
+        for col in ("time(us)", "algbw", "busbw", "#wrong"):
+            table.add_column(col, justify="right")
     by_size: dict[int, dict[bool, SizeResult]] = defaultdict(dict)
     for r in results:
         by_size[r.size_bytes][r.in_place] = r
@@ -74,10 +75,12 @@ def _per_rank(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any]],
     parts = []
     for host, ranks in by_host.items():
         times = [own[r] * 1e6 for r in ranks]
-        parts.append(f"{host}: ranks {ranks[0]}-{ranks[-1]} {min(times):.0f}-{max(times):.0f} us")
+        span = f"{min(times):.0f}-{max(times):.0f}" if len(times) > 1 else f"{times[0]:.0f}"
+        parts.append(f"{host}: {'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)} {span} us")
     line.append("; ".join(parts), style="dim")
     console.print(line)
-    late = [r for r, t in own.items() if t < 0.5 * typical]
+    # With two ranks each is the other's peer: who waited for whom is noise, not a finding.
+    late = [r for r, t in own.items() if t < 0.5 * typical] if len(own) >= 3 else []
     if late:
         console.print(Text("ranks the others waited for (they spent under half the typical time inside the call): "
                            + ", ".join(f"{r} ({facts[r].get('host')})" for r in sorted(late)), style="yellow"))

@@ -257,9 +257,9 @@ def _gate(results: list[busbw.SizeResult], gate: float, sample: Mapping[str, Any
                   "size": _fmt_bytes(largest.size_bytes), "backend": sample.get("backend"),
                   "median_us": round(largest.median_s * 1e6, 1)},
         why="--min-busbw makes this a gate: the interconnect did not deliver the bandwidth the job needs.",
-        fix=("Look at the slow-link finding and the per-rank view; check NCCL_DEBUG=INFO output for the transport "
-             "(\"via NET/Socket\" where \"NET/IB\" was expected, \"P2P/SHM\" where \"P2P/IPC\" or NVLink was expected) "
-             "and the topology probe's link speeds."),
+        fix=("Look at the slow-link findings and the per-node view; check NCCL_DEBUG=INFO output for the transport "
+             "(\"via NET/Socket\" where \"NET/IB\" was expected, \"via SHM\" where \"P2P/IPC\" or NVLink was "
+             "expected) and the links themselves (`nvidia-smi topo -m`, `ibstat`)."),
     )]
 
 
@@ -299,7 +299,7 @@ def _slow_link(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Fin
         return []
     suspects = tuple(busbw.suspect_ranks(slow))
     hosts = {r: run.hosts.get(r, "?") for r in suspects}
-    typical = statistics.median(pair_bw.values())
+    typical = statistics.median(v for pair, v in pair_bw.items() if pair not in slow)
     worst = slow[0]
     where = (f"rank {suspects[0]} ({hosts[suspects[0]]})" if len(suspects) == 1 else
              f"the link between rank {worst[0]} ({run.hosts.get(worst[0], '?')}) and rank {worst[1]} "
@@ -362,10 +362,11 @@ def _slow_nodes(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Fi
     if slow_pairs:
         suspects = busbw.suspect_ranks(slow_pairs)
         slow_hosts = tuple(dict.fromkeys(hosts[r] for r in suspects))
-        typical = statistics.median(leader_bw.values())
+        typical = statistics.median(v for pair, v in leader_bw.items() if pair not in slow_pairs)
         out.append(Finding(
             code="BW005", severity=Severity.WARN, probe=NAME,
-            title=(f"Slow network path at node {' and '.join(slow_hosts)}: {leader_bw[slow_pairs[0]]:.3g} GB/s "
+            title=(f"Slow network path at {'node' if len(slow_hosts) == 1 else 'nodes'} {' and '.join(slow_hosts)}: "
+                   f"{leader_bw[slow_pairs[0]]:.3g} GB/s "
                    f"between node leaders where others reach {typical:.3g} GB/s"),
             ranks=tuple(r for r, h in enumerate(hosts) if h in slow_hosts), nodes=slow_hosts,
             evidence={"leader_pair_busbw_gbps": {f"{hosts[a]}-{hosts[b]}": round(v, 3)
@@ -385,10 +386,12 @@ def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str,
     largest = _largest(results)
     nodes = run.nodes_of(ranks)
     checked = all(e.get("wrong") is not None for e in sample.get("results") or [])
+    on_bucket = summary.bucket_size_bytes == busbw.DDP_BUCKET_BYTES
     evidence: dict[str, Any] = {
         "peak_busbw_gbps": round(summary.peak_busbw_gbps, 3), "peak_at": _fmt_bytes(summary.peak_size_bytes),
         "busbw_at_largest_gbps": round(summary.busbw_at_largest_gbps, 3),
         "busbw_at_ddp_bucket_gbps": round(summary.busbw_at_bucket_gbps, 3),
+        "bucket_figure_measured_at": _fmt_bytes(summary.bucket_size_bytes),
         "small_message_latency_us": round(summary.latency_us, 1),
         "latency_measured_at": _fmt_bytes(summary.latency_size_bytes),
         "backend": sample.get("backend"), "dtype": sample.get("dtype"), "ranks_reporting": present,
@@ -399,7 +402,10 @@ def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str,
     return Finding(
         code="BW000", severity=Severity.OK, probe=NAME,
         title=(f"{sample.get('op')} on {run.world_size} ranks: peak busbw {summary.peak_busbw_gbps:.3g} GB/s "
-               f"(at {_fmt_bytes(summary.peak_size_bytes)}), {summary.busbw_at_bucket_gbps:.3g} GB/s at DDP's bucket "
-               f"size, {summary.latency_us:.0f} us for small messages"
+               f"(at {_fmt_bytes(summary.peak_size_bytes)}), {summary.busbw_at_bucket_gbps:.3g} GB/s at "
+               + (f"DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} bucket size" if on_bucket else
+                  f"{_fmt_bytes(summary.bucket_size_bytes)} (the size nearest DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} "
+                  "bucket)")
+               + f", {summary.latency_us:.0f} us for small messages"
                + ("; every result correct" if checked else "; results not checked (--no-check)")),
         ranks=ranks, nodes=nodes, evidence=evidence)
