@@ -30,13 +30,16 @@ _KEYS = {
     "diverge": {"rank": True},
     "corrupt": {"rank": True},  # the rank's collective results come out wrong (checked by allreduce)
     "slowlink": {"ranks": True},  # collectives between these two ranks crawl (localised by allreduce)
+    "desync": {"rank": True},  # the rank calls another collective than its peers, once, in training
+    "noshow": {"rank": True},  # the rank's process starts but never joins the rendezvous
 }
 # A slow link carries this much: about a PCIe Gen1 x1 lane, far below any real interconnect.
 SLOW_LINK_BYTES_PER_S = 0.25e9
 
 _HELP = (
     "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init, "
-    "diverge:rank=1, corrupt:rank=1 or slowlink:ranks=1,2; stages: " + ", ".join(STAGES)
+    "diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, desync:rank=1 or noshow:rank=1; stages: "
+    + ", ".join(STAGES)
 )
 
 
@@ -155,6 +158,12 @@ class Injector:
     def diverges(self) -> bool:
         return any(f.kind == "diverge" for f in self.faults)
 
+    def desyncs(self) -> bool:
+        return any(f.kind == "desync" for f in self.faults)
+
+    def no_show(self) -> bool:
+        return any(f.kind == "noshow" for f in self.faults)
+
     def corrupts(self) -> bool:
         return any(f.kind == "corrupt" for f in self.faults)
 
@@ -164,6 +173,12 @@ class Injector:
         if any(f.kind == "slowlink" and {f.rank, f.peer} <= members for f in self.faults):
             return size_bytes / SLOW_LINK_BYTES_PER_S
         return 0.0
+
+
+def no_show() -> None:
+    sys.stderr.write("ddpdoctor: injected no-show: this rank will not join\n")
+    sys.stderr.flush()
+    _hang_forever()
 
 
 def _hang_forever() -> None:

@@ -229,11 +229,16 @@ def _supervise(pcontext: Any, channel: Channel, record: RunRecord, cfg: CheckCon
         if not running:
             return
         to_stop: dict[int, str] = {}
+        # Once every rank that did join has finished or failed, nobody waits for the rest:
+        # their peers already gave them the rendezvous deadline.
+        joined_all_over = bool(record.hellos) and all(r in record.exits for r in record.hellos)
         for rank in running:
             hb = record.heartbeats.get(rank)
             if hb is None:
                 if now - record.started > cfg.startup_allowance_s:
                     to_stop[rank] = f"silent: no heartbeat {cfg.startup_allowance_s:g}s after start"
+                elif joined_all_over and rank not in record.hellos:
+                    to_stop[rank] = "never joined: every rank that did has already ended"
             elif now - float(hb["t"]) > cfg.silent_after_s:
                 to_stop[rank] = f"silent: no heartbeat for {now - float(hb['t']):.1f}s"
             elif now - float(hb.get("stage_started", now)) > cfg.run_deadline_s + 10:

@@ -21,7 +21,7 @@ from ddpdoctor.config import CheckConfig
 from ddpdoctor.context import RankContext, StageFailed
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import EXIT_CRITICAL, EXIT_UNKNOWN
-from ddpdoctor.inject import Injector, check_ranks
+from ddpdoctor.inject import Injector, check_ranks, no_show
 from ddpdoctor.launch_env import BACKEND_VAR, DEVICE_VAR, LaunchEnv, launcher_pid
 from ddpdoctor.liveness import Heartbeat, SideChannel, Watchdog
 from ddpdoctor.rank_state import RankState
@@ -182,6 +182,8 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     check_ranks(cfg.inject, env.world_size)
+    if Injector(cfg.inject, env.rank).no_show():
+        no_show()  # a process that never joins: only its launcher's deadline ends it
     # Heavy imports before the first deadline is armed: DDP's constructor imports
     # torch._dynamo, seconds of CPU on a loaded node, which no stage should be charged for.
     import torch._dynamo  # noqa: F401

@@ -84,6 +84,7 @@ class Report:
             "injected_faults": list(rec.faults),
             "settings": rec.settings,
             "interrupted": rec.interrupted or None,
+            "started_at": round(rec.started, 3),  # epoch seconds, comparable with the ranks' timelines
             "duration_s": round(max(0.0, rec.ended - rec.started), 3),
             "verdict": VERDICTS[self.exit_code],
             "worst_severity": self.verdict.label,

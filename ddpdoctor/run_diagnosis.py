@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddpdoctor.grouping import group_ranks, minority
 from ddpdoctor.findings import Finding, Severity, rank_ranges
 from ddpdoctor.inject import INJECTED_CRASH_EXIT, parse_faults
 from ddpdoctor.liveness import ORPHANED_EXIT, STAGE_TIMEOUT_EXIT
@@ -50,6 +51,11 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
             e = record.errors[rank]
             fates[rank] = RankFate(rank, "error", float(e.get("t", 0)), e.get("collective"), str(e.get("stage", stage)),
                                    {"error": f"{e.get('type')}: {e.get('message')}", "traceback": e.get("traceback", "")})
+        elif exit_info is not None and exit_info.killed_by_us and rank not in record.hellos and not hb:
+            # Its process ran, but it never said hello: it never joined (stuck before the
+            # rendezvous, or pointed elsewhere). Its output says where it was.
+            fates[rank] = RankFate(rank, "missing", exit_info.t, None, "rendezvous",
+                                   {"reason": exit_info.killed_by_us, "log_tail": exit_info.log_tail})
         elif exit_info is not None and exit_info.killed_by_us:
             # Frozen, or stuck past every deadline: a cause. Stopped after another failed: a victim.
             kind = "silent" if exit_info.killed_by_us.startswith(("silent", "stuck")) else "stopped"
@@ -158,7 +164,9 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
             ranks=tuple(missing),
             evidence={"arrived_ranks": rank_ranges(arrived) or "none", "expected_world_size": record.world_size,
                       "arrived_hosts": sorted({hosts[r] for r in arrived}),
-                      "affected_ranks": _victims_evidence(victims)},
+                      "affected_ranks": _victims_evidence(victims),
+                      **{f"last_output_rank_{r}": _tail("\n".join(primaries[r].detail["log_tail"]))
+                         for r in missing if primaries[r].detail.get("log_tail")}},
             why=("These ranks never reached the rendezvous: fewer processes were launched than WORLD_SIZE says, they "
                  "crashed while starting, or they could not reach MASTER_ADDR:MASTER_PORT (wrong address, another "
                  "port, a firewall)."),
@@ -191,6 +199,11 @@ def _coll(c: Optional[dict[str, Any]]) -> str:
         return "no collective"
     extra = ", ".join(f"{k}={v}" for k, v in c.items() if k not in ("op", "seq"))
     return f"{c.get('op')} #{c.get('seq')}" + (f" ({extra})" if extra else "")
+
+
+def _coll_short(c: Optional[dict[str, Any]]) -> str:
+    """`barrier #4`: what to compare across ranks (the details, like the step, go in the evidence)."""
+    return f"{c.get('op')} #{c.get('seq')}" if c else "no collective"
 
 
 def _tail(text: str, lines: int = 12) -> list[str]:
@@ -264,17 +277,28 @@ def _collective_hang(victims: dict[int, RankFate], hosts: dict[int, str]) -> Fin
     nodes = tuple(sorted({hosts[r] for r in ranks if hosts[r] != "?"}))
     evidence = {"collective_by_rank": {str(r): _coll(f.in_collective) for r, f in sorted(victims.items())},
                 "state_by_rank": {str(r): f.kind for r, f in sorted(victims.items())}}
-    if len(set(ops.values())) > 1:
-        groups: dict[str, list[int]] = {}
-        for r, op in ops.items():
-            groups.setdefault(str(op), []).append(r)
-        desc = "; ".join(f"rank {rank_ranges(rs)} in {op}" for op, rs in sorted(groups.items()))
+    calls = {r: _coll_short(f.in_collective) for r, f in victims.items()}
+    if len(set(calls.values())) > 1:  # another op, or the same op at another sequence number
+        groups = group_ranks(calls)  # largest first
+        odd = minority(groups)
+        culprits = tuple(odd) if odd and len(odd) < len(ranks) else ranks
+        if culprits != ranks:
+            majority, waiting = groups[0]
+            others = "; ".join(f"rank {rank_ranges(rs)} is in {call}" for call, rs in groups[1:])
+            desc = f"{others}, while rank {rank_ranges(waiting)} {'is' if len(waiting) == 1 else 'are'} in {majority}"
+        else:
+            desc = "; ".join(f"rank {rank_ranges(rs)} in {call}" for call, rs in groups)
+        evidence["waiting_ranks"] = rank_ranges(ranks)
         return Finding(
             code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
             title=f"Collective mismatch (desync): {desc}",
-            ranks=ranks, nodes=nodes, evidence=evidence,
-            why="Ranks called different collectives at the same point, so each waits for a partner that never comes.",
-            fix="Make every rank issue the same collectives in the same order (no rank-0-only all_reduce or barrier).",
+            ranks=culprits, nodes=tuple(sorted({hosts[r] for r in culprits if hosts[r] != "?"})), evidence=evidence,
+            why=("Ranks called different collectives at the same point, so each waits for a partner that never comes; "
+                 "the rank(s) apart from the majority took another code path."),
+            fix=("Make every rank issue the same collectives in the same order: look for rank-dependent code "
+                 "(`if rank == 0:` around an all_reduce, barrier or broadcast, an early exit from a loop, an "
+                 "unused parameter skipped on some ranks) at the Python stacks of the named ranks. "
+                 "TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective's op and shapes across ranks."),
         )
     errors = {str(r): f.detail.get("error") for r, f in victims.items() if f.detail.get("error")}
     if errors:

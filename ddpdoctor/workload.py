@@ -155,6 +155,13 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
             loss = loss_fn(ddp(inputs), targets)
             _sync(device)
             t2 = time.perf_counter()
+            if step == 0 and ctx.injector.desyncs():
+                # A rank-dependent code path that issues another collective than its peers
+                # (a rank-0-only barrier, say): they wait in the gradient all-reduce.
+                import torch.distributed as dist
+
+                with ctx.collective("barrier", step=step):
+                    dist.barrier()
             with ctx.collective("ddp_gradient_allreduce", step=step):
                 loss.backward()
                 _sync(device)

@@ -129,3 +129,31 @@ def test_diverged_weights_are_caught(tmp_path):
     assert len(diverged) == 1 and diverged[0]["ranks"] == [2], run.explain()
     assert not run.findings("DDP001")
     assert_nothing_left(run)
+
+
+def _latency_after_deadline(report: dict, rank: int, stage: str) -> float:
+    """Seconds from the named rank entering `stage` plus the deadline to the report being made."""
+    entered = next(t["started"] for t in _rank(report, rank)["timeline"] if t["name"] == stage)
+    return report["started_at"] + report["duration_s"] - entered - TIMEOUT
+
+
+def test_a_rank_calling_another_collective_is_named_as_the_desync(tmp_path):
+    run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", "desync:rank=1")
+    assert run.returncode == 2, run.explain()
+    desync = run.findings("RUN009")
+    assert len(desync) == 1 and desync[0]["ranks"] == [1], run.explain()
+    assert desync[0]["evidence"]["collective_by_rank"]["1"].startswith("barrier #")
+    assert desync[0]["evidence"]["collective_by_rank"]["0"].startswith("ddp_gradient_allreduce #")
+    assert "rank 1 is in barrier" in desync[0]["title"]
+    # The bar: reported no later than the deadline + 3 s after the rank stopped matching.
+    assert _latency_after_deadline(run.report, 1, "train") <= 3.0, run.explain()
+    assert_nothing_left(run)
+
+
+def test_a_rank_that_never_joins_is_named(tmp_path):
+    run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", "noshow:rank=2")
+    assert run.returncode == 2, run.explain()
+    missing = run.findings("RUN001")
+    assert len(missing) == 1 and missing[0]["ranks"] == [2], run.explain()
+    assert _latency_after_deadline(run.report, 0, "rendezvous") <= 3.0, run.explain()
+    assert_nothing_left(run)

@@ -276,7 +276,7 @@ def test_transport_errors_inside_one_collective_are_run008_with_the_errors():
                                        "1": "RuntimeError: Connection closed by peer"}
 
 
-def test_ranks_in_different_collectives_is_a_desync_naming_both_groups():
+def test_ranks_in_different_collectives_is_a_desync_naming_the_odd_rank():
     record = make_record(
         4,
         timelines={r: timeline("train", "timeout") for r in range(4)},
@@ -289,10 +289,35 @@ def test_ranks_in_different_collectives_is_a_desync_naming_both_groups():
     assert codes(findings) == ["RUN009"]
     desync = findings[0]
     assert desync.severity == Severity.CRITICAL
-    assert desync.ranks == (0, 1, 2, 3)
-    assert "rank 1-3 in all_reduce" in desync.title
-    assert "rank 0 in barrier" in desync.title
+    assert desync.ranks == (0,) and desync.nodes == ("node-a",)
+    assert desync.title == ("Collective mismatch (desync): rank 0 is in barrier #9, while rank 1-3 are in "
+                            "all_reduce #9")
     assert desync.evidence["collective_by_rank"]["0"] == "barrier #9"
+    assert desync.evidence["waiting_ranks"] == "0-3"
+
+
+def test_a_desync_with_no_majority_names_every_rank():
+    record = make_record(
+        2,
+        timelines={r: timeline("train", "timeout") for r in range(2)},
+        timeouts={0: timeout("train", {"op": "barrier", "seq": 4}), 1: timeout("train", {"op": "all_reduce", "seq": 4})},
+    )
+    desync = diagnose_run(record)[0]
+    assert desync.code == "RUN009" and desync.ranks == (0, 1)
+    assert desync.title == "Collective mismatch (desync): rank 0 in barrier #4; rank 1 in all_reduce #4"
+
+
+def test_same_op_at_different_sequence_numbers_is_a_desync_too():
+    # One rank skipped a collective: it is already at the next one.
+    record = make_record(
+        3,
+        timelines={r: timeline("train", "timeout") for r in range(3)},
+        timeouts={0: timeout("train", {"op": "all_reduce", "seq": 7}), 1: timeout("train", {"op": "all_reduce", "seq": 7}),
+                  2: timeout("train", {"op": "all_reduce", "seq": 8})},
+    )
+    desync = diagnose_run(record)[0]
+    assert desync.code == "RUN009" and desync.ranks == (2,)
+    assert "rank 2 is in all_reduce #8, while rank 0-1 are in all_reduce #7" in desync.title
 
 
 # == arrival, world size, interruption, injection ========================================
