@@ -143,7 +143,7 @@ def _check_output_path(flag: str, path: Optional[str]) -> None:
 
 def _config(args: argparse.Namespace):
     from ddpdoctor import probes
-    from ddpdoctor.config import DEFAULT_TIMEOUT_S, CheckConfig
+    from ddpdoctor.config import DEFAULT_TIMEOUT_S, BenchConfig, CheckConfig
     from ddpdoctor.inject import ENV_VAR, parse_faults
 
     _check_output_path("--json", args.json_path)
@@ -153,8 +153,10 @@ def _config(args: argparse.Namespace):
                   json_path=args.json_path, inject=parse_faults(spec), port=args.port, live=not args.no_live)
     if args.command == "allreduce-bench":
         return CheckConfig(probes=("allreduce",), command="allreduce-bench", bench=_bench_config(args), **common)
+    # Inside check the allreduce probe is a quick look (the same sweep, fewer iterations);
+    # `allreduce-bench` is the full measurement.
     return CheckConfig(probes=probes.select(args.probes), steps=args.steps, slow_threshold_pct=args.slow_threshold,
-                       **common)
+                       bench=BenchConfig(warmup=2, iters=5), **common)
 
 
 def _check_plot_path(path: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import statistics
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -74,11 +75,14 @@ def test_a_slow_link_between_two_ranks_is_localised(tmp_path):
     assert len(link) == 1 and link[0]["ranks"] == [1, 2], run.explain()
     assert link[0]["evidence"]["slow_pairs"] == ["1-2"]
     bw = link[0]["evidence"]["pair_busbw_gbps"]
-    assert bw["1-2"] < 0.5 * min(bw["0-1"], bw["2-3"], bw["3-0"])
+    assert bw["1-2"] < 0.5 * statistics.median([bw["0-1"], bw["2-3"], bw["3-0"]])
     assert_nothing_left(run)
 
 
-@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "broadcast", "all_to_all"])
+# Every op and placement is checked for correctness on one rank in the unit tier
+# (test_allreduce_diagnose.py); here two ops cross real processes: one with both placements
+# and the one with chunked exchange between every pair of ranks.
+@pytest.mark.parametrize("op", ["all_gather", "all_to_all"])
 def test_other_collectives_are_measured_and_checked(tmp_path, op):
     run = _bench(tmp_path, "--nproc", "2", "--op", op, "--min-bytes", "4K", "--max-bytes", "64K", "--factor", "16",
                  "--warmup", "1", "--iters", "3", "--localise", "never")
