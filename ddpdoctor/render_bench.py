@@ -12,17 +12,10 @@ from typing import Any, Mapping
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.busbw import SizeResult
+from ddpdoctor.busbw import SizeResult, format_size
 from ddpdoctor.findings import rank_ranges
 
 _REDOP = {"all_reduce": "sum", "reduce_scatter": "sum"}
-
-
-def _size(size: int) -> str:
-    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale}{unit}"
-    return str(size)
 
 
 def render_bench(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:
@@ -43,7 +36,7 @@ def render_bench(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any
     for size in sorted(by_size):
         row = by_size[size]
         any_r = next(iter(row.values()))
-        cells = [_size(size), str(any_r.count), any_r.dtype, _REDOP.get(any_r.op, "none")]
+        cells = [format_size(size), str(any_r.count), any_r.dtype, _REDOP.get(any_r.op, "none")]
         for in_place in placements:
             r = row.get(in_place)
             if r is None:
@@ -71,7 +64,7 @@ def _per_rank(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any]],
     by_host: dict[str, list[int]] = defaultdict(list)
     for rank in sorted(own):
         by_host[str(facts[rank].get("host"))].append(rank)
-    line = Text(f"per node at {_size(top)} (each rank's own median time): ", style="dim")
+    line = Text(f"per node at {format_size(top)} (each rank's own median time): ", style="dim")
     parts = []
     for host, ranks in by_host.items():
         times = [own[r] * 1e6 for r in ranks]

@@ -67,7 +67,7 @@ class AllReduce:
         if bench.localise == "always" and n >= 2 or bench.localise == "auto" and n >= 3:
             facts["pairs"] = _measure_ring_pairs(ctx, pair_size, dtype, elem)
             hosts = [str((ctx.channel.get(f"hello/{r}") or {}).get("host", "?")) for r in range(n)]
-            if len(set(hosts)) > 1 and bench.localise != "never":
+            if len(set(hosts)) > 1:
                 facts["nodes"] = _measure_nodes(ctx, hosts, pair_size, dtype, elem)
         return facts
 
@@ -117,13 +117,18 @@ def _measure_ring_pairs(ctx: Any, size: int, dtype: Any, elem: int) -> dict[str,
     return out
 
 
+def _localise_iters(ctx: Any) -> int:
+    """Timed calls per pair or node group: the best of them judges the link."""
+    return max(10, ctx.cfg.bench.iters)
+
+
 def _time_pairs(ctx: Any, groups: Mapping[tuple[int, int], Any], size: int, dtype: Any, elem: int,
                 what: str) -> dict[str, list[float]]:
     """This rank's timings of the pairs it belongs to, pair by pair in phases of disjoint pairs."""
     import torch.distributed as dist
 
     count = busbw.count_per_rank("all_reduce", size, elem, 2)
-    iters = max(10, ctx.cfg.bench.iters)  # the best of these judges the link
+    iters = _localise_iters(ctx)
     times: dict[str, list[float]] = {}
     for phase in _phases(list(groups)):
         ctx.progress()
@@ -148,7 +153,7 @@ def _measure_nodes(ctx: Any, hosts: list[str], size: int, dtype: Any, elem: int)
     nodes = list(dict.fromkeys(hosts))
     members = {h: [r for r, host in enumerate(hosts) if host == h] for h in nodes}
     leaders = [members[h][0] for h in nodes]
-    iters = max(10, ctx.cfg.bench.iters)  # as for rank pairs
+    iters = _localise_iters(ctx)
     # Every rank creates every group, in the same order (torch requires it).
     node_groups = {h: dist.new_group(members[h]) for h in nodes}
     leader_pairs = [(leaders[a], leaders[b]) for a, b in busbw.ring_pairs(len(nodes))]

@@ -75,13 +75,11 @@ def _per_gpu(facts: Facts, run: RunView, judge: Callable[[Mapping[str, Any]], Op
     evidence: dict[str, str] = {}
     severities: dict[str, Severity] = {}
     ranks: list[int] = []
-    worst = Severity.OK
     for label, gpu_ranks, gpu in _gpus(facts):
         verdict = judge(gpu)
         if verdict is None:
             continue
         severity, said = verdict
-        worst = max(worst, severity)
         evidence[label] = said
         severities[label] = severity
         ranks += gpu_ranks
@@ -90,7 +88,7 @@ def _per_gpu(facts: Facts, run: RunView, judge: Callable[[Mapping[str, Any]], Op
     first = max(evidence, key=lambda label: severities[label])  # the worst GPU names the finding
     more = f" and {len(evidence) - 1} more" if len(evidence) > 1 else ""
     ranks_t = tuple(sorted(set(ranks)))
-    return [Finding(code=code, severity=worst, probe=NAME, title=f"{title} on {first}{more}: {evidence[first]}",
+    return [Finding(code=code, severity=severities[first], probe=NAME, title=f"{title} on {first}{more}: {evidence[first]}",
                     ranks=ranks_t, nodes=run.nodes_of(ranks_t), evidence=evidence, why=why, fix=fix)]
 
 

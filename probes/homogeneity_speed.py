@@ -44,9 +44,11 @@ def _rounds(f: Mapping[str, Any]) -> list[float]:
     return rounds or [float(mm["flops_per_s"])]
 
 
-def _shared_cpus(facts: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Hosts whose CPU ranks want more threads than they have cores: speeds there are noise."""
+def _shared_cpus(facts: Mapping[int, Mapping[str, Any]]) -> tuple[dict[str, dict[str, Any]], set[int]]:
+    """Hosts whose CPU ranks want more threads than they have cores (speeds there are noise):
+    the evidence per host, and the ranks not to compare."""
     crowded: dict[str, dict[str, Any]] = {}
+    excluded: set[int] = set()
     by_host: dict[str, list[int]] = defaultdict(list)
     for r, f in facts.items():
         if not f.get("gpu") and f.get("source") != "snapshot":  # a snapshot measures one device at a time
@@ -56,8 +58,9 @@ def _shared_cpus(facts: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, 
         threads = sum(int(h.get("torch_threads") or 1) for h in hw)
         cores = cpus_for(hw)
         if cores and threads > cores:
-            crowded[host] = {"ranks": rank_ranges(ranks), "threads": threads, "cores": cores, "rank_list": ranks}
-    return crowded
+            crowded[host] = {"ranks": rank_ranges(ranks), "threads": threads, "cores": cores}
+            excluded.update(ranks)
+    return crowded, excluded
 
 
 def _unit(kind: str) -> tuple[str, float]:
@@ -75,7 +78,7 @@ def _peer_groups(facts: Mapping[int, Mapping[str, Any]], excluded: set[int]) -> 
 
 def speed_spread(facts: Mapping[int, Mapping[str, Any]]) -> Optional[tuple[float, float, float, str]]:
     """(percent, slowest, fastest, unit) within the widest group of peers, for the all-clear line."""
-    excluded = {r for info in _shared_cpus(facts).values() for r in info["rank_list"]}
+    _, excluded = _shared_cpus(facts)
     widest = None
     for hardware, ranks in _peer_groups(facts, excluded).items():
         best = [max(_rounds(facts[r])) for r in ranks]
@@ -89,8 +92,7 @@ def slow_rank_findings(facts: Mapping[int, Mapping[str, Any]], run: RunView,
                        threshold_pct: Optional[float] = None) -> list[Finding]:
     """`threshold_pct` None: the default for the device kind (DEFAULT_SLOW_PCT)."""
     out: list[Finding] = []
-    crowded = _shared_cpus(facts)
-    crowded_ranks = {r for info in crowded.values() for r in info.pop("rank_list")}
+    crowded, crowded_ranks = _shared_cpus(facts)
     if crowded:
         ranks = tuple(sorted(crowded_ranks))
         out.append(Finding(
