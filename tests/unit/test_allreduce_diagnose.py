@@ -403,3 +403,69 @@ def test_corrupt_fault_is_only_on_its_rank():
     faults = (Fault("corrupt", 1),)
     assert Injector(faults, rank=1).corrupts()
     assert not Injector(faults, rank=0).corrupts()
+
+
+# -- across nodes: BW004 / BW005 ----------------------------------------------------
+
+NODE_HOSTS = {0: "n1", 1: "n1", 2: "n2", 3: "n2", 4: "n3", 5: "n3"}
+NODE_SIZE = 4 * MiB
+NODE_FAST, NODE_SLOW = 1e-3, 4e-3  # 2-rank all-reduce of 4 MiB: busbw 4.19 / 1.05 GB/s
+
+
+def _with_nodes(slow_nodes: set[str] = frozenset(), slow_leader_pairs: set[str] = frozenset(),
+                n_nodes: int = 3) -> dict[int, dict]:
+    """Six ranks on n1-n3 (or four on n1-n2), each rank's view of its node's and its leader pairs' times."""
+    hosts = {r: h for r, h in NODE_HOSTS.items() if int(h[1]) <= n_nodes}
+    n = len(hosts)
+    facts = {r: dict(_minimal(r, [_entry(1024, [50e-6] * 3)], n=n), host=hosts[r], device="cpu", backend="gloo")
+             for r in range(n)}
+    node_of_rank = [hosts[r] for r in range(n)]
+    leaders = [r for r in range(n) if r % 2 == 0]
+    for r in range(n):
+        host = hosts[r]
+        t = NODE_SLOW if host in slow_nodes else NODE_FAST
+        part = {"size_bytes": NODE_SIZE, "node_of_rank": node_of_rank, "intra_times_s": {host: [t] * 3},
+                "leader_times_s": {}}
+        if r in leaders:
+            for a, b in busbw.ring_pairs(len(leaders)):
+                pair = (leaders[a], leaders[b])
+                if r in pair:
+                    key = f"{pair[0]}-{pair[1]}"
+                    part["leader_times_s"][key] = [NODE_SLOW if key in slow_leader_pairs else NODE_FAST] * 3
+        facts[r]["nodes"] = part
+    return facts
+
+
+def test_healthy_nodes_raise_no_node_finding_and_give_the_network_figure():
+    facts = _with_nodes()
+    findings = AllReduce().diagnose(facts, _run(n=6, hosts=NODE_HOSTS))
+    assert _codes(findings) == ["BW000"]
+    # busbw at the largest (only) size: 1024 B / 50 us x 2(6-1)/6 = 0.0341 GB/s; x (3-1)/(6-1) = 0.0137
+    assert findings[0].evidence["per_accelerator_network_gbps"] == round(1024 / 50e-6 / 1e9 * 10 / 6 * 2 / 5, 3)
+
+
+def test_a_node_slow_among_its_own_ranks_is_bw004():
+    findings = AllReduce().diagnose(_with_nodes(slow_nodes={"n3"}), _run(n=6, hosts=NODE_HOSTS))
+    assert _codes(findings) == ["BW004"]
+    node = findings[0]
+    assert node.severity == Severity.WARN and node.nodes == ("n3",) and node.ranks == (4, 5)
+    assert node.evidence["intra_node_busbw_gbps"] == {"n1": 4.194, "n2": 4.194, "n3": 1.049}
+    assert node.title == ("Slow inside node n3: its ranks all-reduce at 1.05 GB/s where nodes typically reach "
+                          "4.19 GB/s")
+
+
+def test_a_slow_path_between_two_node_leaders_is_bw005():
+    findings = AllReduce().diagnose(_with_nodes(slow_leader_pairs={"2-4"}), _run(n=6, hosts=NODE_HOSTS))
+    assert _codes(findings) == ["BW005"]
+    path = findings[0]
+    assert path.nodes == ("n2", "n3") and path.ranks == (2, 3, 4, 5)
+    assert path.evidence["leader_pair_busbw_gbps"] == {"n1-n2": 4.194, "n2-n3": 1.049, "n3-n1": 4.194}
+    assert path.title.startswith("Slow network path at nodes n2 and n3: 1.05 GB/s between node leaders where "
+                                 "others reach 4.19 GB/s")
+
+
+def test_two_nodes_cannot_compare_their_one_leader_pair():
+    # One leader pair has nothing to be compared with: however slow, it is not a finding.
+    findings = AllReduce().diagnose(_with_nodes(slow_leader_pairs={"0-2", "2-0"}, n_nodes=2),
+                                    _run(n=4, hosts={r: NODE_HOSTS[r] for r in range(4)}))
+    assert "BW005" not in _codes(findings)

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 
 import pytest
 
-import ddpdoctor.launcher
-import ddpdoctor.rank_runtime
 from ddpdoctor import cli
 from ddpdoctor.config import BenchConfig, CheckConfig
 from ddpdoctor.findings import EXIT_UNKNOWN
@@ -18,35 +15,10 @@ from ddpdoctor.inject import Fault, parse_faults
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
+from . import cli_guard
+from .cli_guard import assert_usage_error, one_error_line
 
-@pytest.fixture(autouse=True)
-def _no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No launcher variables may leak in, and if bad input were accepted, nothing may start."""
-    for name in list(os.environ):
-        if name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") \
-                or name.startswith(("SLURM_", "DDPDOCTOR_", "TORCHELASTIC_")):
-            monkeypatch.delenv(name)
-    for name in ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES"):
-        # main() sets these for the torch it may import; undo that after each test.
-        monkeypatch.setenv(name, "placeholder")
-        monkeypatch.delenv(name)
-
-    def must_not_start(*args, **kwargs):
-        raise AssertionError("bad input was accepted and ranks were about to start")
-
-    monkeypatch.setattr(ddpdoctor.launcher, "run_standalone", must_not_start)
-    monkeypatch.setattr(ddpdoctor.rank_runtime, "run_rank", must_not_start)
-
-
-def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.splitlines()
-    assert len(lines) == 1, captured.err
-    assert captured.err.endswith("\n")
-    assert lines[0].startswith("ddpdoctor: error: "), lines[0]
-    assert "Traceback" not in captured.err + captured.out
-    assert captured.out == ""
-    return lines[0]
+no_launch = cli_guard.no_launch  # autouse: in this module no rank may start
 
 
 def _bench(*flags: str) -> list[str]:
@@ -78,19 +50,13 @@ def _bench(*flags: str) -> list[str]:
     (_bench("--steps", "3"), ["unrecognized arguments: --steps 3"]),
 ])
 def test_bad_bench_flag_is_one_line_and_exit_3(capsys, argv, words):
-    before = "torch" in sys.modules
-    assert cli.main(argv) == EXIT_UNKNOWN == 3
-    line = _one_error_line(capsys)
-    for word in words:
-        assert word in line, line
-    if not before:
-        assert "torch" not in sys.modules  # a usage error must not pay for importing torch
+    assert_usage_error(capsys, argv, words)
 
 
 def test_plot_needs_svg_or_png(capsys, tmp_path):
     path = tmp_path / "x.pdf"
     assert cli.main(_bench("--plot", str(path))) == EXIT_UNKNOWN
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert f"--plot {path}" in line and ".svg or .png" in line
     assert not path.exists()
 
@@ -98,7 +64,7 @@ def test_plot_needs_svg_or_png(capsys, tmp_path):
 @pytest.mark.skipif(HAS_MATPLOTLIB, reason="matplotlib is installed: a .png plot is allowed")
 def test_png_plot_without_matplotlib(capsys, tmp_path):
     assert cli.main(_bench("--plot", str(tmp_path / "x.png"))) == EXIT_UNKNOWN
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert "needs matplotlib" in line and ".svg" in line
 
 
@@ -107,13 +73,13 @@ def test_output_path_that_is_a_folder(capsys, tmp_path, flag):
     folder = tmp_path / "out.svg"
     folder.mkdir()
     assert cli.main(_bench(flag, str(folder))) == EXIT_UNKNOWN
-    assert "is a folder" in _one_error_line(capsys)
+    assert "is a folder" in one_error_line(capsys)
 
 
 def test_bad_inject_from_the_environment(capsys, monkeypatch):
     monkeypatch.setenv("DDPDOCTOR_INJECT", "slowlink:ranks=2")
     assert cli.main(_bench()) == EXIT_UNKNOWN
-    assert "slowlink needs two different ranks" in _one_error_line(capsys)
+    assert "slowlink needs two different ranks" in one_error_line(capsys)
 
 
 # -- good flags ----------------------------------------------------------------

@@ -3,44 +3,16 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
-import ddpdoctor.launcher
-import ddpdoctor.rank_runtime
 from ddpdoctor import cli
 from ddpdoctor.findings import EXIT_UNKNOWN
 
+from . import cli_guard
+from .cli_guard import assert_usage_error, one_error_line
 
-@pytest.fixture(autouse=True)
-def _no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No launcher variables may leak in, and if bad input were accepted, nothing may start."""
-    for name in list(os.environ):
-        if name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") \
-                or name.startswith(("SLURM_", "DDPDOCTOR_", "TORCHELASTIC_")):
-            monkeypatch.delenv(name)
-    for name in ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES"):
-        # main() sets these for the torch it may import; undo that after each test.
-        monkeypatch.setenv(name, "placeholder")
-        monkeypatch.delenv(name)
-
-    def must_not_start(*args, **kwargs):
-        raise AssertionError("bad input was accepted and ranks were about to start")
-
-    monkeypatch.setattr(ddpdoctor.launcher, "run_standalone", must_not_start)
-    monkeypatch.setattr(ddpdoctor.rank_runtime, "run_rank", must_not_start)
-
-
-def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.splitlines()
-    assert len(lines) == 1, captured.err
-    assert captured.err.endswith("\n")
-    assert lines[0].startswith("ddpdoctor: error: "), lines[0]
-    assert "Traceback" not in captured.err + captured.out
-    assert captured.out == ""
-    return lines[0]
+no_launch = cli_guard.no_launch  # autouse: in this module no rank may start
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -63,37 +35,31 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     (["frobnicate"], ["invalid choice: 'frobnicate'"]),
 ])
 def test_bad_input_is_one_line_and_exit_3(capsys, argv, words):
-    before = "torch" in sys.modules
-    assert cli.main(argv) == EXIT_UNKNOWN == 3
-    line = _one_error_line(capsys)
-    for word in words:
-        assert word in line, line
-    if not before:
-        assert "torch" not in sys.modules  # a usage error must not pay for importing torch
+    assert_usage_error(capsys, argv, words)
 
 
 def test_json_path_that_is_a_folder(capsys, tmp_path):
     assert cli.main(["check", "--json", str(tmp_path)]) == EXIT_UNKNOWN
-    assert "is a folder" in _one_error_line(capsys)
+    assert "is a folder" in one_error_line(capsys)
 
 
 def test_bad_inject_from_the_environment(capsys, monkeypatch):
     monkeypatch.setenv("DDPDOCTOR_INJECT", "hang:rank=0:stage=lunch")
     assert cli.main(["check"]) == EXIT_UNKNOWN
-    assert "unknown stage 'lunch'" in _one_error_line(capsys)
+    assert "unknown stage 'lunch'" in one_error_line(capsys)
 
 
 def test_inject_flag_wins_over_the_environment(capsys, monkeypatch):
     monkeypatch.setenv("DDPDOCTOR_INJECT", "diverge:rank=0")
     assert cli.main(["check", "--inject", "slow:rank=0:factor=0"]) == EXIT_UNKNOWN
-    assert "factor must be between 1 and 1000" in _one_error_line(capsys)
+    assert "factor must be between 1 and 1000" in one_error_line(capsys)
 
 
 def test_bad_rank_environment_is_one_line(capsys, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "abc")
     assert cli.main(["check"]) == EXIT_UNKNOWN
-    assert "WORLD_SIZE='abc' is not an integer" in _one_error_line(capsys)
+    assert "WORLD_SIZE='abc' is not an integer" in one_error_line(capsys)
 
 
 def test_no_command_prints_help_and_exits_3(capsys):
