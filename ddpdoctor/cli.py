@@ -125,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--json", dest="json_path", metavar="PATH", help="also write the diagnosis as JSON to PATH")
     diag.add_argument("--slow-threshold", type=_percent, default=None, metavar="PCT",
                       help="flag a rank this many percent slower than its peers (default 10 on GPUs, 20 on CPU)")
+    expl = sub.add_parser("explain", help="explain a failed job from its logs and Flight Recorder dumps",
+                          description="Read the output of a failed job (files, folders, - for stdin; plain or "
+                                      "gzip; torchrun, srun --label or plain logs; Flight Recorder dumps) and say "
+                                      "which rank failed first, why, which ranks it dragged down, and the fix.")
+    expl.add_argument("logs", nargs="+", metavar="LOG", help="log files, folders of them, or - for standard input")
+    expl.add_argument("--json", dest="json_path", metavar="PATH", help="also write the explanation as JSON to PATH")
+    expl.add_argument("--world-size", type=_positive_int, default=None, metavar="N",
+                      help="the job's number of ranks, when its logs do not say (ranks that printed nothing count)")
+    expl.add_argument("--all", action="store_true", help="every rank and every timeline entry, not the first few")
     return parser
 
 
@@ -235,6 +244,20 @@ def _diagnose(args: argparse.Namespace) -> int:
     return diagnosis.exit_code
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from ddpdoctor.explain import explain
+    from ddpdoctor.render import make_console
+    from ddpdoctor.render_explain import render_explanation
+    from ddpdoctor.report import atomic_write_json
+
+    _check_output_path("--json", args.json_path)
+    run = explain(args.logs, world_size=args.world_size)
+    if args.json_path:
+        atomic_write_json(run.to_json(), args.json_path)
+    render_explanation(run, make_console(), full=args.all)
+    return run.exit_code
+
+
 def _list_probes() -> int:
     from ddpdoctor.probes import DEFAULT_PROBES, all_probes
 
@@ -267,6 +290,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _snapshot(args)
         if args.command == "diagnose":
             return _diagnose(args)
+        if args.command == "explain":
+            return _explain(args)
         build_parser().print_help()
         return EXIT_UNKNOWN
     except UsageError as exc:

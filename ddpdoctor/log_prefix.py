@@ -1,0 +1,80 @@
+"""Who printed a log line, and when: the prefixes launchers and libraries put in front.
+
+One job's output mixes every rank's lines. torchrun prefixes them `[rank3]:` (and, with
+`--tee`, `[default0]:` for the local rank), `srun --label` with `3: `, NCCL's own lines
+start `host:pid:tid [dev]`, torch's C++ and the elastic agent log with glog's
+`E1023 12:34:56.789`, Python logging with ISO dates. Stripping them yields the message
+the signatures match, and the rank, host and time the diagnosis needs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+_LAUNCHER_PREFIX = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<num>\d+)\]:")
+_SRUN_LABEL = re.compile(r"\s{0,6}(?P<task>\d{1,6}): ")
+_NCCL_LINE = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL ")
+# The rank torch names inside a message: `[Rank 3]`, `[PG ID 0 PG GUID 0(default_pg) Rank 3]`.
+_MESSAGE_RANK = re.compile(r"\[(?:PG ID (?P<pg>\d+)[^\]]*?)?Rank (?P<rank>\d+)\]")
+_GLOG_TIME = re.compile(r"\[?[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:\.(?P<f>\d+))?")
+_ISO_TIME = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T_](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<f>\d+))?")
+
+
+@dataclass(frozen=True)
+class Origin:
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    host: Optional[str] = None
+    pid: Optional[int] = None
+
+
+def _seconds(m: "re.Match[str]") -> float:
+    """Seconds since the start of a year of 31-day months: glog has no year, so neither may ISO.
+
+    Only the order matters (first error wins), and a job rarely spans New Year.
+    """
+    frac = float("0." + m.group("f")) if m.group("f") else 0.0
+    return ((int(m.group("mo")) * 31 + int(m.group("d"))) * 86400 + int(m.group("h")) * 3600
+            + int(m.group("mi")) * 60 + int(m.group("s")) + frac)
+
+
+def line_time(message: str) -> Optional[float]:
+    """The line's own timestamp, if it carries one near its start."""
+    head = message[:64]
+    m = _GLOG_TIME.match(head) or _ISO_TIME.search(head)
+    return _seconds(m) if m else None
+
+
+def split_prefixes(line: str) -> tuple[Origin, str]:
+    """(who printed it, the message without launcher prefixes)."""
+    rank = local_rank = None
+    host = None
+    pid = None
+    pos = 0
+    label = _SRUN_LABEL.match(line)
+    if label:
+        rank = int(label.group("task"))
+        pos = label.end()
+    while True:
+        m = _LAUNCHER_PREFIX.match(line, pos)
+        if not m:
+            break
+        if m.group("role").lower() == "rank":
+            rank = int(m.group("num"))
+        else:
+            local_rank = int(m.group("num"))
+        pos = m.end()
+        while pos < len(line) and line[pos] == " ":
+            pos += 1
+    message = line[pos:]
+    nccl = _NCCL_LINE.match(message)
+    if nccl:
+        host, pid = nccl.group("host"), int(nccl.group("pid"))
+    if rank is None:
+        named = _MESSAGE_RANK.search(message)
+        # A subgroup's `Rank N` is its rank within that group, not the job's.
+        if named and named.group("pg") in (None, "0"):
+            rank = int(named.group("rank"))
+    return Origin(rank, local_rank, host, pid), message

@@ -1,0 +1,207 @@
+"""The error messages of torch.distributed, NCCL, gloo, the elastic agent, Slurm, CUDA and
+the DataLoader, as those libraries print them, each with what it tells about its rank.
+
+`role` is what the first-cause rule needs: a `cause` is something that went wrong on the
+rank that printed it (an exception, a kill, an OOM); a `wait` is a rank failing because a
+peer did not come (timeouts, a closed connection); `context` adds evidence (interfaces,
+exit codes, progress counters) and is never a failure by itself.
+
+Every pattern here matches a message from tests/fixtures/explain/ (recorded on CPU ranks,
+or quoted from the libraries' sources and public issues, see the README there).
+`triggers` are plain substrings: one pass of a combined search finds candidate lines in
+a 100 MB log before any per-line regex runs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+CAUSE, WAIT, CONTEXT = "cause", "wait", "context"
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    role: str
+    triggers: tuple[str, ...]
+    pattern: "re.Pattern[str]"
+    label: str  # a short name for tables; {field} from the pattern's groups
+    source: str = ""  # the library that prints it
+    flags: frozenset[str] = field(default_factory=frozenset)
+
+    def describe(self, fields: dict[str, Optional[str]]) -> str:
+        try:
+            return self.label.format(**{k: (v if v is not None else "?") for k, v in fields.items()})
+        except (KeyError, IndexError):
+            return self.label
+
+
+def _sig(id: str, role: str, triggers: tuple[str, ...], pattern: str, label: str, source: str,
+         *flags: str) -> Signature:
+    return Signature(id, role, triggers, re.compile(pattern), label, source, frozenset(flags))
+
+
+# Order matters: the first signature that matches a line names it (specific before generic).
+SIGNATURES: tuple[Signature, ...] = (
+    # -- collectives: desync, timeouts, peers gone ----------------------------------------
+    _sig("detail_mismatch", CAUSE, ("Detected mismatch between collectives",),
+         r"Detected mismatch between collectives on ranks\. Rank (?P<rank_a>\d+) is running collective: "
+         r"(?P<fp_a>CollectiveFingerPrint\(.*?\)\)?)(?:, but | but )Rank (?P<rank_b>\d+) is running collective: "
+         r"(?P<fp_b>CollectiveFingerPrint\(.*\))",
+         "collectives differ (TORCH_DISTRIBUTED_DEBUG=DETAIL)", "torch.distributed"),
+    _sig("nccl_watchdog_timeout", WAIT, ("Watchdog caught collective operation timeout",),
+         r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
+         r"(?:, NumelIn=(?P<numel_in>\d+))?(?:, NumelOut=(?P<numel_out>\d+))?.*?Timeout\(ms\)=(?P<timeout_ms>\d+)\)"
+         r"(?: ran for (?P<ran_ms>\d+) milliseconds)?",
+         "NCCL watchdog timeout in {op} #{seq}", "ProcessGroupNCCL"),
+    _sig("nccl_work_progress", CONTEXT, ("Timeout at NCCL work",),
+         r"Timeout at NCCL work: (?P<seq>-?\d+), last enqueued NCCL work: (?P<enqueued>-?\d+), "
+         r"last completed NCCL work: (?P<completed>-?\d+)",
+         "NCCL progress: timed out at #{seq}, enqueued {enqueued}, completed {completed}", "ProcessGroupNCCL"),
+    _sig("nccl_heartbeat_stuck", CAUSE, ("watchdog got stuck for", "Heartbeat monitor timed out"),
+         r"(?:watchdog got stuck for (?P<seconds>\d+) seconds|Heartbeat monitor timed out)",
+         "NCCL watchdog thread stuck", "ProcessGroupNCCL"),
+    _sig("gloo_timeout", WAIT, ("ms for recv operation", "ms for send operation", "Timed out waiting"),
+         r"Timed out waiting (?P<timeout_ms>\d+)ms for (?P<what>recv|send) operation to complete",
+         "gloo timeout waiting for a peer ({what})", "gloo"),
+    _sig("gloo_peer_closed", WAIT, ("Connection closed by peer", "Connection reset by peer"),
+         r"(?:Connection closed by peer|Connection reset by peer)(?: \[(?P<peer>[^\]]+)\](?::(?P<port>\d+))?)?",
+         "connection to a peer closed ({peer})", "gloo"),
+    _sig("nccl_remote_error", WAIT, ("remote process exited or there was a network error", "ncclRemoteError"),
+         r"(?:remote process exited or there was a network error|ncclRemoteError)",
+         "NCCL: remote process exited or network error", "NCCL"),
+    _sig("store_broken", WAIT, ("Broken pipe", "failed to recv, got 0 bytes", "Connection was likely closed"),
+         r"(?:Broken pipe|failed to recv, got 0 bytes|Connection was likely closed)",
+         "lost the connection to the rendezvous store", "c10d TCPStore"),
+    # -- GPUs --------------------------------------------------------------------------------
+    _sig("duplicate_gpu", CAUSE, ("Duplicate GPU detected",),
+         r"Duplicate GPU detected ?: rank (?P<rank_a>\d+) and rank (?P<rank_b>\d+) both on CUDA device (?P<busid>\w+)",
+         "two ranks on one GPU (bus id {busid})", "NCCL"),
+    _sig("same_gpu_partition", CAUSE, ("Multiple Ranks are using the same GPU",),
+         r"Multiple Ranks are using the same GPU", "two ranks on one GPU", "NCCL"),
+    _sig("cuda_oom", CAUSE, ("CUDA out of memory",),
+         r"CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ ?[KMGT]?i?B)"
+         r"(?:.*?GPU (?P<gpu>\d+)(?: has a total capacity of|;) (?P<total>[\d.]+ ?[KMGT]?i?B))?"
+         r"(?:.*?of which (?P<free>[\d.]+ ?[KMGT]?i?B) is free)?",
+         "CUDA out of memory (tried to allocate {tried})", "torch CUDA allocator"),
+    _sig("invalid_device_ordinal", CAUSE, ("invalid device ordinal",),
+         r"invalid device ordinal", "CUDA: invalid device ordinal", "CUDA"),
+    _sig("driver_too_old", CAUSE, ("driver on your system is too old",),
+         r"NVIDIA driver on your system is too old(?: \(found version (?P<found>\d+)\))?",
+         "NVIDIA driver too old for this torch", "torch"),
+    _sig("no_gpu", CAUSE, ("No CUDA GPUs are available", "CUDA driver initialization failed",
+                           "Found no NVIDIA driver"),
+         r"(?P<what>No CUDA GPUs are available|CUDA driver initialization failed|Found no NVIDIA driver)",
+         "CUDA unusable: {what}", "torch"),
+    _sig("cuda_fatal", CAUSE, ("CUDA error: ", "unhandled cuda error"),
+         r"(?:CUDA error: (?P<what>[^.\n]+)|(?P<nccl>unhandled cuda error))",
+         "CUDA error: {what}", "CUDA"),
+    # -- NCCL transport ----------------------------------------------------------------------
+    _sig("nccl_no_interface", CAUSE, ("no socket interface found", "No usable listening interface found"),
+         r"(?P<what>[Nn]o socket interface found|No usable listening interface found)",
+         "NCCL found no usable network interface", "NCCL"),
+    _sig("nccl_socket_connect", CONTEXT, ("socketStartConnect", "Connect to"),
+         r"NCCL WARN .*?Connect to (?P<addr>\S+?) failed ?: (?P<err>.*)",
+         "NCCL could not connect to {addr}: {err}", "NCCL"),
+    _sig("nccl_ib_error", CAUSE, ("Got completion from peer", "NET/IB"),
+         r"NCCL WARN NET/IB ?: .*?(?:[Gg]ot completion from peer (?P<peer>\S+) with (?:status=(?P<status>\S+) )?.*?"
+         r"error (?P<code>\d+)|(?P<other>.*))",
+         "InfiniBand error {code}", "NCCL"),
+    _sig("nccl_system_error", CAUSE, ("unhandled system error", "ncclSystemError"),
+         r"(?:unhandled system error|ncclSystemError)(?:.*?NCCL version (?P<nccl_version>[\d.]+\S*))?",
+         "NCCL unhandled system error", "NCCL"),
+    _sig("nccl_interface", CONTEXT, ("NCCL INFO NET/Socket", "NCCL INFO Bootstrap"),
+         r"NCCL INFO (?:NET/Socket|Bootstrap) ?: Using (?P<ifaces>.*)", "NCCL uses {ifaces}", "NCCL"),
+    _sig("nccl_comm_init", CONTEXT, (" nranks ",),
+         r"NCCL INFO comm \w+ rank (?P<rank>\d+) nranks (?P<nranks>\d+)", "NCCL communicator: rank {rank} of {nranks}",
+         "NCCL"),
+    _sig("elastic_world", CONTEXT, ("global_world_sizes=",),
+         r"global_world_sizes=\[(?P<sizes>[\d, ]+)\]", "agent: world sizes {sizes}", "torch elastic"),
+    _sig("nccl_warn", CONTEXT, ("NCCL WARN",), r"NCCL WARN (?P<what>.*)", "NCCL WARN {what}", "NCCL"),
+    # -- rendezvous ------------------------------------------------------------------------
+    _sig("clients_joined", CAUSE, ("clients joined",),
+         r"Timed out after (?P<seconds>\d+) seconds waiting for clients\. (?P<joined>\d+)/(?P<expected>\d+) clients joined",
+         "{joined} of {expected} ranks joined", "c10d TCPStore"),
+    _sig("address_in_use", CAUSE, ("EADDRINUSE", "ddress already in use"),
+         r"(?:port: (?P<port>\d+).*?)?(?:EADDRINUSE|[Aa]ddress already in use)",
+         "port {port} already in use", "c10d TCPStore"),
+    _sig("connect_timeout", CAUSE, ("while trying to connect to",),
+         r"client socket has timed out after (?P<ms>\d+) ?ms while trying to connect to \((?P<addr>[^,]+), (?P<port>\d+)\)",
+         "cannot reach the store at {addr}:{port}", "c10d TCPStore"),
+    _sig("connect_failed", CONTEXT, ("has failed to connect to",),
+         r"client socket has failed to connect to \[?(?P<addr>[^\]\s]+?)\]?:(?P<port>\d+) \(errno: (?P<errno>\d+) - (?P<err>[^)]*)\)",
+         "connect to {addr}:{port} failed: {err}", "c10d TCPStore"),
+    _sig("rdzv_timeout", CAUSE, ("RendezvousTimeoutError",),
+         r"RendezvousTimeoutError(?::? ?(?P<msg>.*))?", "the elastic rendezvous timed out", "torch elastic"),
+    _sig("rdzv_connection", CAUSE, ("RendezvousConnectionError", "connection to the C10d store has failed"),
+         r"(?:RendezvousConnectionError|connection to the C10d store has failed)",
+         "cannot reach the elastic rendezvous store", "torch elastic"),
+    # -- processes: agent, Slurm, signals -----------------------------------------------------
+    _sig("elastic_block", CONTEXT, ("(local_rank: ",),
+         r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)", "agent: rank {rank} failed", "torch elastic"),
+    _sig("elastic_failed", CONTEXT, ("failed (exitcode: ",),
+         r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+) \(pid: (?P<pid>\d+)\)",
+         "agent: local rank {local_rank} exited with {exitcode}", "torch elastic"),
+    _sig("elastic_sigterm", CONTEXT, ("closing signal",),
+         r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)",
+         "agent stopped pid {pid} with {signal}", "torch elastic"),
+    _sig("srun_task", CONTEXT, ("srun: error:",),
+         r"srun: error: (?P<host>[\w.-]+): tasks? (?P<tasks>[\d,\- ]+): (?P<what>Killed|Out Of Memory|"
+         r"Exited with exit code (?P<code>\d+)|Segmentation fault|Aborted|Terminated|Bus error)",
+         "srun: task {tasks} on {host}: {what}", "Slurm"),
+    _sig("slurm_oom", CAUSE, ("oom-kill event", "oom_kill event"),
+         r"Detected (?P<count>\d+) oom[-_]kill event\(?s?\)? in (?:StepId=|step )?(?P<step>[\w.]+)",
+         "Slurm: {count} out-of-memory kill(s)", "Slurm"),
+    _sig("slurm_cancelled", CAUSE, ("CANCELLED AT",),
+         r"(?:STEP|JOB) (?P<step>\S+) ON (?P<host>\S+) CANCELLED AT (?P<at>\S+)(?: DUE TO (?P<why>[A-Z ]+?))?(?: \*\*\*|$)",
+         "Slurm cancelled the job ({why})", "Slurm"),
+    # -- data loading, DDP -------------------------------------------------------------------
+    _sig("dataloader_killed", CAUSE, ("is killed by signal",),
+         r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>[\w ]+)",
+         "DataLoader worker killed by signal: {signal}", "torch DataLoader"),
+    _sig("dataloader_shm", CAUSE, ("insufficient shared memory",),
+         r"(?:Unexpected )?bus error encountered in worker\. This might be caused by insufficient shared memory",
+         "DataLoader worker: out of shared memory (/dev/shm)", "torch DataLoader"),
+    _sig("dataloader_exited", CAUSE, ("exited unexpectedly",),
+         r"DataLoader worker \(pid\(s\) (?P<pids>[\d, ]+)\) exited unexpectedly", "DataLoader worker exited unexpectedly",
+         "torch DataLoader"),
+    _sig("dataloader_timeout", CAUSE, ("DataLoader timed out",),
+         r"DataLoader timed out after (?P<seconds>\d+) seconds", "DataLoader timed out after {seconds} s", "torch DataLoader"),
+    _sig("ddp_unused_params", CAUSE, ("finished reduction in the prior iteration",),
+         r"Expected to have finished reduction in the prior iteration before starting a new one",
+         "DDP: parameters without gradients (find_unused_parameters)", "torch DDP"),
+    _sig("ddp_unused_names", CONTEXT, ("did not receive grad for rank",),
+         r"Parameter(?:s| indices) which did not receive grad for rank (?P<rank>\d+): (?P<names>.*)",
+         "DDP: parameters without grad on rank {rank}: {names}", "torch DDP"),
+    _sig("ddp_model_mismatch", CAUSE, ("DDP expects same model across all ranks", "appears not to match"),
+         r"(?:DDP expects same model across all ranks, but Rank (?P<rank_a>\d+) has (?P<n_a>\d+) params, "
+         r"while rank (?P<rank_b>\d+) has inconsistent (?P<n_b>\d+) params|(?P<other>params\[\d+\] in this process with "
+         r"sizes .*? appears not to match .*))",
+         "DDP: the model differs across ranks", "torch DDP"),
+    # -- generic: the last line of a Python traceback ----------------------------------------
+    _sig("python_exception", CAUSE, ("Error", "Exception", "Interrupt"),
+         r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt))(?:: ?(?P<msg>.*))?$",
+         "{type}", "Python"),
+)
+
+BY_ID = {s.id: s for s in SIGNATURES}
+# Exceptions that are a launcher's summary of a rank's failure, not a failure of their own.
+REPORTING_EXCEPTIONS = ("ChildFailedError", "SignalException")
+
+
+def trigger_pattern() -> "re.Pattern[str]":
+    """One alternation of every trigger: the scanner's first, C-speed pass over a chunk."""
+    words = sorted({t for s in SIGNATURES for t in s.triggers}, key=len, reverse=True)
+    return re.compile("|".join(re.escape(w) for w in words))
+
+
+def match_line(message: str) -> Optional[tuple[Signature, dict[str, Optional[str]]]]:
+    for sig in SIGNATURES:
+        if not any(t in message for t in sig.triggers):
+            continue
+        m = sig.pattern.search(message)
+        if m:
+            return sig, m.groupdict()
+    return None
