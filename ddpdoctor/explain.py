@@ -60,7 +60,7 @@ def explain(paths: list[str], world_size: Optional[int] = None) -> ExplainRun:
     result = scan(inputs.logs)
     dumps = read_dumps(inputs.dumps)
     mismatches, agreements = compare(dumps)
-    explanation = diagnose(result.events, world_size, mismatches, agreements)
+    explanation = diagnose(result.events, world_size, mismatches, agreements, dumps.dumps)
     notes = list(inputs.skipped) + result.problems + dumps.problems
     if result.dropped:
         notes.append(f"{result.dropped} further distinct error lines were counted but not kept")

@@ -25,6 +25,8 @@ PROBE = "explain"
 _WAIT_WORDS = re.compile(r"[Tt]imed out|timeout|[Aa]borted|closed by peer|reset by peer|Broken pipe|"
                          r"Socket Timeout|communicator was aborted|remote process exited")
 _FP_FIELD = re.compile(r"(SequenceNumber|OpType|TensorShape|TensorDtypes)=(\[[^\]]*\]|[^,)]+)")
+# Printed by C++ code right before std::terminate aborts the process, without a launcher prefix.
+_ABORT_MESSAGES = ("gloo_size_mismatch", "cuda_fatal")
 _SELF_INFLICTED = ("SIGKILL", "SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")
 
 
@@ -90,7 +92,10 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
         if e.rank is not None and e.host and e.sig != "srun_task":
             hosts.setdefault(e.rank, e.host)
     single_host = len(set(hosts.values())) <= 1
+    aborted = {e.rank for e in events if e.sig == "elastic_block" and e.fields.get("signal") == "SIGABRT"}
     for e in events:
+        if e.rank is None and e.sig in _ABORT_MESSAGES and len(aborted) == 1:
+            e.rank = next(iter(aborted))  # C++ terminate prints unprefixed, then aborts its own rank
         if e.rank is None and "pid" in e.fields:
             pid = int(e.fields["pid"])
             if pid in by_pid:
@@ -134,7 +139,7 @@ def rank_stories(events: list[Event], world_size: Optional[int], hosts: dict[int
 def _where(ranks: Iterable[int], hosts: dict[int, str], unattributed: bool = False) -> str:
     ranks = sorted(set(ranks))
     if not ranks:
-        return "a process whose rank the log does not say" if unattributed else "the job"
+        return "a rank" if unattributed else "the job"
     nodes = sorted({hosts[r] for r in ranks if r in hosts})
     text = f"rank {rank_ranges(ranks)}"
     return text + (f" ({', '.join(nodes)})" if nodes else "")
@@ -164,25 +169,33 @@ def _victims(waits: dict[int, Event], exclude: Iterable[int] = ()) -> dict[str, 
 
 
 def diagnose(events: list[Event], world_size: Optional[int] = None,
-             mismatches: Iterable[Mismatch] = (), agreements: Iterable[Agreement] = ()) -> Explanation:
+             mismatches: Iterable[Mismatch] = (), agreements: Iterable[Agreement] = (),
+             dump_ranks: Iterable[int] = ()) -> Explanation:
     hosts, world = attribute(events, world_size)
+    dumped = list(dump_ranks)
+    if world_size is None and dumped and max(dumped) + 1 > (world or 0):
+        world = max(dumped) + 1
     stories = rank_stories(events, world, hosts)
     timeline = sorted((e for e in events if e.role != "context" or _is_failure(e)), key=_key)
     findings: list[Finding] = []
 
     waits = {s.rank: s.first for s in stories if s.first is not None and _is_wait(s.first)}
+    mismatch_detectors = {e.rank for e in events if e.sig == "gloo_size_mismatch"}
     causes_by_rank: dict[int, list[Event]] = {}
     unattributed: list[Event] = []
     for e in sorted(events, key=_key):
-        if _is_failure(e) and not _is_wait(e) and e.sig not in ("detail_mismatch",):
+        if _is_failure(e) and not _is_wait(e) and e.sig not in ("detail_mismatch", "gloo_size_mismatch"):
             if e.sig == "python_exception" and e.rank in waits and _key(e) > _key(waits[e.rank]):
                 continue  # the exception its own wait raised, further up the stack
+            if e.sig == "elastic_block" and e.rank in mismatch_detectors:
+                continue  # gloo aborted the rank that noticed the mismatch: RUN009 explains it
             if e.rank is None:
                 unattributed.append(e)
             else:
                 causes_by_rank.setdefault(e.rank, []).append(e)
 
     findings += _detail_desync(events, hosts)
+    findings += _gloo_size_mismatch(events, hosts)
     findings += _watchdog(events, hosts, waits, causes_by_rank, world)
     findings += _flight_recorder(list(mismatches), list(agreements), hosts)
     findings += _causes(causes_by_rank, unattributed, waits, hosts, events)
@@ -235,6 +248,30 @@ def _detail_desync(events: list[Event], hosts: dict[int, str]) -> list[Finding]:
         fix=("Make every rank issue the same collectives with the same shapes and dtypes in the same order: look "
              "for rank-dependent code (`if rank == 0:` around a collective, an early exit, a rank-dependent "
              "batch or model shape) on the named ranks."),
+    )]
+
+
+def _gloo_size_mismatch(events: list[Event], hosts: dict[int, str]) -> list[Finding]:
+    """gloo noticed a message of the wrong size: a mismatch, but the message cannot say whose."""
+    seen = [e for e in events if e.sig == "gloo_size_mismatch"]
+    if not seen:
+        return []
+    first = sorted(seen, key=_key)[0]
+    detector = sorted({e.rank for e in seen if e.rank is not None})
+    ranks = sorted({e.rank for e in events if e.rank is not None})
+    by = f" on {_where(detector, hosts)}" if detector else ""
+    return [Finding(
+        code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+        title=(f"Collective mismatch (desync) detected by gloo{by}: it received {first.fields.get('got')} bytes "
+               f"where its collective expected {first.fields.get('expected')}"),
+        ranks=tuple(ranks), nodes=_nodes(ranks, hosts),
+        evidence={"log": [_cite(e) for e in seen[:4]], "detected_by": rank_ranges(detector) or "unknown"},
+        why=("Ranks ran collectives of different sizes (or different collectives) at the same point, so a rank "
+             "received a message of the wrong size and gloo aborted it. The rank that noticed is not necessarily "
+             "the one that is different, and this message cannot say which one is."),
+        fix=("Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL (it names the rank and the shapes) or with "
+             "TORCH_FR_BUFFER_SIZE=2000 and give the Flight Recorder dumps to `ddpdoctor explain`; look for "
+             "rank-dependent tensor sizes (uneven last batch, rank-0-only metrics) before the collective."),
     )]
 
 
@@ -397,11 +434,18 @@ def _causes(causes: dict[int, list[Event]], unattributed: list[Event], waits: di
         where = _where(ranks, hosts, unattributed=not ranks)
         fields = {k: v for k, v in first.fields.items() if isinstance(v, (str, int))}
         fields.setdefault("signal", _signal_of(first))
-        title = _fill(text.title, where=where, text=first.text[:160], **fields)
+        on = f" on {where}" if ranks else ""
+        title = _fill(text.title, where=where, on=on, text=first.text[:160], **fields)
+        title = title[0].upper() + title[1:]
         evidence: dict[str, Any] = {"first_error": {str(e.rank if e.rank is not None else "?"): _cite(e) for e in group}}
         exits = _exit_info(ranks, events)
         if exits:
             evidence["exit"] = exits
+        if text.code == "LOG006":
+            attempts = sorted({f"{e.fields.get('err')} (errno {e.fields.get('errno')})" for e in events
+                               if e.sig == "connect_failed"})
+            if attempts:
+                evidence["connect_attempts"] = attempts
         share = _share(len(ranks), events)
         if share:
             evidence["ranks_with_this_error"] = share

@@ -33,7 +33,7 @@ CAUSES: dict[str, CauseText] = {
         "Fix the error shown (the traceback above it in the log names the line); the other ranks' timeouts "
         "and closed connections are its consequence."),
     "cuda_oom": CauseText(
-        "LOG001", Severity.CRITICAL, "CUDA out of memory on {where}",
+        "LOG001", Severity.CRITICAL, "CUDA out of memory{on}",
         "The caching allocator could not get the memory it asked for on this GPU. When only some ranks run out, "
         "those ranks hold more than the others: more data, rank-0-only work, or another rank's context on their GPU.",
         _OOM_FIX),
@@ -45,54 +45,54 @@ CAUSES: dict[str, CauseText] = {
         "with one GPU per task, use cuda:0 (or device_count()-aware mapping). `ddpdoctor check` under the same "
         "srun shows what each rank sees (GPU005, GPU006)."),
     "driver_too_old": CauseText(
-        "GPU008", Severity.CRITICAL, "The NVIDIA driver is too old for this torch on {where}",
+        "GPU008", Severity.CRITICAL, "The NVIDIA driver is too old for this torch{on}",
         "torch's CUDA runtime needs a newer driver than the node has (found version {found}).",
         "Install a torch build for an older CUDA (the cuXXX wheel matching `nvidia-smi`'s CUDA version), or "
         "update the node's driver."),
     "no_gpu": CauseText(
-        "GPU008", Severity.CRITICAL, "torch cannot use a GPU on {where}: {what}",
+        "GPU008", Severity.CRITICAL, "torch cannot use a GPU{on}: {what}",
         "CUDA could not start: no GPU is visible to the process (CUDA_VISIBLE_DEVICES empty, no GPU granted by "
         "the scheduler) or the driver is not loaded.",
         "Check `nvidia-smi` and CUDA_VISIBLE_DEVICES on that node, and the job's GPU request (--gres=gpu:N, "
         "--gpus-per-task)."),
     "cuda_fatal": CauseText(
-        "LOG009", Severity.CRITICAL, "CUDA error on {where}: {what}",
+        "LOG009", Severity.CRITICAL, "CUDA error{on}: {what}",
         "A kernel failed on the GPU. An illegal memory access or a device-side assert is a bug in the model or a "
         "custom kernel (an index out of range in an embedding or loss is the usual one); an ECC error is faulty "
         "hardware. The CUDA context is unusable afterwards, so every later call fails too.",
         "Rerun with CUDA_LAUNCH_BLOCKING=1 to get the failing line; for device-side asserts, run one step on CPU "
         "to see the Python error. For ECC errors, drain the node and run `ddpdoctor check` (HOM007)."),
     "duplicate_gpu": CauseText(
-        "GPU003", Severity.CRITICAL, "Two ranks on the same GPU: {where}",
+        "GPU003", Severity.CRITICAL, "Two ranks on the same GPU{on}",
         "NCCL refuses two ranks of one communicator on one GPU (\"Duplicate GPU detected\", ncclInvalidUsage). "
         "The ranks did not call torch.cuda.set_device(local_rank), or CUDA_VISIBLE_DEVICES gives them the same GPU.",
         "Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group (or pass device_id=), "
         "and launch no more ranks per node than GPUs. `ddpdoctor check` names the ranks per GPU."),
     "same_gpu_partition": CauseText(
-        "GPU003", Severity.CRITICAL, "Two ranks on the same GPU: {where}",
+        "GPU003", Severity.CRITICAL, "Two ranks on the same GPU{on}",
         "NCCL refuses two ranks of one communicator on one GPU (\"Multiple Ranks are using the same GPU\"). "
         "The ranks did not call torch.cuda.set_device(local_rank), or CUDA_VISIBLE_DEVICES gives them the same GPU.",
         "Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group, and launch no more "
         "ranks per node than GPUs."),
     "nccl_system_error": CauseText(
-        "LOG007", Severity.CRITICAL, "NCCL network error on {where} (unhandled system error)",
+        "LOG007", Severity.CRITICAL, "NCCL network error{on} (unhandled system error)",
         "NCCL's sockets or network plugin failed: most often the wrong network interface (a docker or virtual "
         "bridge, an interface that does not route between the nodes), a firewall, or a peer that died.",
         "Rerun with NCCL_DEBUG=INFO and read the `NET/Socket : Using` line on each node; set NCCL_SOCKET_IFNAME to "
         "the interface that connects the nodes (e.g. NCCL_SOCKET_IFNAME=eth0, or ^docker0,lo to exclude), and "
         "open the ports between nodes."),
     "nccl_no_interface": CauseText(
-        "LOG007", Severity.CRITICAL, "NCCL found no usable network interface on {where}",
+        "LOG007", Severity.CRITICAL, "NCCL found no usable network interface{on}",
         "NCCL_SOCKET_IFNAME names an interface the node does not have, or every interface was excluded.",
         "List the node's interfaces (`ip -br addr`) and set NCCL_SOCKET_IFNAME to one that exists on every node."),
     "nccl_ib_error": CauseText(
-        "LOG007", Severity.CRITICAL, "InfiniBand/RoCE transport error on {where} (error {code})",
+        "LOG007", Severity.CRITICAL, "InfiniBand/RoCE transport error{on} (error {code})",
         "The IB verbs transport failed a work request. Error 12 (transport retry exceeded) on RoCE is usually a "
         "wrong GID index or a link or switch problem between the two peers.",
         "On RoCE set NCCL_IB_GID_INDEX (often 3) to the RoCE v2 GID; check `ibstat` and link errors on both hosts; "
         "NCCL_IB_DISABLE=1 tells a network fault from an IB-only one."),
     "nccl_heartbeat_stuck": CauseText(
-        "LOG010", Severity.CRITICAL, "NCCL's watchdog thread itself got stuck on {where}",
+        "LOG010", Severity.CRITICAL, "NCCL's watchdog thread itself got stuck{on}",
         "The thread that watches collectives stopped making progress, which happens when a CUDA or NCCL call "
         "blocks inside the driver (a hung GPU, a stuck NVLink/PCIe transfer), not a Python-level hang.",
         "Check the node's GPUs (`nvidia-smi`, `dmesg | grep -i xid`); collect the Flight Recorder dump "
@@ -105,12 +105,12 @@ CAUSES: dict[str, CauseText] = {
         "Check that WORLD_SIZE equals nodes x processes per node, that every node uses the same MASTER_ADDR and "
         "MASTER_PORT, and that the port is open (`nc -zv MASTER_ADDR MASTER_PORT` from another node)."),
     "rdzv_timeout": CauseText(
-        "RUN001", Severity.CRITICAL, "The elastic rendezvous timed out on {where}: not every node arrived",
+        "RUN001", Severity.CRITICAL, "The elastic rendezvous timed out{on}: not every node arrived",
         "torchrun's c10d rendezvous waits for --nnodes agents; some never connected to --rdzv-endpoint in time.",
         "Start torchrun on every node with the same --rdzv-id, --rdzv-endpoint and --nnodes; check that the "
         "endpoint host and port are reachable from every node; raise --rdzv-conf join_timeout if nodes start late."),
     "address_in_use": CauseText(
-        "LOG005", Severity.CRITICAL, "The rendezvous port {port} is already in use on {where}",
+        "LOG005", Severity.CRITICAL, "The rendezvous port {port} is already in use{on}",
         "The store could not listen on MASTER_PORT (EADDRINUSE): another job on this node uses the port, or a "
         "previous run's process is still alive.",
         "Pick a free MASTER_PORT per job (torchrun --master-port, or --rdzv-endpoint host:0 with standalone), or "
@@ -132,7 +132,7 @@ CAUSES: dict[str, CauseText] = {
         "Ask for more memory (--mem, --mem-per-gpu), use fewer DataLoader workers or a smaller prefetch, or "
         "avoid loading the whole dataset on every rank."),
     "slurm_cancelled": CauseText(
-        "LOG008", Severity.CRITICAL, "Slurm cancelled the job on {where} ({why})",
+        "LOG008", Severity.CRITICAL, "Slurm cancelled the job{on} ({why})",
         "The scheduler stopped the job (time limit, preemption or scancel); the ranks' errors after it are fallout.",
         "Ask for more time (--time), checkpoint and resume, or requeue on preemption (--requeue)."),
     "dataloader_killed": CauseText(
@@ -156,13 +156,13 @@ CAUSES: dict[str, CauseText] = {
         "Find the stuck worker with `py-spy dump --pid WORKER_PID`; avoid threads and open connections in the "
         "Dataset before workers fork (use worker_init_fn)."),
     "ddp_unused_params": CauseText(
-        "LOG003", Severity.CRITICAL, "DDP found parameters without gradients on {where}",
+        "LOG003", Severity.CRITICAL, "DDP found parameters without gradients{on}",
         "Some parameters took no part in the loss in the previous iteration, so DDP's reducer never finished "
         "that iteration's all-reduce (\"Expected to have finished reduction in the prior iteration\").",
         "Pass find_unused_parameters=True to DistributedDataParallel (it costs a graph traversal per step), or "
         "make every parameter part of the loss each step; TORCH_DISTRIBUTED_DEBUG=INFO names the parameters."),
     "ddp_model_mismatch": CauseText(
-        "LOG004", Severity.CRITICAL, "The model differs across ranks ({where})",
+        "LOG004", Severity.CRITICAL, "The model differs across ranks{on}",
         "DistributedDataParallel checks at construction that every rank has the same parameters (count, shapes); "
         "these ranks built another model.",
         "Build the model the same way on every rank (same config, same code path; no rank-dependent layers), and "

@@ -106,10 +106,6 @@ def read_dumps(files: list[DumpFile]) -> DumpSet:
                 UnicodeDecodeError, AttributeError, IndexError) as exc:
             out.problems.append(f"{f.label}: not a readable Flight Recorder dump ({type(exc).__name__}: {exc})")
             continue
-        if f.rank_hint in out.dumps:
-            out.problems.append(f"{f.label}: a second dump for rank {f.rank_hint}, ignored "
-                                f"(the first was {out.dumps[f.rank_hint].label})")
-            continue
         dump = Dump(f.rank_hint, f.label, version=str(data.get("version", "")))
         for entry in entries:
             if not isinstance(entry, dict) or entry.get("is_p2p"):
@@ -121,7 +117,12 @@ def read_dumps(files: list[DumpFile]) -> DumpSet:
             call = Call(seq, _op_name(entry), _group(entry), entry.get("input_sizes"), entry.get("input_dtypes"),
                         entry.get("output_sizes"), str(entry.get("state", "")))
             dump.calls[(call.group, seq)] = call
-        out.dumps[f.rank_hint] = dump
+        first = out.dumps.get(f.rank_hint)
+        if first is None:
+            out.dumps[f.rank_hint] = dump
+        elif first.calls != dump.calls:  # the same dump as pickle and JSON is no news
+            out.problems.append(f"{f.label}: a second, different dump for rank {f.rank_hint}, ignored "
+                                f"(the first was {first.label})")
     return out
 
 

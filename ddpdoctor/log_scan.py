@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional
 
 from ddpdoctor.log_prefix import Origin, line_time, split_prefixes
 from ddpdoctor.log_reader import LogFile, read_chunks
-from ddpdoctor.log_signatures import BY_ID, REPORTING_EXCEPTIONS, match_line, trigger_pattern
+from ddpdoctor.log_signatures import BY_ID, REPORTING_EXCEPTIONS, match_line, trigger_words
 
 TEXT_CHARS = 400
 MAX_EVENTS = 20000  # distinct events kept; beyond, only counted (a log of a million unique errors)
@@ -67,7 +67,7 @@ class ScanResult:
 
 class _Scanner:
     def __init__(self) -> None:
-        self.trigger = trigger_pattern()
+        self.words = trigger_words()
         self.result = ScanResult()
         self.index: dict[tuple[Any, ...], Event] = {}
         self.order = 0
@@ -79,16 +79,11 @@ class _Scanner:
         for chunk in read_chunks(log, self.result.problems):
             self.result.bytes += len(chunk)
             pos = 0  # lineno is the number of the line that starts at pos
-            done_until = -1
-            for hit in self.trigger.finditer(chunk):
-                if hit.start() < done_until:
-                    continue  # same line as a previous hit
-                start = chunk.rfind("\n", 0, hit.start()) + 1
-                end = chunk.find("\n", hit.start())
+            for start in _hit_lines(chunk, self.words):
+                end = chunk.find("\n", start)
                 end = len(chunk) if end < 0 else end
                 lineno += chunk.count("\n", pos, start)
                 pos = start
-                done_until = end
                 t = self._line(log, chunk, start, end, lineno, last_t)
                 if t is not None:
                     last_t = t
@@ -110,6 +105,10 @@ class _Scanner:
         if sig.id == "elastic_block":
             fields.update(_elastic_block(chunk, start, end))
             origin = Origin(int(fields["rank"]), int(fields["local_rank"]), fields.get("host"), origin.pid)
+            signal = f" ({fields['signal']})" if fields.get("signal") else ""
+            message = (f"torchrun {'root cause' if fields.get('root_cause') else 'failure'}: rank {fields['rank']} "
+                       f"(local_rank {fields['local_rank']}) on {fields.get('host', '?')} exited with "
+                       f"{fields.get('exitcode', '?')}{signal}, pid {fields.get('pid', '?')}")
         elif sig.id == "srun_task" and origin.host is None:
             origin = Origin(origin.rank, origin.local_rank, fields.get("host"), origin.pid)
         if origin.rank is None and log.rank_hint is not None and origin.local_rank is None:
@@ -133,6 +132,21 @@ class _Scanner:
         event = Event(sig, origin.rank, origin.local_rank, origin.host, t, self.order, where, text, fields)
         self.index[key] = event
         self.result.events.append(event)
+
+
+def _hit_lines(chunk: str, words: tuple[str, ...]) -> list[int]:
+    """The start of every line holding a trigger word, in order, each once."""
+    starts: set[int] = set()
+    for word in words:
+        i = chunk.find(word)
+        while i >= 0:
+            start = chunk.rfind("\n", 0, i) + 1
+            starts.add(start)
+            end = chunk.find("\n", i)
+            if end < 0:
+                break
+            i = chunk.find(word, end)
+    return sorted(starts)
 
 
 def _elastic_block(chunk: str, start: int, end: int) -> dict[str, Any]:
