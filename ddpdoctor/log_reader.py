@@ -11,12 +11,14 @@ import gzip
 import os
 import re
 import sys
+import zlib
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator, Optional
 
 from ddpdoctor.errors import UsageError
 
 CHUNK_BYTES = 4 << 20
+READ_BYTES = 256 << 10
 _GZIP_MAGIC = b"\x1f\x8b"
 # A pickle of protocol 2..5 starts with PROTO and its number: what torch's DebugInfoWriter writes.
 _PICKLE_MAGIC = re.compile(rb"\A\x80[\x02-\x05]")
@@ -119,32 +121,38 @@ def _open(log: LogFile) -> BinaryIO:
     return open(log.path, "rb")
 
 
+def _read_some(handle: BinaryIO, size: int) -> bytes:
+    """What the stream has ready, up to `size`: gzip's read1 returns each piece it inflates,
+    where read(size) would lose them all to an error further on."""
+    read1 = getattr(handle, "read1", None)
+    return read1(size) if read1 is not None else handle.read(size)
+
+
 def read_chunks(log: LogFile, problems: list[str], chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:
     """Decoded text in pieces of about `chunk_bytes`, each ending at a newline (or the end).
 
     Undecodable bytes become U+FFFD: a log with one bad byte is still explained. A cut or
     corrupt gzip stream ends that file early with a line in `problems`: what was read
-    before the damage is still explained (a job killed mid-write leaves such files).
+    before the damage is still explained (a job killed mid-write leaves such files), so
+    reads are small enough that the damage costs at most one piece.
     """
-    carry = b""
+    pending = bytearray()
     try:
         with _open(log) as handle:
             while True:
-                block = handle.read(chunk_bytes)
-                if not block:
+                piece = _read_some(handle, min(chunk_bytes, READ_BYTES))
+                if not piece:
                     break
-                block = carry + block
-                cut = block.rfind(b"\n")
-                if cut < 0:
-                    if len(block) > 16 * chunk_bytes:  # one absurd line: hand it out anyway
-                        yield block.decode("utf-8", "replace")
-                        carry = b""
-                    else:
-                        carry = block
+                pending += piece
+                if len(pending) < chunk_bytes:
                     continue
-                carry = block[cut + 1:]
-                yield block[: cut + 1].decode("utf-8", "replace")
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                cut = pending.rfind(b"\n")
+                if cut < 0 and len(pending) < 16 * chunk_bytes:
+                    continue  # one long line: keep reading to its end (or give up on it at 16x)
+                cut = len(pending) - 1 if cut < 0 else cut
+                yield bytes(pending[: cut + 1]).decode("utf-8", "replace")
+                del pending[: cut + 1]
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
         problems.append(f"{log.label}: read only in part ({type(exc).__name__}: {exc})")
-    if carry:
-        yield carry.decode("utf-8", "replace")
+    if pending:
+        yield bytes(pending).decode("utf-8", "replace")

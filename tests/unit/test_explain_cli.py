@@ -1,0 +1,76 @@
+"""`ddpdoctor explain` from the command line: exit codes, JSON, stdin, bad input."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor import cli
+from tests.unit.cli_guard import assert_usage_error, no_launch  # noqa: F401  (autouse fixture)
+
+CRASH = ("[rank1]: Traceback (most recent call last):\n"
+         "[rank1]:   File \"/job/train.py\", line 7, in <module>\n"
+         "[rank1]: ValueError: bad batch on rank 1\n"
+         "[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:6528. GLHF\n")
+
+
+def test_a_failed_job_exits_critical_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(CRASH)
+    out = tmp_path / "why.json"
+    assert cli.main(["explain", str(log), "--json", str(out)]) == 2
+    screen = capsys.readouterr().out
+    assert "RUN003" in screen and "ValueError: bad batch on rank 1" in screen and "first error per rank" in screen
+    data = json.loads(out.read_text())
+    assert data["schema"] == "ddpdoctor.explain/1" and data["exit_code"] == 2 and data["verdict"] == "critical"
+    (first,) = [f for f in data["findings"] if f["code"] == "RUN003"]
+    assert first["ranks"] == [1] and set(first["evidence"]["affected_ranks"]) == {"0"}
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    assert data["ranks"][0]["first_error"]["signature"] == "gloo_peer_closed"
+
+
+def test_a_log_with_nothing_known_says_so_and_exits_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("step 1 loss 2.3\nstep 2 loss 2.1\n")
+    assert cli.main(["explain", str(log)]) == 0
+    screen = capsys.readouterr().out
+    assert "LOG000" in screen and "No known failure signature" in screen
+
+
+def test_stdin_plain_and_gzip(tmp_path: Path) -> None:
+    for data in (CRASH.encode(), gzip.compress(CRASH.encode())):
+        proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "explain", "-", "--json", str(tmp_path / "o.json")],
+                              input=data, capture_output=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert json.loads((tmp_path / "o.json").read_text())["findings"][0]["ranks"] == [1]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["explain"], ["LOG"]),
+    (["explain", "/nonexistent/x.log"], ["/nonexistent/x.log", "no such file"]),
+    (["explain", "-", "-"], ["standard input", "once"]),
+    (["explain", "x.log", "--json", "/nonexistent/dir/o.json"], ["--json", "does not exist"]),
+    (["explain", "x.log", "--world-size", "0"], ["--world-size", "out of range"]),
+])
+def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], words: list[str]) -> None:
+    assert_usage_error(capsys, argv, words)
+
+
+def test_world_size_flag_counts_ranks_that_printed_nothing(tmp_path: Path) -> None:
+    """Ranks 0-2 timed out in the same collective; rank 3 printed nothing: only --world-size knows it exists."""
+    log = tmp_path / "job.log"
+    log.write_text("".join(
+        f"[rank{r}]:[E1123 10:00:0{r}.0 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for 600010 "
+        "milliseconds before timing out.\n" for r in range(3)))
+    from ddpdoctor.explain import explain
+
+    assert explain([str(log)]).explanation.findings[0].code == "RUN008"
+    named = explain([str(log)], world_size=4).explanation.findings[0]
+    assert named.code == "RUN004" and named.ranks == (3,)
