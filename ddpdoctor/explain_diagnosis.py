@@ -441,6 +441,10 @@ def _causes(causes: dict[int, list[Event]], unattributed: list[Event], waits: di
         exits = _exit_info(ranks, events)
         if exits:
             evidence["exit"] = exits
+        if text.code == "LOG003":
+            unused = {str(e.rank): str(e.fields.get("names", ""))[:200] for e in events if e.sig == "ddp_unused_names"}
+            if unused:
+                evidence["parameters_without_grad"] = unused
         if text.code == "LOG006":
             attempts = sorted({f"{e.fields.get('err')} (errno {e.fields.get('errno')})" for e in events
                                if e.sig == "connect_failed"})
