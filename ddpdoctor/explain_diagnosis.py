@@ -27,6 +27,7 @@ _WAIT_WORDS = re.compile(r"[Tt]imed out|timeout|[Aa]borted|closed by peer|reset 
 _FP_FIELD = re.compile(r"(SequenceNumber|OpType|TensorShape|TensorDtypes)=(\[[^\]]*\]|[^,)]+)")
 # Printed by C++ code right before std::terminate aborts the process, without a launcher prefix.
 _ABORT_MESSAGES = ("gloo_size_mismatch", "cuda_fatal")
+_SRUN_KILLS = ("Killed", "Out Of Memory", "Segmentation fault", "Aborted", "Bus error")
 _SELF_INFLICTED = ("SIGKILL", "SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")
 
 
@@ -52,6 +53,10 @@ def _key(e: Event) -> tuple[float, int]:
 
 
 def _is_failure(e: Event) -> bool:
+    if e.sig == "slurm_cancelled" and "TASK FAILURE" in str(e.fields.get("why", "")):
+        return False  # srun cancels the step because a task failed: that task is the cause
+    if e.sig == "srun_task":
+        return str(e.fields.get("what")) in _SRUN_KILLS
     return e.role in (CAUSE, WAIT) or (e.sig == "elastic_block" and _self_inflicted(e))
 
 
@@ -93,7 +98,11 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
             hosts.setdefault(e.rank, e.host)
     single_host = len(set(hosts.values())) <= 1
     aborted = {e.rank for e in events if e.sig == "elastic_block" and e.fields.get("signal") == "SIGABRT"}
+    oom_tasks = [(r, str(e.fields["host"])) for e in events if e.sig == "srun_task"
+                 and e.fields.get("what") == "Out Of Memory" for r in _task_list(str(e.fields.get("tasks", "")))]
     for e in events:
+        if e.rank is None and e.sig == "slurm_oom" and oom_tasks:
+            e.rank, e.host = oom_tasks[0]  # srun says which task the cgroup killed
         if e.rank is None and e.sig in _ABORT_MESSAGES and len(aborted) == 1:
             e.rank = next(iter(aborted))  # C++ terminate prints unprefixed, then aborts its own rank
         if e.rank is None and "pid" in e.fields:
@@ -413,8 +422,12 @@ def _causes(causes: dict[int, list[Event]], unattributed: list[Event], waits: di
     """One finding per kind of first cause, the ranks that share it together, earliest first."""
     firsts: list[Event] = []
     for rank, evs in causes.items():
+        # The rank's own error beats the launcher's summary of it; a known error beats the generic
+        # exception line that carries it (`DistBackendError: NCCL error ... invalid usage` then
+        # `Duplicate GPU detected`).
         own = [e for e in evs if e.sig not in ("srun_task", "elastic_block")]
-        firsts.append(own[0] if own else evs[0])  # the rank's own error beats the launcher's summary of it
+        known = [e for e in own if e.sig != "python_exception"]
+        firsts.append(known[0] if known else own[0] if own else evs[0])
     seen = {e.sig for e in firsts}
     firsts += [e for e in unattributed if e.sig not in seen and e.sig not in ("srun_task", "elastic_block")]
     if not firsts:
@@ -430,14 +443,21 @@ def _causes(causes: dict[int, list[Event]], unattributed: list[Event], waits: di
     for index, group in enumerate(groups.values()):
         first = group[0]
         text = _cause_text(first)
-        ranks = sorted({e.rank for e in group if e.rank is not None})
+        ranks = sorted({e.rank for e in group if e.rank is not None}
+                       | {int(e.fields[k]) for e in group for k in ("rank_a", "rank_b") if k in e.fields
+                          and e.sig == "duplicate_gpu"})
         where = _where(ranks, hosts, unattributed=not ranks)
         fields = {k: v for k, v in first.fields.items() if isinstance(v, (str, int))}
         fields.setdefault("signal", _signal_of(first))
+        evidence: dict[str, Any] = {"first_error": {str(e.rank if e.rank is not None else "?"): _cite(e) for e in group}}
+        if first.sig == "clients_joined":
+            ranks, title_extra = _never_joined(first, events)
+            evidence["ranks_seen_in_log"] = rank_ranges({e.rank for e in events if e.rank is not None}) or "none"
+        else:
+            title_extra = ""
         on = f" on {where}" if ranks else ""
         title = _fill(text.title, where=where, on=on, text=first.text[:160], **fields)
-        title = title[0].upper() + title[1:]
-        evidence: dict[str, Any] = {"first_error": {str(e.rank if e.rank is not None else "?"): _cite(e) for e in group}}
+        title = title[0].upper() + title[1:] + title_extra
         exits = _exit_info(ranks, events)
         if exits:
             evidence["exit"] = exits
@@ -450,7 +470,7 @@ def _causes(causes: dict[int, list[Event]], unattributed: list[Event], waits: di
                                if e.sig == "connect_failed"})
             if attempts:
                 evidence["connect_attempts"] = attempts
-        share = _share(len(ranks), events)
+        share = _share(len(ranks), events) if ranks else ""
         if share:
             evidence["ranks_with_this_error"] = share
         if index == 0:
@@ -460,8 +480,26 @@ def _causes(causes: dict[int, list[Event]], unattributed: list[Event], waits: di
                                                    "which only waited for a peer: it exited first, it did not fail first")
         findings.append(Finding(
             code=text.code, severity=text.severity, probe=PROBE, title=title, ranks=tuple(ranks),
-            nodes=_nodes(ranks, hosts, group), evidence=evidence, why=text.why, fix=text.fix))
+            nodes=_nodes(ranks, hosts, () if first.sig == "clients_joined" else group), evidence=evidence,
+            why=text.why, fix=text.fix))
     return findings
+
+
+def _never_joined(e: Event, events: list[Event]) -> tuple[list[int], str]:
+    """Which ranks are missing: those of the expected ones that printed nothing, when the counts agree."""
+    expected, joined = int(e.fields["expected"]), int(e.fields["joined"])
+    tried = [x for x in events if x.sig in ("connect_failed", "connect_timeout") and x.rank is not None]
+    unreachable = sorted({x.rank for x in tried})  # type: ignore[type-var]
+    if unreachable and len(unreachable) == expected - joined:
+        how = tried[0].fields
+        reason = f" ({how['err']})" if how.get("err") else ""
+        return unreachable, (f": rank {rank_ranges(unreachable)} could not connect to "
+                             f"{how.get('addr')}:{how.get('port')}{reason}")
+    seen = {x.rank for x in events if x.rank is not None}
+    absent = sorted(set(range(expected)) - seen)
+    if absent and len(absent) == expected - joined:
+        return absent, f": rank {rank_ranges(absent)} never arrived (no line of theirs in the log)"
+    return [], ""
 
 
 def _share(count: int, events: list[Event]) -> str:

@@ -63,13 +63,13 @@ CAUSES: dict[str, CauseText] = {
         "Rerun with CUDA_LAUNCH_BLOCKING=1 to get the failing line; for device-side asserts, run one step on CPU "
         "to see the Python error. For ECC errors, drain the node and run `ddpdoctor check` (HOM007)."),
     "duplicate_gpu": CauseText(
-        "GPU003", Severity.CRITICAL, "Two ranks on the same GPU{on}",
+        "GPU003", Severity.CRITICAL, "Ranks share one GPU{on} (NCCL: Duplicate GPU detected, bus id {busid})",
         "NCCL refuses two ranks of one communicator on one GPU (\"Duplicate GPU detected\", ncclInvalidUsage). "
         "The ranks did not call torch.cuda.set_device(local_rank), or CUDA_VISIBLE_DEVICES gives them the same GPU.",
         "Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group (or pass device_id=), "
         "and launch no more ranks per node than GPUs. `ddpdoctor check` names the ranks per GPU."),
     "same_gpu_partition": CauseText(
-        "GPU003", Severity.CRITICAL, "Two ranks on the same GPU{on}",
+        "GPU003", Severity.CRITICAL, "Ranks share one GPU{on} (NCCL: Multiple Ranks are using the same GPU)",
         "NCCL refuses two ranks of one communicator on one GPU (\"Multiple Ranks are using the same GPU\"). "
         "The ranks did not call torch.cuda.set_device(local_rank), or CUDA_VISIBLE_DEVICES gives them the same GPU.",
         "Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group, and launch no more "

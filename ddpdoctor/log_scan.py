@@ -21,6 +21,7 @@ TEXT_CHARS = 400
 MAX_EVENTS = 20000  # distinct events kept; beyond, only counted (a log of a million unique errors)
 _DIGITS = re.compile(r"\d+")
 _ELASTIC_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
+_SIGNAL_TRACE = re.compile(r"Signal \d+ \((SIG\w+)\) received")
 _EXITCODE = re.compile(r"(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)(?:\s*\((?P<signal>SIG\w+)\))?")
 
 
@@ -160,6 +161,9 @@ def _elastic_block(chunk: str, start: int, end: int) -> dict[str, Any]:
         if not m or m.group(1) == "rank":
             continue
         out[m.group(1)] = m.group(2).strip()
+    signal = _SIGNAL_TRACE.search(out.get("traceback", ""))
+    if signal:
+        out["signal"] = signal.group(1)  # older torch names the signal only here
     code = _EXITCODE.match(out.get("exitcode", ""))
     if code:
         out["exitcode"] = int(code.group("code"))
