@@ -96,8 +96,16 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
             sizes.append(int(e.fields["expected"]))
         if e.rank is not None and e.host and e.sig != "srun_task":
             hosts.setdefault(e.rank, e.host)
+    # srun --label torchrun: NCCL lines tie a task to its host, torchrun's lines a rank to its task.
+    task_host = {e.task: e.host for e in events if e.task is not None and e.host}
+    for e in events:
+        if e.rank is not None and e.task in task_host:
+            hosts.setdefault(e.rank, task_host[e.task])  # type: ignore[arg-type]
     single_host = len(set(hosts.values())) <= 1
     aborted = {e.rank for e in events if e.sig == "elastic_block" and e.fields.get("signal") == "SIGABRT"}
+    failed_alone = {e.rank for e in events if e.sig == "elastic_block"
+                    and e.fields.get("signal") not in ("SIGTERM", None) or (e.sig == "elastic_block" and
+                    e.fields.get("signal") is None and str(e.fields.get("exitcode")) not in ("0", "-15", "143"))}
     oom_tasks = [(r, str(e.fields["host"])) for e in events if e.sig == "srun_task"
                  and e.fields.get("what") == "Out Of Memory" for r in _task_list(str(e.fields.get("tasks", "")))]
     for e in events:
@@ -105,6 +113,10 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
             e.rank, e.host = oom_tasks[0]  # srun says which task the cgroup killed
         if e.rank is None and e.sig in _ABORT_MESSAGES and len(aborted) == 1:
             e.rank = next(iter(aborted))  # C++ terminate prints unprefixed, then aborts its own rank
+        elif e.rank is None and e.role == CAUSE and len(failed_alone) == 1 and e.task is None:
+            # No prefix (torchrun without --tee, a worker process's own stderr), and the agent says
+            # only one rank failed by itself: the error is that rank's.
+            e.rank = next(iter(failed_alone))
         if e.rank is None and "pid" in e.fields:
             pid = int(e.fields["pid"])
             if pid in by_pid:
@@ -116,9 +128,18 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
         if e.rank is not None and e.host is None and e.rank in hosts:
             e.host = hosts[e.rank]
     seen = [e.rank for e in events if e.rank is not None]
+    if single_host:
+        # The agent stops every worker by pid; a pid that is no known rank's is a rank that printed nothing.
+        workers = set(by_pid) | {int(e.fields["pid"]) for e in events if e.sig in ("elastic_sigterm", "elastic_failed")}
+        sizes.append(len(workers))
     if world_size is None:
         candidates = sizes + ([max(seen) + 1] if seen else [])
         world_size = max(candidates) if candidates else None
+    names = set(hosts.values())
+    if single_host and len(names) == 1 and by_pid and world_size:
+        # One agent's log: every one of its workers ran on its host, the silent ones too.
+        for r in range(world_size):
+            hosts.setdefault(r, next(iter(names)))
     return hosts, world_size
 
 
@@ -198,6 +219,8 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
                 continue  # the exception its own wait raised, further up the stack
             if e.sig == "elastic_block" and e.rank in mismatch_detectors:
                 continue  # gloo aborted the rank that noticed the mismatch: RUN009 explains it
+            if e.sig in ("elastic_block", "srun_task") and e.rank in waits:
+                continue  # NCCL's watchdog aborts (SIGABRT) the rank that timed out: its end, not a cause
             if e.rank is None:
                 unattributed.append(e)
             else:
@@ -298,13 +321,17 @@ def _watchdog(events: list[Event], hosts: dict[int, str], waits: dict[int, Event
             cites[e.rank] = e
         elif e.sig == "nccl_work_progress" and e.rank not in progress:
             progress[e.rank] = {k: int(e.fields[k]) for k in ("seq", "enqueued", "completed")}
+        elif e.sig == "nccl_dump_signal" and e.rank not in progress:
+            progress[e.rank] = {"seq": None, "enqueued": int(e.fields["enqueued"]),
+                                "completed": int(e.fields["completed"])}
     if not calls:
         return []
     shown = {r: f"{op} #{seq}" for r, (op, seq) in calls.items()}
     evidence: dict[str, Any] = {"timed_out_in": {str(r): f"{shown[r]} ({cites[r].where})" for r in sorted(shown)}}
     if progress:
-        evidence["nccl_progress"] = {str(r): f"timed out at #{p['seq']}, last enqueued #{p['enqueued']}, "
-                                             f"last completed #{p['completed']}" for r, p in sorted(progress.items())}
+        evidence["nccl_progress"] = {
+            str(r): (f"timed out at #{p['seq']}, " if p["seq"] is not None else "did not time out, ")
+            + f"last enqueued #{p['enqueued']}, last completed #{p['completed']}" for r, p in sorted(progress.items())}
     groups = group_ranks(shown)
     if len(groups) > 1:
         odd = minority(groups)
@@ -326,7 +353,8 @@ def _watchdog(events: list[Event], hosts: dict[int, str], waits: dict[int, Event
     if causes:
         return []  # a rank failed on its own: the timeouts are its consequence (see _causes)
     (op_seq, ranks), = groups
-    behind = sorted(r for r, p in progress.items() if p["enqueued"] < p["seq"])
+    _, seq = next(iter(calls.values()))
+    behind = sorted(r for r, p in progress.items() if p["enqueued"] < seq)
     known = set(range(world or 0)) | {e.rank for e in events if e.rank is not None}
     silent = sorted(known - set(calls))
     suspects = silent or behind
@@ -455,6 +483,17 @@ def _causes(causes: dict[int, list[Event]], unattributed: list[Event], waits: di
             evidence["ranks_seen_in_log"] = rank_ranges({e.rank for e in events if e.rank is not None}) or "none"
         else:
             title_extra = ""
+        if first.sig == "nccl_ib_error":
+            pairs = _failing_pairs(group, events)
+            if pairs:
+                evidence["failing_pairs"] = sorted(f"{a} <-> {b}" for a, b in pairs)
+            culprit = _common_end(pairs)
+            if culprit:
+                node, said = culprit
+                ranks = sorted(r for r, h in hosts.items() if h == node)
+                group = [e for e in group if e.host == node] or group[:0]
+                where = _where(ranks, hosts) if ranks else node
+                title_extra = f": every failing pair has {said} at one end"
         on = f" on {where}" if ranks else ""
         title = _fill(text.title, where=where, on=on, text=first.text[:160], **fields)
         title = title[0].upper() + title[1:] + title_extra
@@ -483,6 +522,41 @@ def _causes(causes: dict[int, list[Event]], unattributed: list[Event], waits: di
             nodes=_nodes(ranks, hosts, () if first.sig == "clients_joined" else group), evidence=evidence,
             why=text.why, fix=text.fix))
     return findings
+
+
+_IP = re.compile(r"(?P<ip>\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+)")
+
+
+def _failing_pairs(group: list[Event], events: list[Event]) -> set[tuple[str, str]]:
+    """(reporting host, peer) for each transport error; a peer's address becomes its host where
+    NCCL's INFO lines (`NET/Socket : Using [0]ib0:10.0.0.12<0>`) said whose it is."""
+    owner: dict[str, str] = {}
+    for e in events:
+        if e.sig == "nccl_interface" and e.host:
+            for m in _IP.finditer(str(e.fields.get("ifaces", ""))):
+                owner.setdefault(m.group("ip"), e.host)
+    pairs = set()
+    for e in group:
+        peer = str(e.fields.get("peer") or "").split("<", 1)[0]
+        if e.host and peer:
+            pairs.add((e.host, owner.get(peer, peer)))
+    return pairs
+
+
+def _common_end(pairs: set[tuple[str, str]]) -> Optional[tuple[str, str]]:
+    """The one host at an end of every failing pair (its address standing in where its name is unknown)."""
+    hosts = {a for a, _ in pairs}
+    found = []
+    for h in hosts:
+        others = {b for a, b in pairs if a != h and b != h}
+        if len(others) == 1 and not any(a == b for a, b in pairs):
+            found.append((h, next(iter(others))))
+        elif not others and len(pairs) > 1:
+            found.append((h, h))
+    if len(found) == 1:
+        h, address = found[0]
+        return h, (h if address == h else f"{h} (presumably {address})")
+    return None
 
 
 def _never_joined(e: Event, events: list[Event]) -> tuple[list[int], str]:

@@ -15,7 +15,8 @@ from typing import Optional
 
 _LAUNCHER_PREFIX = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<num>\d+)\]:")
 _SRUN_LABEL = re.compile(r"\s{0,6}(?P<task>\d{1,6}): ")
-_NCCL_LINE = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL ")
+# `host:pid:tid [dev] NCCL WARN ...`; newer NCCL puts the source file between: `[1] transport/net_ib.cc:1295 NCCL`.
+_NCCL_LINE = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: [\w./-]+:\d+)? NCCL ")
 # The rank torch names inside a message: `[Rank 3]`, `[PG ID 0 PG GUID 0(default_pg) Rank 3]`.
 _MESSAGE_RANK = re.compile(r"\[(?:PG ID (?P<pg>\d+)[^\]]*?)?Rank (?P<rank>\d+)\]")
 _GLOG_TIME = re.compile(r"\[?[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:\.(?P<f>\d+))?")
@@ -28,6 +29,15 @@ class Origin:
     local_rank: Optional[int] = None
     host: Optional[str] = None
     pid: Optional[int] = None
+    task: Optional[int] = None  # srun's task id when it is not the rank (one torchrun per node)
+
+
+_NESTED = re.compile(r"(?m)^\s{0,6}\d{1,6}: \[[A-Za-z_][\w-]*?\d+\]:")
+
+
+def srun_runs_launchers(text: str) -> bool:
+    """`srun --label torchrun ...`: labels are node-level tasks and torchrun's `[rankN]:` follows them."""
+    return _NESTED.search(text) is not None
 
 
 def _seconds(m: "re.Match[str]") -> float:
@@ -47,15 +57,18 @@ def line_time(message: str) -> Optional[float]:
     return _seconds(m) if m else None
 
 
-def split_prefixes(line: str) -> tuple[Origin, str]:
+def split_prefixes(line: str, srun_label_is_rank: bool = True) -> tuple[Origin, str]:
     """(who printed it, the message without launcher prefixes)."""
-    rank = local_rank = None
+    rank = local_rank = task = None
     host = None
     pid = None
     pos = 0
     label = _SRUN_LABEL.match(line)
     if label:
-        rank = int(label.group("task"))
+        if srun_label_is_rank:
+            rank = int(label.group("task"))
+        else:
+            task = int(label.group("task"))
         pos = label.end()
     while True:
         m = _LAUNCHER_PREFIX.match(line, pos)
@@ -77,4 +90,4 @@ def split_prefixes(line: str) -> tuple[Origin, str]:
         # A subgroup's `Rank N` is its rank within that group, not the job's.
         if named and named.group("pg") in (None, "0"):
             rank = int(named.group("rank"))
-    return Origin(rank, local_rank, host, pid), message
+    return Origin(rank, local_rank, host, pid, task), message

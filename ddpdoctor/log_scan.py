@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from ddpdoctor.log_prefix import Origin, line_time, split_prefixes
+from ddpdoctor.log_prefix import Origin, line_time, split_prefixes, srun_runs_launchers
 from ddpdoctor.log_reader import LogFile, read_chunks
 from ddpdoctor.log_signatures import BY_ID, REPORTING_EXCEPTIONS, match_line, trigger_words
 
@@ -31,6 +31,7 @@ class Event:
     rank: Optional[int]
     local_rank: Optional[int]
     host: Optional[str]
+    task: Optional[int]  # srun task id when srun started one launcher per node
     t: Optional[float]  # the line's own timestamp, or the last one seen before it in that file
     order: int  # position in reading order: files as given, lines within a file
     where: str  # file:line
@@ -52,7 +53,7 @@ class Event:
 
     def to_json(self) -> dict[str, Any]:
         return {"signature": self.sig, "role": self.role, "label": self.label, "rank": self.rank,
-                "local_rank": self.local_rank, "host": self.host, "where": self.where, "text": self.text,
+                "local_rank": self.local_rank, "host": self.host, "srun_task": self.task, "where": self.where, "text": self.text,
                 "fields": self.fields, "count": self.count, "last_where": self.last_where or self.where}
 
 
@@ -77,7 +78,10 @@ class _Scanner:
         self.result.files.append(log.label)
         lineno = 1
         last_t: Optional[float] = None
+        self.nested: Optional[bool] = None
         for chunk in read_chunks(log, self.result.problems):
+            if self.nested is None:
+                self.nested = srun_runs_launchers(chunk)
             self.result.bytes += len(chunk)
             pos = 0  # lineno is the number of the line that starts at pos
             for start in _hit_lines(chunk, self.words):
@@ -94,7 +98,7 @@ class _Scanner:
     def _line(self, log: LogFile, chunk: str, start: int, end: int, lineno: int,
               last_t: Optional[float]) -> Optional[float]:
         line = chunk[start:end].rstrip("\r")
-        origin, message = split_prefixes(line)
+        origin, message = split_prefixes(line, srun_label_is_rank=not self.nested)
         t = line_time(message)
         matched = match_line(message)
         if matched is None:
@@ -105,22 +109,22 @@ class _Scanner:
             return t
         if sig.id == "elastic_block":
             fields.update(_elastic_block(chunk, start, end))
-            origin = Origin(int(fields["rank"]), int(fields["local_rank"]), fields.get("host"), origin.pid)
+            origin = Origin(int(fields["rank"]), int(fields["local_rank"]), fields.get("host"), origin.pid, origin.task)
             signal = f" ({fields['signal']})" if fields.get("signal") else ""
             message = (f"torchrun {'root cause' if fields.get('root_cause') else 'failure'}: rank {fields['rank']} "
                        f"(local_rank {fields['local_rank']}) on {fields.get('host', '?')} exited with "
                        f"{fields.get('exitcode', '?')}{signal}, pid {fields.get('pid', '?')}")
         elif sig.id == "srun_task" and origin.host is None:
-            origin = Origin(origin.rank, origin.local_rank, fields.get("host"), origin.pid)
+            origin = Origin(origin.rank, origin.local_rank, fields.get("host"), origin.pid, origin.task)
         if origin.rank is None and log.rank_hint is not None and origin.local_rank is None:
-            origin = Origin(log.rank_hint, None, origin.host, origin.pid)
+            origin = Origin(log.rank_hint, None, origin.host, origin.pid, origin.task)
         self._add(sig.id, origin, t if t is not None else last_t, f"{log.label}:{lineno}", message, fields)
         return t
 
     def _add(self, sig: str, origin: Origin, t: Optional[float], where: str, message: str,
              fields: dict[str, Any]) -> None:
         text = message.strip()[:TEXT_CHARS]
-        key = (sig, origin.rank, origin.local_rank, origin.host, _DIGITS.sub("#", text[:200]))
+        key = (sig, origin.rank, origin.local_rank, origin.host, origin.task, _DIGITS.sub("#", text[:200]))
         event = self.index.get(key)
         if event is not None:
             event.count += 1
@@ -130,7 +134,7 @@ class _Scanner:
             self.result.dropped += 1
             return
         self.order += 1
-        event = Event(sig, origin.rank, origin.local_rank, origin.host, t, self.order, where, text, fields)
+        event = Event(sig, origin.rank, origin.local_rank, origin.host, origin.task, t, self.order, where, text, fields)
         self.index[key] = event
         self.result.events.append(event)
 

@@ -61,10 +61,17 @@ SIGNATURES: tuple[Signature, ...] = (
          r"(?:, NumelIn=(?P<numel_in>\d+))?(?:, NumelOut=(?P<numel_out>\d+))?.*?Timeout\(ms\)=(?P<timeout_ms>\d+)\)"
          r"(?: ran for (?P<ran_ms>\d+) milliseconds)?",
          "NCCL watchdog timeout in {op} #{seq}", "ProcessGroupNCCL"),
-    _sig("nccl_work_progress", CONTEXT, ("Timeout at NCCL work",),
-         r"Timeout at NCCL work: (?P<seq>-?\d+), last enqueued NCCL work: (?P<enqueued>-?\d+), "
-         r"last completed NCCL work: (?P<completed>-?\d+)",
+    # Three wordings over torch releases (about 2.3, 2.4-2.5, 2.6+) of one fact: where this rank is.
+    _sig("nccl_work_progress", CONTEXT, ("Timeout at NCCL work", "detected by watchdog at work",
+                                         "failure detected by watchdog at work sequence id"),
+         r"(?:Timeout at NCCL work|detected by watchdog at work|watchdog at work sequence id): (?P<seq>-?\d+)"
+         r"(?:,| PG status:) last enqueued (?:NCCL )?work: (?P<enqueued>-?\d+), last completed (?:NCCL )?work: "
+         r"(?P<completed>-?\d+)",
          "NCCL progress: timed out at #{seq}, enqueued {enqueued}, completed {completed}", "ProcessGroupNCCL"),
+    _sig("nccl_dump_signal", CONTEXT, ("Received a dump signal",),
+         r"Received a dump signal (?:due to a collective timeout )?from\s+rank (?P<from_rank>\d+).*?"
+         r"Last enqueued NCCL work: (?P<enqueued>-?\d+), last completed NCCL work: (?P<completed>-?\d+)",
+         "asked to dump by rank {from_rank}: last enqueued #{enqueued}", "ProcessGroupNCCL"),
     _sig("nccl_heartbeat_stuck", CAUSE, ("watchdog got stuck for", "Heartbeat monitor timed out"),
          r"(?:watchdog got stuck for (?P<seconds>\d+) seconds|Heartbeat monitor timed out)",
          "NCCL watchdog thread stuck", "ProcessGroupNCCL"),
