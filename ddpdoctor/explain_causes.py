@@ -18,7 +18,7 @@ PROBE = "explain"
 
 def _cause_text(e: Event) -> CauseText:
     if e.sig == "elastic_block":
-        return SIGNAL_CRASH
+        return SIGNAL_CRASH if e.fields.get("signal") or str(e.fields.get("exitcode")) == "-9" else EXIT_CRASH
     if e.sig == "srun_task":
         what = str(e.fields.get("what", ""))
         return EXIT_CRASH if what.startswith("Exited") else SIGNAL_CRASH
@@ -103,7 +103,8 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
             why=text.why, fix=text.fix))
     return findings
 
-_IP = re.compile(r"(?P<ip>\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+)")
+# `OOB eth0:10.20.0.1<0>`, `[0]ens9:192.168.100.11<0>`: the interface's IPv4 address after its name.
+_IP = re.compile(r"(?<=:)(?P<ip>\d{1,3}(?:\.\d{1,3}){3})(?=<)")
 
 
 def _failing_pairs(group: list[Event], events: list[Event]) -> set[tuple[str, str]]:
@@ -123,18 +124,26 @@ def _failing_pairs(group: list[Event], events: list[Event]) -> set[tuple[str, st
 
 
 def _common_end(pairs: set[tuple[str, str]]) -> Optional[tuple[str, str]]:
-    """The one host at an end of every failing pair (its address standing in where its name is unknown)."""
-    hosts = {a for a, _ in pairs}
+    """The one host at an end of every failing pair, and how to say it.
+
+    With every peer's address resolved to its host, that host is in every pair. Where a
+    peer is only an address, the host whose partners' complaints all name one address is
+    taken to be that address (each of the others complains about it; it complains about them).
+    """
+    if len(pairs) < 2:
+        return None
+    hosts = {a for a, _ in pairs} | {b for _, b in pairs}
+    in_every = [h for h in hosts if all(h in pair for pair in pairs)]
+    if len(in_every) == 1:
+        return in_every[0], in_every[0]
     found = []
-    for h in hosts:
+    for h in {a for a, _ in pairs}:
         others = {b for a, b in pairs if a != h and b != h}
-        if len(others) == 1 and not any(a == b for a, b in pairs):
+        if len(others) == 1 and next(iter(others)) not in {a for a, _ in pairs}:
             found.append((h, next(iter(others))))
-        elif not others and len(pairs) > 1:
-            found.append((h, h))
     if len(found) == 1:
         h, address = found[0]
-        return h, (h if address == h else f"{h} (presumably {address})")
+        return h, f"{h} (presumably {address})"
     return None
 
 

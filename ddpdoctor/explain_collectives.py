@@ -16,6 +16,8 @@ from ddpdoctor.log_scan import Event
 
 PROBE = "explain"
 
+# Waits that mean the peer's process is gone (a hung peer makes its partners time out instead).
+_CLOSED = ("gloo_peer_closed", "store_broken", "nccl_remote_error")
 _FP_FIELD = re.compile(r"(SequenceNumber|OpType|TensorShape|TensorDtypes)=(\[[^\]]*\]|[^,)]+)")
 
 
@@ -233,6 +235,19 @@ def silent_suspects(stories: list[RankStory], waits: dict[int, Event], hosts: di
         if root is not None and root in waits:
             evidence["torchrun_root_cause"] = (f"torchrun's 'Root Cause (first observed failure)' names rank {root}, "
                                                "which only timed out waiting: it exited first, it did not fail first")
+        if all(e.sig in _CLOSED for e in waits.values()) and not stopped:
+            # A hung peer makes its partners time out; a closed connection means its process ended.
+            return [Finding(
+                code="RUN002", severity=Severity.CRITICAL, probe=PROBE,
+                title=(f"{where_text(silent, hosts)} ended without an error in the log: rank {rank_ranges(waits)} "
+                       f"lost {'its' if len(waits) == 1 else 'their'} connection to it"),
+                ranks=tuple(silent), nodes=nodes_of(silent, hosts), evidence=evidence,
+                why=("The other ranks' connections to these ranks were closed, not timed out, so their processes "
+                     "ended; they printed no error (an exit() in the code, a kill, or their output is in another "
+                     "file). A rank that hosts the store (rank 0 without torchrun) takes the rendezvous with it."),
+                fix=("Find the exit code and last output of the named ranks (their own log file, `dmesg` for the OOM "
+                     "killer on their host); give every rank's output to `ddpdoctor explain`."),
+            )]
         return [Finding(
             code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
             title=(f"{where_text(silent, hosts)} hung outside any collective: rank {rank_ranges(waits)} timed out "

@@ -52,8 +52,11 @@ def is_wait(e: Event) -> bool:
 
 
 def _self_inflicted(e: Event) -> bool:
-    """An agent block for a rank killed by a signal the agent did not send (SIGTERM is the agent's)."""
-    return e.fields.get("signal") in _SELF_INFLICTED or str(e.fields.get("exitcode")) == "-9"
+    """An agent block for a rank that ended on its own: killed by a signal the agent did not send
+    (SIGTERM is the agent's), or exited non-zero (a `sys.exit(3)` leaves no traceback)."""
+    if e.fields.get("signal"):
+        return e.fields["signal"] in _SELF_INFLICTED
+    return str(e.fields.get("exitcode")) not in ("0", "-15", "143", "None")
 
 
 def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[dict[int, str], Optional[int]]:
@@ -81,6 +84,15 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
             sizes.append(int(e.fields["expected"]))
         if e.rank is not None and e.host and e.sig != "srun_task":
             hosts.setdefault(e.rank, e.host)
+    # NCCL_DEBUG=INFO's `comm 0x.. rank R nranks N` line ties its host:pid to a rank of the job's
+    # communicator (the largest one: a subgroup's ranks are not the job's).
+    inits = [e for e in events if e.sig == "nccl_comm_init" and e.host and e.pid is not None]
+    widest = max((int(e.fields["nranks"]) for e in inits), default=0)
+    nccl_rank = {(e.host, e.pid): int(e.fields["rank"]) for e in inits if int(e.fields["nranks"]) == widest}
+    for e in events:
+        if e.rank is None and (e.host, e.pid) in nccl_rank:
+            e.rank = nccl_rank[(e.host, e.pid)]
+            hosts.setdefault(e.rank, e.host)  # type: ignore[arg-type]
     # srun --label torchrun: NCCL lines tie a task to its host, torchrun's lines a rank to its task.
     task_host = {e.task: e.host for e in events if e.task is not None and e.host}
     for e in events:

@@ -32,6 +32,7 @@ class Event:
     local_rank: Optional[int]
     host: Optional[str]
     task: Optional[int]  # srun task id when srun started one launcher per node
+    pid: Optional[int]  # from NCCL's `host:pid:tid` lines
     t: Optional[float]  # the line's own timestamp, or the last one seen before it in that file
     order: int  # position in reading order: files as given, lines within a file
     where: str  # file:line
@@ -134,7 +135,8 @@ class _Scanner:
             self.result.dropped += 1
             return
         self.order += 1
-        event = Event(sig, origin.rank, origin.local_rank, origin.host, origin.task, t, self.order, where, text, fields)
+        event = Event(sig, origin.rank, origin.local_rank, origin.host, origin.task, origin.pid, t, self.order, where,
+                      text, fields)
         self.index[key] = event
         self.result.events.append(event)
 

@@ -48,3 +48,14 @@ def test_each_published_failure_gets_its_diagnosis(name: str) -> None:
 
 def test_every_story_has_a_code() -> None:
     assert {t["story"] for t in TRUTH.values()} <= set(CODE_FOR_STORY)
+
+
+def test_every_signature_is_matched_by_a_real_or_published_message() -> None:
+    """No signature without a message from a fixture log behind it (READMEs are not scanned)."""
+    from ddpdoctor.log_reader import discover
+    from ddpdoctor.log_scan import scan
+    from ddpdoctor.log_signatures import SIGNATURES
+
+    logs = sorted(str(p) for p in PUBLISHED.parent.rglob("*.log"))
+    seen = {e.sig for e in scan(discover(logs).logs).events}
+    assert sorted(s.id for s in SIGNATURES if s.id not in seen) == []

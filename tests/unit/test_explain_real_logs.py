@@ -37,6 +37,8 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "dataloader_worker_killed": ("LOG002", "exact"),
     "unused_parameters": ("LOG003", "includes"),
     "model_mismatch": ("LOG004", "includes"),
+    "exit_code": ("RUN002", "exact"),
+    "silent_exit": ("RUN002", "exact"),
 }
 # A log whose dumps sit in a folder beside it is explained with them, as a user would pass both.
 DUMPS = {"desync_flight_recorder.log": "fr_desync", "fr_missing_rank.log": "fr_missing_rank",
