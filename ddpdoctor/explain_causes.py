@@ -54,7 +54,7 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
         ranks = sorted({e.rank for e in group if e.rank is not None}
                        | {int(e.fields[k]) for e in group for k in ("rank_a", "rank_b") if k in e.fields
                           and e.sig == "duplicate_gpu"})
-        where = where_text(ranks, hosts, unattributed=not ranks)
+        where = where_text(ranks, hosts, unattributed=not ranks, events=group)
         fields = {k: v for k, v in first.fields.items() if isinstance(v, (str, int))}
         fields.setdefault("signal", _signal_of(first))
         evidence: dict[str, Any] = {"first_error": {str(e.rank if e.rank is not None else "?"): cite(e) for e in group}}
@@ -74,7 +74,7 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
                 group = [e for e in group if e.host == node] or group[:0]
                 where = where_text(ranks, hosts) if ranks else node
                 title_extra = f": every failing pair has {said} at one end"
-        on = f" on {where}" if ranks else ""
+        on = f" on {where}" if ranks or any(e.host for e in group) else ""
         title = fill(text.title, where=where, on=on, text=first.text[:160], **fields)
         title = title[0].upper() + title[1:] + title_extra
         exits = _exit_info(ranks, events)
@@ -84,6 +84,8 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
             unused = {str(e.rank): str(e.fields.get("names", ""))[:200] for e in events if e.sig == "ddp_unused_names"}
             if unused:
                 evidence["parameters_without_grad"] = unused
+        if text.code == "LOG007":
+            evidence.update(_network_hints(events))
         if text.code == "LOG006":
             attempts = sorted({f"{e.fields.get('err')} (errno {e.fields.get('errno')})" for e in events
                                if e.sig == "connect_failed"})
@@ -147,6 +149,23 @@ def _common_end(pairs: set[tuple[str, str]]) -> Optional[tuple[str, str]]:
     return None
 
 
+def _network_hints(events: list[Event]) -> dict[str, Any]:
+    """What NCCL said about its network: the interface each host used, failed connects, the settings."""
+    out: dict[str, Any] = {}
+    used = {e.host or "?": str(e.fields.get("ifaces", "")) for e in events if e.sig == "nccl_interface"}
+    if used:
+        out["interfaces_used"] = used
+    failed = sorted({f"{e.host or '?'} -> {e.fields.get('addr')}: {e.fields.get('err')}"
+                     for e in events if e.sig == "nccl_socket_connect"})
+    if failed:
+        out["connects_failed"] = failed[:8]
+    settings = {f"{e.fields.get('var')} on {e.host or '?'}": str(e.fields.get("value")) for e in events
+                if e.sig == "nccl_env_setting"}
+    if settings:
+        out["settings"] = settings
+    return out
+
+
 def _never_joined(e: Event, events: list[Event]) -> tuple[list[int], str]:
     """Which ranks are missing: those of the expected ones that printed nothing, when the counts agree."""
     expected, joined = int(e.fields["expected"]), int(e.fields["joined"])
@@ -179,10 +198,12 @@ def _signal_of(e: Event) -> str:
 
 def _exit_info(ranks: list[int], events: list[Event]) -> dict[str, str]:
     out = {}
+    nested = any(e.task is not None for e in events)
     for e in events:
         if e.rank in ranks and e.sig == "elastic_block":
             sig = f" ({e.fields['signal']})" if e.fields.get("signal") else ""
             out[str(e.rank)] = f"exit code {e.fields.get('exitcode')}{sig} on {e.host or '?'} ({e.where})"
-        elif e.sig == "srun_task" and set(task_list(str(e.fields.get("tasks", "")))) & set(ranks):
+        elif e.sig == "srun_task" and e.task is None and not nested and \
+                set(task_list(str(e.fields.get("tasks", "")))) & set(ranks):
             out.setdefault(f"tasks {e.fields.get('tasks')}", f"{e.fields.get('what')} on {e.fields.get('host')} ({e.where})")
     return out

@@ -71,6 +71,16 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
                 unattributed.append(e)
             else:
                 causes_by_rank.setdefault(e.rank, []).append(e)
+    # An exit code with no error of its own on a node whose log has errors nobody signed (older
+    # torch under srun prints no [rankN]:): those errors are that rank's, not a second cause.
+    unsigned_hosts = {e.host for e in unattributed if e.host}
+    for rank, evs in list(causes_by_rank.items()):
+        kept = [e for e in evs if not (e.sig == "elastic_block" and not e.fields.get("signal")
+                                       and e.host in unsigned_hosts)]
+        if kept:
+            causes_by_rank[rank] = kept
+        else:
+            del causes_by_rank[rank]
 
     findings += detail_desync(events, hosts)
     findings += gloo_size_mismatch(events, hosts)

@@ -61,6 +61,7 @@ def _self_inflicted(e: Event) -> bool:
 
 def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[dict[int, str], Optional[int]]:
     """Fill in ranks and hosts that other lines reveal; returns rank -> host and the world size."""
+    nested = any(e.task is not None for e in events)  # srun started launchers: its tasks are nodes
     by_pid: dict[int, int] = {}
     hosts: dict[int, str] = {}
     local_to_rank: dict[tuple[Optional[str], int], int] = {}
@@ -73,7 +74,7 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
                 hosts.setdefault(e.rank, e.host)  # type: ignore[arg-type]
             if e.local_rank is not None and e.rank is not None:
                 local_to_rank[(e.host, e.local_rank)] = e.rank
-        elif e.sig == "srun_task":
+        elif e.sig == "srun_task" and not nested:
             for r in task_list(str(e.fields.get("tasks", ""))):
                 hosts.setdefault(r, str(e.fields["host"]))
         elif e.sig == "nccl_comm_init":
@@ -94,10 +95,12 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
             e.rank = nccl_rank[(e.host, e.pid)]
             hosts.setdefault(e.rank, e.host)  # type: ignore[arg-type]
     # srun --label torchrun: NCCL lines tie a task to its host, torchrun's lines a rank to its task.
-    task_host = {e.task: e.host for e in events if e.task is not None and e.host}
+    task_host = {e.task: e.host for e in events if e.task is not None and e.host and e.sig != "srun_task"}
     for e in events:
         if e.rank is not None and e.task in task_host:
             hosts.setdefault(e.rank, task_host[e.task])  # type: ignore[arg-type]
+        if e.host is None and e.task in task_host:
+            e.host = task_host[e.task]
     single_host = len(set(hosts.values())) <= 1
     aborted = {e.rank for e in events if e.sig == "elastic_block" and e.fields.get("signal") == "SIGABRT"}
     failed_alone = {e.rank for e in events if e.sig == "elastic_block"
@@ -152,9 +155,13 @@ def task_list(text: str) -> list[int]:
     return out
 
 
-def where_text(ranks: Iterable[int], hosts: dict[int, str], unattributed: bool = False) -> str:
+def where_text(ranks: Iterable[int], hosts: dict[int, str], unattributed: bool = False,
+               events: Iterable[Event] = ()) -> str:
     ranks = sorted(set(ranks))
     if not ranks:
+        nodes = sorted({e.host for e in events if e.host})
+        if nodes:
+            return ", ".join(nodes)
         return "a rank" if unattributed else "the job"
     nodes = sorted({hosts[r] for r in ranks if r in hosts})
     text = f"rank {rank_ranges(ranks)}"

@@ -32,12 +32,23 @@ class Origin:
     task: Optional[int] = None  # srun's task id when it is not the rank (one torchrun per node)
 
 
-_NESTED = re.compile(r"(?m)^\s{0,6}\d{1,6}: \[[A-Za-z_][\w-]*?\d+\]:")
+# Under a label, torchrun's own lines (any torch), or its --tee prefix `[default0]:`.
+_LAUNCHER_UNDER_LABEL = re.compile(r"(?m)^\s{0,6}\d{1,6}: (?:\[(?!rank\d)[A-Za-z_][\w-]*?\d+\]:|.*(?:"
+                                   r"torch\.distributed\.run|torch/distributed/run\.py|elastic/multiprocessing|"
+                                   r"ChildFailedError))")
+_LABELLED_RANK = re.compile(r"(?m)^\s{0,6}(\d{1,6}): \[rank(\d+)\]:")
 
 
 def srun_runs_launchers(text: str) -> bool:
-    """`srun --label torchrun ...`: labels are node-level tasks and torchrun's `[rankN]:` follows them."""
-    return _NESTED.search(text) is not None
+    """`srun --label torchrun ...`: labels are node-level tasks (one torchrun each), not ranks.
+
+    torch itself prefixes `[rankN]:` (2.3 and later) even when srun starts the ranks, so a
+    label followed by the same rank says nothing; a label followed by another rank, or
+    torchrun's own lines under a label, do.
+    """
+    if _LAUNCHER_UNDER_LABEL.search(text):
+        return True
+    return any(a != b for a, b in _LABELLED_RANK.findall(text))
 
 
 def _seconds(m: "re.Match[str]") -> float:

@@ -129,6 +129,9 @@ SIGNATURES: tuple[Signature, ...] = (
          "NCCL unhandled system error", "NCCL"),
     _sig("nccl_interface", CONTEXT, ("NCCL INFO NET/Socket", "NCCL INFO Bootstrap", "NCCL INFO NET/IB : Using"),
          r"NCCL INFO (?:NET/Socket|NET/IB|Bootstrap) ?: Using (?P<ifaces>.*)", "NCCL uses {ifaces}", "NCCL"),
+    _sig("nccl_env_setting", CONTEXT, ("set by environment to",),
+         r"(?P<var>NCCL_SOCKET_IFNAME|NCCL_IB_HCA|NCCL_IB_GID_INDEX|NCCL_NET|NCCL_IB_DISABLE|NCCL_P2P_DISABLE) "
+         r"set by environment to (?P<value>\S+)", "{var}={value}", "NCCL"),
     _sig("nccl_comm_init", CONTEXT, (" nranks ",),
          r"NCCL INFO (?:ncclCommInitRank\w* )?comm \w+ rank (?P<rank>\d+) nranks (?P<nranks>\d+)"
          r"(?: cudaDev (?P<dev>\d+))?(?: nvmlDev \d+)?(?: busId (?P<busid>\w+))?",
