@@ -49,6 +49,8 @@ class ExplainRun:
             "findings": [f.to_json() for f in ex.findings],
             "ranks": [{"rank": s.rank, "host": s.host, "first_error": s.first.to_json() if s.first else None,
                        "more_errors": s.more} for s in ex.ranks],
+            "nodes": [{"node": n.node, "ranks": n.ranks, "first_error": n.first.to_json() if n.first else None}
+                      for n in ex.nodes],
             "timeline": [e.to_json() for e in ex.timeline[:TIMELINE_JSON_MAX]],
             "timeline_truncated": max(0, len(ex.timeline) - TIMELINE_JSON_MAX),
         }

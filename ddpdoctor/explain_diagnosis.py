@@ -25,12 +25,20 @@ PROBE = "explain"
 
 
 @dataclass
+class NodeStory:
+    node: str
+    ranks: list[int]
+    first: Optional[Event]  # the node's earliest failure, its ranks' or one no rank signed
+
+
+@dataclass
 class Explanation:
     findings: list[Finding]
     ranks: list[RankStory]
     timeline: list[Event]
     world_size: Optional[int]
     hosts: dict[int, str] = field(default_factory=dict)
+    nodes: list[NodeStory] = field(default_factory=list)
 
 
 def rank_stories(events: list[Event], world_size: Optional[int], hosts: dict[int, str]) -> list[RankStory]:
@@ -42,6 +50,17 @@ def rank_stories(events: list[Event], world_size: Optional[int], hosts: dict[int
         more = sum(e.count for e in failures) - 1 if failures else 0
         stories.append(RankStory(r, hosts.get(r), first, more))
     return stories
+
+
+def node_stories(events: list[Event], hosts: dict[int, str]) -> list[NodeStory]:
+    """Per node, the first failure: on a cluster the node is what gets drained or fixed."""
+    names = sorted(set(hosts.values()) | {e.host for e in events if e.host and is_failure(e)})
+    out = []
+    for node in names:
+        ranks = sorted(r for r, h in hosts.items() if h == node)
+        failures = [e for e in events if is_failure(e) and (e.host == node or (e.rank is not None and hosts.get(e.rank) == node))]
+        out.append(NodeStory(node, ranks, min(failures, key=order_key) if failures else None))
+    return out
 
 
 def diagnose(events: list[Event], world_size: Optional[int] = None,
@@ -91,7 +110,7 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
         findings += silent_suspects(stories, waits, hosts, events)
     if not findings:
         findings.append(_nothing_known(events))
-    return Explanation(findings, stories, timeline, world, hosts)
+    return Explanation(findings, stories, timeline, world, hosts, node_stories(events, hosts))
 
 
 def _nothing_known(events: list[Event]) -> Finding:

@@ -33,6 +33,7 @@ def render_explanation(run: ExplainRun, console: Console, full: bool = False) ->
     console.print(head)
     render_findings(ex.findings, console)
     _first_errors(run, console, full)
+    _first_errors_by_node(run, console, full)
     _timeline(run, console, full)
     for note in run.notes:
         console.print(Text(f"note: {note}", style="yellow"))
@@ -59,6 +60,26 @@ def _first_errors(run: ExplainRun, console: Console, full: bool) -> None:
         from ddpdoctor.findings import rank_ranges
 
         console.print(Text(f"  no error printed by rank {rank_ranges(silent)}", style="dim"))
+
+
+def _first_errors_by_node(run: ExplainRun, console: Console, full: bool) -> None:
+    from ddpdoctor.findings import rank_ranges
+
+    nodes = run.explanation.nodes
+    if len(nodes) < 2:
+        return  # one node: the rank table already says it all
+    console.print()
+    table = Table(title="first error per node", title_justify="left", box=None, pad_edge=False, header_style="bold")
+    for col in ("node", "ranks", "first error", "rank", "where"):
+        table.add_column(col, overflow="fold")
+    shown = nodes if full else nodes[:RANK_ROWS]
+    for n in shown:
+        first = n.first
+        table.add_row(n.node, rank_ranges(n.ranks), first.label[:80] if first else "no error",
+                      "" if first is None or first.rank is None else str(first.rank), first.where if first else "")
+    console.print(table)
+    if len(shown) < len(nodes):
+        console.print(Text(f"  ... {len(nodes) - len(shown)} more nodes (--all shows them)", style="dim"))
 
 
 def _timeline(run: ExplainRun, console: Console, full: bool) -> None:

@@ -59,3 +59,12 @@ def test_every_signature_is_matched_by_a_real_or_published_message() -> None:
     logs = sorted(str(p) for p in PUBLISHED.parent.rglob("*.log"))
     seen = {e.sig for e in scan(discover(logs).logs).events}
     assert sorted(s.id for s in SIGNATURES if s.id not in seen) == []
+
+
+def test_first_error_per_node_across_srun_and_torchrun() -> None:
+    """srun --label torchrun: labels are nodes' tasks; each node's first error is its own."""
+    data = explain([str(PUBLISHED / "nccl_remote_error_ib.log")]).to_json()
+    by_node = {n["node"]: n for n in data["nodes"]}
+    assert set(by_node) == {"node01", "node02", "node03"}
+    assert by_node["node02"]["ranks"] == [2, 3]
+    assert all(n["first_error"]["signature"] == "nccl_ib_error" for n in by_node.values())
