@@ -20,6 +20,8 @@ from ddpdoctor.log_signatures import BY_ID, REPORTING_EXCEPTIONS, match_line, tr
 TEXT_CHARS = 400
 MAX_EVENTS = 20000  # distinct events kept; beyond, only counted (a log of a million unique errors)
 _DIGITS = re.compile(r"\d+")
+_VOLATILE = ("ran_ms", "pid", "port", "peer", "pids", "seconds", "ms")  # differ between repeats of one fact
+_FREE_TEXT = ("msg", "err", "what", "other", "names")  # messages whose numbers (pids, addresses) vary
 _ELASTIC_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
 _SIGNAL_TRACE = re.compile(r"Signal \d+ \((SIG\w+)\) received")
 _EXITCODE = re.compile(r"(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)(?:\s*\((?P<signal>SIG\w+)\))?")
@@ -125,7 +127,12 @@ class _Scanner:
     def _add(self, sig: str, origin: Origin, t: Optional[float], where: str, message: str,
              fields: dict[str, Any]) -> None:
         text = message.strip()[:TEXT_CHARS]
-        key = (sig, origin.rank, origin.local_rank, origin.host, origin.task, _DIGITS.sub("#", text[:200]))
+        # The same fact printed again in another wording (NCCL's watchdog line, then the same words inside
+        # `what():` and `terminate called ...`) is one event: keyed by what it says, not how.
+        said = sorted((k, _DIGITS.sub("#", str(v))[:120] if k in _FREE_TEXT else str(v)[:120])
+                      for k, v in fields.items() if k not in _VOLATILE)
+        key = (sig, origin.rank, origin.local_rank, origin.host, origin.task,
+               tuple(said) if said else _DIGITS.sub("#", text[:200]))
         event = self.index.get(key)
         if event is not None:
             event.count += 1
