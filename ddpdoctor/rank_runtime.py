@@ -160,6 +160,10 @@ def _write_report(ctx: RankContext, record: RunRecord, channel: Channel, command
 
     if wait:
         _wait_for_ranks(channel, record, ctx.cfg)
+    if ctx.env.store_host != "launcher":
+        # Under torchrun a peer's crash can reach us as a transport error before the agent's
+        # SIGTERM does: a rank on this host whose process is gone crashed, it is not frozen.
+        _find_dead_ranks(channel, record, ctx.env, by_heartbeat=False)
     read_record(channel, record)
     report = build_report(record, ctx.backend, str(ctx.device.type if ctx.device is not None else ""), command)
     write_outputs(report, ctx.cfg)
@@ -291,13 +295,19 @@ def _process_gone(pid: int) -> bool:
         return True
 
 
-def _is_dead(channel: Channel, env: LaunchEnv, rank: int) -> bool:
-    """A rank that ended without saying so: its process is gone, or its heartbeat is stale."""
+def _is_dead(channel: Channel, env: LaunchEnv, rank: int, by_heartbeat: bool = True) -> bool:
+    """A rank that ended without saying so: its process is gone, or (if by_heartbeat) its heartbeat is stale.
+
+    A stale heartbeat alone cannot tell a dead rank on another host from a frozen one; only
+    after the launcher's SIGTERM, when every live rank is being stopped, is it taken as death.
+    """
     if channel.has(f"terminated/{rank}") or channel.has(f"done/{rank}"):
         return False
     hello = channel.get(f"hello/{rank}") or {}
     if hello.get("host") == env.hostname and hello.get("pid"):
         return _process_gone(int(hello["pid"]))
+    if not by_heartbeat:
+        return False
     hb = channel.get(f"hb/{rank}") or {}
     return time.time() - float(hb.get("t", 0)) > 2.0
 
@@ -309,10 +319,10 @@ def _take_over_reporting(channel: Channel, env: LaunchEnv) -> bool:
     return int(channel.store.add("reporter_takeover", 1)) == 1
 
 
-def _find_dead_ranks(channel: Channel, record: RunRecord, env: LaunchEnv) -> None:
+def _find_dead_ranks(channel: Channel, record: RunRecord, env: LaunchEnv, by_heartbeat: bool = True) -> None:
     for rank in range(env.world_size):
         if rank != env.rank and not channel.has(f"error/{rank}") and not channel.has(f"timeout/{rank}") \
-                and _is_dead(channel, env, rank):
+                and _is_dead(channel, env, rank, by_heartbeat):
             record.dead[rank] = ("its process had ended before the launcher stopped the job; its exit status is "
                                  "known only to the launcher (torchrun prints it, with the rank's output)")
 
