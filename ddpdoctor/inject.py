@@ -32,13 +32,18 @@ _KEYS = {
     "slowlink": {"ranks": True},  # collectives between these two ranks crawl (localised by allreduce)
     "desync": {"rank": True},  # the rank calls another collective than its peers, once, in training
     "noshow": {"rank": True},  # the rank's process starts but never joins the rendezvous
+    "badport": {"rank": True},  # the rank dials the rendezvous on a port where nothing listens
+    "badaddr": {"rank": True},  # the rank's MASTER_ADDR is a name that does not resolve
 }
+# RFC 6761 reserves .invalid: no resolver anywhere answers for it.
+BAD_ADDR = "ddpdoctor-injected-badaddr.invalid"
 # A slow link carries this much: about a PCIe Gen1 x1 lane, far below any real interconnect.
 SLOW_LINK_BYTES_PER_S = 0.25e9
 
 _HELP = (
     "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init, "
-    "diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, desync:rank=1 or noshow:rank=1; stages: "
+    "diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, desync:rank=1, noshow:rank=1, badport:rank=1 "
+    "or badaddr:rank=1; stages: "
     + ", ".join(STAGES)
 )
 
@@ -164,6 +169,14 @@ class Injector:
     def no_show(self) -> bool:
         return any(f.kind == "noshow" for f in self.faults)
 
+    def rendezvous_target(self, addr: str, port: int) -> tuple[str, int]:
+        """Where this rank dials the store: the real address, or the injected wrong one."""
+        if any(f.kind == "badaddr" for f in self.faults):
+            addr = BAD_ADDR
+        if any(f.kind == "badport" for f in self.faults):
+            port = _closed_port(port)
+        return addr, port
+
     def corrupts(self) -> bool:
         return any(f.kind == "corrupt" for f in self.faults)
 
@@ -173,6 +186,18 @@ class Injector:
         if any(f.kind == "slowlink" and {f.rank, f.peer} <= members for f in self.faults):
             return size_bytes / SLOW_LINK_BYTES_PER_S
         return 0.0
+
+
+def _closed_port(avoid: int) -> int:
+    """A port nothing listens on right now: the kernel's pick for a socket we then close."""
+    import socket
+
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port != avoid:
+            return port
 
 
 def no_show() -> None:

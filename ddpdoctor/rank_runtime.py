@@ -7,6 +7,7 @@ and who writes the report differ (see launch_env).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import datetime
 import faulthandler
 import os
@@ -24,7 +25,9 @@ from ddpdoctor.findings import EXIT_CRITICAL, EXIT_UNKNOWN
 from ddpdoctor.inject import Injector, check_ranks, no_show
 from ddpdoctor.launch_env import BACKEND_VAR, DEVICE_VAR, LaunchEnv, launcher_pid
 from ddpdoctor.liveness import Heartbeat, SideChannel, Watchdog
+from ddpdoctor.net_facts import wait_for_port
 from ddpdoctor.rank_state import RankState
+from ddpdoctor.probes.init_hang import NAME as INIT_PROBE, before_rendezvous
 from ddpdoctor.run_record import RunRecord, read_record
 
 
@@ -48,16 +51,28 @@ def _connect(env: LaunchEnv, cfg: CheckConfig) -> Channel:
     except socket.gaierror as exc:
         raise UsageError(f"MASTER_ADDR={env.master_addr!r} does not resolve on {env.hostname} ({exc.strerror}): "
                          "use an address every node can resolve, e.g. the first node's IP") from None
+    if not env.hosts_store:
+        # A client gives up before rank 0's rendezvous wait (0.8 x timeout) ends, so its reason
+        # reaches the launcher's report.
+        wait_s = 0.7 * cfg.timeout_s
+        t0 = time.monotonic()
+        why = wait_for_port(env.master_addr, env.master_port, wait_s)
+        if why is not None:
+            raise _Unreachable(f"rank {env.rank} on {env.hostname} could not reach the rendezvous store at {where} "
+                               f"within {wait_s:g}s: {why}")
+        left = max(1.0, cfg.timeout_s - (time.monotonic() - t0))
+    else:
+        left = cfg.timeout_s
     try:
-        return Channel.connect(env.master_addr, env.master_port, cfg.timeout_s, is_master=env.hosts_store)
+        return Channel.connect(env.master_addr, env.master_port, left, is_master=env.hosts_store)
     except Exception as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if env.hosts_store:
             raise UsageError(f"rank 0 could not listen on port {env.master_port} ({text}): the port is in use "
                              "or not allowed; set MASTER_PORT to a free port") from None
-        raise _Unreachable(f"rank {env.rank} on {env.hostname} could not reach the rendezvous store at {where} "
-                           f"within {cfg.timeout_s:g}s ({text}): check MASTER_ADDR/MASTER_PORT, that rank 0 "
-                           "is running, and that no firewall blocks the port") from None
+        raise _Unreachable(f"rank {env.rank} on {env.hostname} could not reach the rendezvous store at {where}: "
+                           f"{where} accepts connections but did not answer as a store (another service owns "
+                           f"that port, or rank 0 is overloaded): {text}") from None
 
 
 class _Unreachable(Exception):
@@ -200,12 +215,19 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
                        started=psutil.Process().create_time(),
                        faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s,
                        settings=cfg.settings)
+    addr, port = Injector(cfg.inject, env.rank).rendezvous_target(env.master_addr, env.master_port)
+    env = dataclasses.replace(env, master_addr=addr, master_port=port)
     try:
+        connect_t0 = time.monotonic()
         channel = _connect(env, cfg)
+        connect_s = time.monotonic() - connect_t0
         side = SideChannel(Channel.connect(env.master_addr, env.master_port, cfg.timeout_s))
     except _Unreachable as exc:
         sys.stderr.write(f"ddpdoctor: {exc}\n")
         return EXIT_CRITICAL
+    if INIT_PROBE in cfg.probes:
+        # Before anyone waits on anyone: a rank that hangs from here on has already said how it got here.
+        channel.set(f"result/{INIT_PROBE}/{env.rank}", before_rendezvous(env, connect_s, record.started))
 
     state = RankState()
 

@@ -8,6 +8,7 @@ waiting inside a collective is a victim whenever some rank failed outside one.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -18,6 +19,20 @@ from ddpdoctor.liveness import ORPHANED_EXIT, STAGE_TIMEOUT_EXIT
 from ddpdoctor.run_record import RunRecord, signal_name
 
 PROBE = "run"
+# What a rank prints when it cannot reach the store (rank_runtime._connect): the cause, then
+# its explanation in parentheses.
+_NOT_ARRIVED = re.compile(r"(?:could not reach the rendezvous store at \S+(?: within [\d.]+s)?: |error: )"
+                          r"(?P<reason>(?:connection refused|no answer|no route|connecting to|\S+ accepts connections"
+                          r"|MASTER_ADDR=).*)")
+
+
+def arrival_failure(log_tail: list[str]) -> Optional[str]:
+    """The reason a rank that exited before its hello printed for not reaching the store, if any."""
+    for line in reversed(log_tail or []):
+        m = _NOT_ARRIVED.search(line)
+        if m:
+            return m.group("reason").strip()
+    return None
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,11 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
                 kind = "interrupted"
             fates[rank] = RankFate(rank, kind, exit_info.t, hb.get("collective"), stage,
                                    {"reason": exit_info.killed_by_us, "log_tail": exit_info.log_tail})
+        elif exit_info is not None and rank not in record.hellos and not hb \
+                and arrival_failure(exit_info.log_tail) is not None:
+            fates[rank] = RankFate(rank, "missing", exit_info.t, None, "rendezvous",
+                                   {"arrival_failure": arrival_failure(exit_info.log_tail), "exit_code": exit_info.code,
+                                    "log_tail": exit_info.log_tail})
         elif exit_info is not None and exit_info.code not in (0, None):
             code = int(exit_info.code)
             detail: dict[str, Any] = {"exit_code": code, "log_tail": exit_info.log_tail}
@@ -158,19 +178,30 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
     missing = sorted(r for r, f in primaries.items() if f.kind == "missing")
     arrived = sorted(record.hellos)
     if missing:
+        reasons = {r: primaries[r].detail["arrival_failure"] for r in missing
+                   if primaries[r].detail.get("arrival_failure")}
+        short = sorted({reason.split(" (")[0] for reason in reasons.values()})
+        said = {r for r in missing if r in reasons}
         findings.append(Finding(
             code="RUN001", severity=Severity.CRITICAL, probe=PROBE,
-            title=f"Rank {rank_ranges(missing)} never arrived ({len(arrived)} of {record.world_size} ranks connected)",
+            title=(f"Rank {rank_ranges(missing)} never arrived ({len(arrived)} of {record.world_size} ranks connected)"
+                   + (f": {short[0]}" if len(short) == 1 and said == set(missing) else "")),
             ranks=tuple(missing),
             evidence={"arrived_ranks": rank_ranges(arrived) or "none", "expected_world_size": record.world_size,
                       "arrived_hosts": sorted({hosts[r] for r in arrived}),
+                      **({"why_not_arrived": {str(r): reason for r, reason in sorted(reasons.items())}}
+                         if reasons else {}),
                       "affected_ranks": _victims_evidence(victims),
                       **{f"last_output_rank_{r}": _tail("\n".join(primaries[r].detail["log_tail"]))
-                         for r in missing if primaries[r].detail.get("log_tail")}},
-            why=("These ranks never reached the rendezvous: fewer processes were launched than WORLD_SIZE says, they "
-                 "crashed while starting, or they could not reach MASTER_ADDR:MASTER_PORT (wrong address, another "
-                 "port, a firewall)."),
-            fix=("Check that WORLD_SIZE equals nodes x processes per node, that every node uses the same MASTER_ADDR "
+                         for r in missing if primaries[r].detail.get("log_tail") and r not in said}},
+            why=(("The rank(s) said why they could not reach the rendezvous store (why_not_arrived). "
+                  if said == set(missing) else
+                  "These ranks never reached the rendezvous: fewer processes were launched than WORLD_SIZE says, they "
+                  "crashed while starting, or they could not reach MASTER_ADDR:MASTER_PORT (wrong address, another "
+                  "port, a firewall). ")
+                 + "A rank that cannot reach the store on another node can only say so in its own output."),
+            fix=_arrival_fix(short) if said == set(missing) else
+                ("Check that WORLD_SIZE equals nodes x processes per node, that every node uses the same MASTER_ADDR "
                  "and MASTER_PORT, and that the port is open between nodes (`nc -zv MASTER_ADDR MASTER_PORT`)."),
         ))
 
@@ -182,6 +213,20 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
     if victims and not primaries and not odd_sizes:  # a world-size disagreement explains the waits
         findings.append(_collective_hang(victims, hosts))
     return findings
+
+
+def _arrival_fix(short: list[str]) -> str:
+    text = " ".join(short)
+    if "does not resolve" in text:
+        return ("Set MASTER_ADDR to a name or IP every node resolves the same way (the first node's IP is safest); "
+                "check with `getent hosts $MASTER_ADDR` on the failing node.")
+    if "connection refused" in text:
+        return ("Give every rank the same MASTER_PORT as rank 0 (and the same MASTER_ADDR), and start rank 0 first "
+                "or together with the others; `ss -ltnp | grep PORT` on rank 0's host shows what listens.")
+    if "no answer" in text or "no route" in text:
+        return ("Open MASTER_PORT between the nodes (firewall, security group) and check that MASTER_ADDR is rank "
+                "0's host on a network every node reaches: `nc -zv MASTER_ADDR MASTER_PORT` from the failing node.")
+    return "Check that nothing but rank 0 listens on MASTER_PORT on MASTER_ADDR (`ss -ltnp` there)."
 
 
 def _victims_evidence(victims: dict[int, RankFate]) -> dict[str, Any]:

@@ -9,11 +9,13 @@ from .base import Probe, RunView
 from .ddp_smoke import DdpSmoke
 from .gpu_count import GpuCount
 from .homogeneity import Homogeneity
+from .init_hang import InitHang
 
-_PROBES: dict[str, Probe] = {p.name: p for p in (DdpSmoke(), GpuCount(), Homogeneity(), AllReduce())}
-# gpu-count first: it publishes its device facts before the shared DDP workload runs,
+_PROBES: dict[str, Probe] = {p.name: p for p in (InitHang(), DdpSmoke(), GpuCount(), Homogeneity(), AllReduce())}
+# init-hang first: its facts are read before the rendezvous, and its stage only adds timings.
+# gpu-count next: it publishes its device facts before the shared DDP workload runs,
 # so a device-mapping fault that breaks the workload is still diagnosed.
-DEFAULT_PROBES: tuple[str, ...] = ("gpu-count", "homogeneity", "ddp-smoke")
+DEFAULT_PROBES: tuple[str, ...] = ("init-hang", "gpu-count", "homogeneity", "ddp-smoke")
 
 
 def all_probes() -> dict[str, Probe]:

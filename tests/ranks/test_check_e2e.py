@@ -36,12 +36,15 @@ def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
     assert report["verdict"] == "ok" and report["exit_code"] == 0
     assert run.severities() <= {"ok", "info"}, run.explain()
     # 4 single-thread ranks on 2 cores time-share: their speeds are not compared (HOM013), not flagged.
-    expected = ["DDP001", "GPU000", "HOM000"] + (["HOM013"] if nproc > (os.cpu_count() or 1) else [])
+    expected = ["DDP001", "GPU000", "HOM000"] + (["HOM013"] if nproc > (os.cpu_count() or 1) else []) + ["INIT000"]
     assert sorted(f["code"] for f in run.findings()) == expected, run.explain()
     assert all(r["state"] == "ok" for r in report["ranks"])
     smoke = probe_section(report, "ddp-smoke")
     assert smoke["name"] == "ddp-smoke" and smoke["status"] == "ok"
-    assert [p["status"] for p in report["probes"]] == ["ok", "ok", "ok"]
+    assert [p["status"] for p in report["probes"]] == ["ok", "ok", "ok", "ok"]
+    init = probe_section(report, "init-hang")["facts"]
+    assert all(f["resolved"] == ["127.0.0.1"] and f["route"]["source"] == "127.0.0.1" and f["init_s"] > 0
+               for f in init.values())
     facts = smoke["facts"]
     assert sorted(facts) == [str(r) for r in range(nproc)]
     # Real training happened: the gradient hook ran every step and weights agree bit for bit.
@@ -155,5 +158,22 @@ def test_a_rank_that_never_joins_is_named(tmp_path):
     assert run.returncode == 2, run.explain()
     missing = run.findings("RUN001")
     assert len(missing) == 1 and missing[0]["ranks"] == [2], run.explain()
+    assert _latency_after_deadline(run.report, 0, "rendezvous") <= 3.0, run.explain()
+    assert_nothing_left(run)
+
+
+@pytest.mark.parametrize("fault, cause", [
+    ("badport", "connection refused at 127.0.0.1:"),
+    ("badaddr", "MASTER_ADDR='ddpdoctor-injected-badaddr.invalid' does not resolve"),
+])
+def test_a_rank_that_cannot_reach_the_rendezvous_is_named_with_why(tmp_path, fault, cause):
+    run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", f"{fault}:rank=1")
+    assert run.returncode == 2, run.explain()
+    missing = run.findings("RUN001")
+    assert len(missing) == 1 and missing[0]["ranks"] == [1], run.explain()
+    assert missing[0]["evidence"]["why_not_arrived"]["1"].startswith(cause), run.explain()
+    assert cause in missing[0]["title"]
+    # The ranks that did arrive published how they got there before waiting on rank 1.
+    assert sorted(probe_section(run.report, "init-hang")["facts"]) == ["0", "2"]
     assert _latency_after_deadline(run.report, 0, "rendezvous") <= 3.0, run.explain()
     assert_nothing_left(run)

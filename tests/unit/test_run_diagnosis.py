@@ -359,6 +359,42 @@ def test_missing_rank_reported_by_the_orderly_rendezvous_error_is_run001_only():
     assert findings[0].evidence["affected_ranks"]["0"].startswith("error in rendezvous waiting in rendezvous #1")
 
 
+@pytest.mark.parametrize("said, title_end, fix_word", [
+    ("ddpdoctor: rank 2 on node-a could not reach the rendezvous store at 10.0.0.1:29511 within 21s: connection "
+     "refused at 10.0.0.1:29511 (nothing listens there: rank 0 is not running, or it listens on another port; "
+     "compare MASTER_PORT on every node)", ": connection refused at 10.0.0.1:29511", "MASTER_PORT"),
+    ("ddpdoctor: rank 2 on node-a could not reach the rendezvous store at 10.0.0.1:29500 within 21s: no answer "
+     "from 10.0.0.1:29500 (a firewall drops the packets, or MASTER_ADDR is not the host where rank 0 runs)",
+     ": no answer from 10.0.0.1:29500", "nc -zv"),
+    ("ddpdoctor: error: MASTER_ADDR='head-node' does not resolve on node-a (Name or service not known): use an "
+     "address every node can resolve, e.g. the first node's IP", ": MASTER_ADDR='head-node' does not resolve on node-a",
+     "getent hosts"),
+])
+def test_a_rank_that_said_why_it_could_not_arrive_is_run001_with_its_reason(said, title_end, fix_word):
+    # The standalone launcher saw the rank exit before its hello, with this line as its last output.
+    err = {"stage": "rendezvous", "t": T0 + 24, "type": "RuntimeError",
+           "message": "ranks [2] did not arrive within 24s (2 of 3 arrived)", "traceback": "",
+           "collective": {"op": "rendezvous", "seq": 1}}
+    record = make_record(3, timelines={0: timeline("rendezvous", "error"), 1: timeline("rendezvous", "error")},
+                         errors={0: err, 1: dict(err, t=T0 + 24.1)},
+                         exits={2: ExitInfo(2 if "reach" in said else 3, t=T0 + 21, log_tail=["noise", said])})
+    del record.hellos[2], record.heartbeats[2]
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN001"]
+    missing = findings[0]
+    assert missing.ranks == (2,) and missing.title.endswith(title_end)
+    reason = missing.evidence["why_not_arrived"]["2"]
+    assert reason.startswith(title_end[2:]) and said.endswith(reason)
+    assert fix_word in missing.fix and "last_output_rank_2" not in missing.evidence
+
+
+def test_a_rank_that_crashed_before_arriving_stays_a_crash_with_its_output():
+    record = make_record(3, exits={2: ExitInfo(1, t=T0 + 5, log_tail=["ImportError: No module named 'apex'"])})
+    del record.hellos[2], record.heartbeats[2]
+    fate = rank_fates(record)[2]
+    assert fate.kind == "crash" and fate.detail["exit_code"] == 1
+
+
 def test_no_rank_arrived():
     record = make_record(2, mode="slurm", hellos={}, heartbeats={}, timelines={})
     missing, = diagnose_run(record)

@@ -1,0 +1,221 @@
+"""Probe `init-hang`: how each rank reached the rendezvous and process-group init.
+
+Its facts are published twice: once as soon as a rank reaches the store, before it
+waits for anyone (so a rank that then hangs, or a group init that fails, still leaves
+the address it tried, its route and its `*_SOCKET_IFNAME` reading in the report), and
+again after init with the time each step took. The ranks that never reached the store
+at all are the run's own finding (RUN001), which names the cause from their output.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Mapping
+
+from ddpdoctor import net_facts
+from ddpdoctor.findings import Finding, Severity, rank_ranges
+
+from .base import RunView
+
+NAME = "init-hang"
+# A rank this much later than the first is worth a word: every other rank sat idle that long,
+# and a launcher with a shorter rendezvous timeout (torchrun's --rdzv-timeout) would have failed.
+LATE_ARRIVAL_S = 10.0
+
+
+def before_rendezvous(env: Any, connect_s: float, started: float) -> dict[str, Any]:
+    """Read as soon as the store answered: what this rank used to get there, and what it would use next."""
+    addrs, problem, resolve_s = net_facts.resolve(env.master_addr, env.master_port)
+    try:
+        ifaces = net_facts.interfaces()
+    except Exception as exc:  # psutil on an exotic platform
+        ifaces, iface_problem = {}, {"unknown": f"{type(exc).__name__}: {exc}"}
+    else:
+        iface_problem = None
+    own, own_problem = net_facts.hostname_addresses(socket.gethostname())
+    return {
+        "master_addr": env.master_addr,
+        "master_port": env.master_port,
+        "resolved": addrs if problem is None else problem,
+        "resolve_s": round(resolve_s, 4),
+        "route": net_facts.route_to(addrs[0], env.master_port, ifaces) if addrs else {"unknown": "not resolved"},
+        "interfaces": ifaces if iface_problem is None else iface_problem,
+        "socket_ifname": net_facts.ifname_facts(dict(os.environ), ifaces),
+        "hostname": socket.gethostname(),
+        "hostname_resolves_to": own if own_problem is None else own_problem,
+        "connect_s": round(connect_s, 4),
+        "arrived_t": time.time(),
+        "start_to_arrival_s": round(time.time() - started, 3),
+    }
+
+
+class InitHang:
+    name = NAME
+    summary = ("How each rank reached the rendezvous and init: the address it resolved, its route and "
+               "interfaces, *_SOCKET_IFNAME, arrival times; names the ranks that never arrived and why.")
+
+    # -- collect (on each rank) -------------------------------------------------
+    def collect(self, ctx: Any) -> dict[str, Any]:
+        facts = dict(ctx.channel.get(f"result/{NAME}/{ctx.rank}") or {})
+        for stage in ctx.state.timeline:
+            if stage.name in ("rendezvous", "init") and stage.ended:
+                facts[f"{stage.name}_s"] = round(stage.ended - stage.started, 4)
+        facts["backend"] = ctx.backend
+        return facts
+
+    # -- diagnose (pure) --------------------------------------------------------
+    def diagnose(self, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+        findings = _bad_ifname(facts, run) + _hostname_on_loopback(facts, run) + _split_resolution(facts, run)
+        findings += _late_arrivals(facts, run)
+        # Fewer facts than ranks: the run's RUN001 names who did not arrive and why.
+        if not any(f.severity >= Severity.WARN for f in findings) and len(facts) == run.world_size:
+            findings.append(_healthy(facts, run))
+        return findings
+
+
+def _hosts(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> dict[int, str]:
+    return {r: run.hosts.get(r) or str(f.get("hostname") or "?") for r, f in facts.items()}
+
+
+def _bad_ifname(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    """A *_SOCKET_IFNAME that selects no live interface: the group init fails on that host."""
+    hosts = _hosts(facts, run)
+    by_var: dict[tuple[str, str], list[int]] = {}
+    for r, f in facts.items():
+        for var, reading in (f.get("socket_ifname") or {}).items():
+            if not reading.get("selects"):
+                by_var.setdefault((var, str(reading.get("value"))), []).append(r)
+    out = []
+    for (var, value), ranks in sorted(by_var.items()):
+        ranks.sort()
+        available = sorted({n for r in ranks for n, i in _ifaces(facts[r]).items()
+                            if i.get("up") is not False and (i.get("ipv4") or i.get("ipv6"))})
+        routes = sorted({str((facts[r].get("route") or {}).get("interface")) for r in ranks
+                         if (facts[r].get("route") or {}).get("interface")})
+        message = ("NCCL WARN Bootstrap : no socket interface found" if var.startswith("NCCL")
+                   else f"Unable to find address for: {value}")
+        out.append(Finding(
+            code="INIT001", severity=Severity.CRITICAL, probe=NAME,
+            title=f"{var}={value} selects no usable interface on rank {rank_ranges(ranks)}",
+            ranks=tuple(ranks), nodes=tuple(sorted({hosts[r] for r in ranks})),
+            evidence={"variable": var, "value": value, "interfaces_up": available,
+                      "route_to_master": routes, "expected_error": message},
+            why=(f"{var} names the interface(s) the {'NCCL' if var.startswith('NCCL') else 'gloo'} backend may use; "
+                 f"none that is up and has an address matches '{value}' on this host, so the process group "
+                 f"fails to initialise with \"{message}\" (a name from another machine, or a typo)."),
+            fix=(f"Set {var} to an interface this host has (here: {', '.join(available) or 'none up'}"
+                 + (f"; the route to MASTER_ADDR leaves through {', '.join(routes)}" if routes else "")
+                 + "), or unset it. Check with `ip -br addr` on that host."),
+        ))
+    return out
+
+
+def _ifaces(f: Mapping[str, Any]) -> dict[str, Any]:
+    ifaces = f.get("interfaces") or {}
+    return ifaces if "unknown" not in ifaces else {}
+
+
+def _hostname_on_loopback(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    """The Debian/Ubuntu `127.0.1.1 myhost` line: gloo binds to loopback, other nodes cannot connect."""
+    hosts = _hosts(facts, run)
+    if len(set(hosts.values())) < 2:
+        return []  # one host: loopback is exactly right
+    ranks = sorted(r for r, f in facts.items()
+                   if isinstance(f.get("hostname_resolves_to"), list) and f["hostname_resolves_to"]
+                   and all(net_facts.is_loopback(a) for a in f["hostname_resolves_to"])
+                   and "GLOO_SOCKET_IFNAME" not in (f.get("socket_ifname") or {}))
+    if not ranks:
+        return []
+    gloo = any(facts[r].get("backend") == "gloo" for r in ranks)
+    names = sorted({f"{facts[r].get('hostname')} -> {', '.join(facts[r]['hostname_resolves_to'])}" for r in ranks})
+    return [Finding(
+        code="INIT002", severity=Severity.CRITICAL if gloo else Severity.WARN, probe=NAME,
+        title=f"The host name of {', '.join(sorted({hosts[r] for r in ranks}))} resolves to loopback in a multi-node job",
+        ranks=tuple(ranks), nodes=tuple(sorted({hosts[r] for r in ranks})),
+        evidence={"hostname_resolves_to": names, "hosts_in_job": len(set(hosts.values()))},
+        why=("Without GLOO_SOCKET_IFNAME, gloo binds to the address its host name resolves to; a hosts-file line "
+             "like `127.0.1.1 myhost` makes that loopback, which peers on other nodes cannot reach (gloo warns "
+             "\"Unable to resolve hostname to a (local) address. Using the loopback address as fallback\", "
+             "then connections time out)."),
+        fix=("Set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to the cluster interface, e.g. the one the route "
+             "to MASTER_ADDR uses, or fix /etc/hosts so the host name maps to that interface's address."),
+    )]
+
+
+def _split_resolution(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    """Ranks that resolve MASTER_ADDR differently meet at different stores, or not at all."""
+    hosts = _hosts(facts, run)
+    seen: dict[str, list[int]] = {}
+    for r, f in facts.items():
+        resolved = f.get("resolved")
+        if not isinstance(resolved, list) or not resolved:
+            continue
+        # A loopback answer on the store's own host and its LAN address elsewhere are the same place.
+        key = "this host (loopback)" if all(net_facts.is_loopback(a) for a in resolved) else resolved[0]
+        seen.setdefault(key, []).append(r)
+    public = {k: v for k, v in seen.items() if k != "this host (loopback)"}
+    if len(public) < 2:
+        return []
+    ordered = sorted(public.items(), key=lambda kv: -len(kv[1]))  # the majority first
+    groups = {k: rank_ranges(sorted(v)) for k, v in ordered}
+    odd = sorted(r for _, v in ordered[1:] for r in v)
+    addr = next(iter(facts.values())).get("master_addr")
+    return [Finding(
+        code="INIT003", severity=Severity.WARN, probe=NAME,
+        title=f"MASTER_ADDR={addr} resolves to different addresses on different ranks",
+        ranks=tuple(odd), nodes=tuple(sorted({hosts[r] for r in odd})),
+        evidence={"resolved_by_ranks": groups},
+        why=("The ranks met this time, but each node asks its own resolver (DNS, /etc/hosts); a node with a stale "
+             "or local entry for the name connects elsewhere, and the job hangs at init on the day it matters."),
+        fix="Use the rendezvous host's IP address as MASTER_ADDR, or make its name resolve the same on every node.",
+    )]
+
+
+def _late_arrivals(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    times = {r: float(f["arrived_t"]) for r, f in facts.items() if isinstance(f.get("arrived_t"), (int, float))}
+    if len(times) < 2:
+        return []
+    first = min(times.values())
+    limit = LATE_ARRIVAL_S
+    late = sorted(r for r, t in times.items() if t - first >= limit)
+    if not late:
+        return []
+    hosts = _hosts(facts, run)
+    return [Finding(
+        code="INIT004", severity=Severity.WARN, probe=NAME,
+        title=(f"Rank {rank_ranges(late)} reached the rendezvous {max(times[r] for r in late) - first:.1f} s "
+               f"after the first rank"),
+        ranks=tuple(late), nodes=tuple(sorted({hosts[r] for r in late})),
+        evidence={"arrival_after_first_s": {str(r): round(t - first, 2) for r, t in sorted(times.items())},
+                  "start_to_arrival_s": {str(r): facts[r].get("start_to_arrival_s") for r in late},
+                  "threshold_s": limit},
+        why=("Every other rank waited idle for these; the usual causes are a slow start (imports from a busy "
+             "network filesystem, a container still pulling, a node busy with another job) or a launcher that "
+             "started them late. A rendezvous timeout shorter than the gap fails the whole job."),
+        fix=("Look at `start_to_arrival_s`: a large value is this process's own start-up (pre-install or cache "
+             "the environment on local disk); a small one means it was launched late (check the scheduler "
+             "and the launcher on that node)."),
+    )]
+
+
+def _healthy(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> Finding:
+    times = [float(f["arrived_t"]) for f in facts.values() if isinstance(f.get("arrived_t"), (int, float))]
+    spread = max(times) - min(times) if times else 0.0
+    routes = sorted({f"{_hosts(facts, run)[r]}: {(f.get('route') or {}).get('interface')}"
+                     for r, f in facts.items() if (f.get("route") or {}).get("interface")})
+    inits = [float(f["init_s"]) for f in facts.values() if isinstance(f.get("init_s"), (int, float))]
+    first = next(iter(facts.values()))
+    resolved = first.get("resolved") if isinstance(first.get("resolved"), list) else []
+    return Finding(
+        code="INIT000", severity=Severity.OK, probe=NAME,
+        title=(f"{len(facts)} of {run.world_size} ranks reached the rendezvous within {spread:.1f} s"
+               + (f"; init took up to {max(inits):.2f} s" if inits else "")),
+        ranks=tuple(sorted(facts)), nodes=run.nodes_of(facts),
+        evidence={"master": f"{first.get('master_addr')}:{first.get('master_port')}",
+                  "resolved_to": resolved, "route_to_master": routes,
+                  "arrival_spread_s": round(spread, 3), "init_s_max": round(max(inits), 3) if inits else None},
+        why="Every rank resolved the rendezvous address, reached the store and initialised the process group.",
+        fix="Nothing to do.",
+    )

@@ -1,0 +1,79 @@
+"""Probe `init-hang` end to end: ranks started by hand that reach the rendezvous late, not at all
+through a port that drops packets, or with a socket interface their host does not have."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .harness import free_port, run_command, run_hand_set_ranks, tagged_processes, TAG_VAR
+
+pytestmark = pytest.mark.ranks
+
+
+def test_a_port_that_drops_packets_is_told_from_a_closed_one(tmp_path):
+    """A listener whose accept queue is full drops SYNs as a firewall does; the rank says so in one line."""
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        port = full.getsockname()[1]
+        fillers = []
+        for _ in range(4):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(("127.0.0.1", port))
+            fillers.append(c)
+        env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        run = run_command([sys.executable, "-m", "ddpdoctor", "check", "--timeout", "4"], tmp_path, env=env)
+        for c in fillers:
+            c.close()
+    assert run.returncode == 2, run.explain()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.explain()
+    assert f"could not reach the rendezvous store at 127.0.0.1:{port} within 2.8s: no answer from" in lines[0]
+    assert "firewall" in lines[0]
+    assert run.wall_s < 20
+
+
+def test_a_rank_started_late_is_named_with_the_gap(tmp_path):
+    tag = "late-" + str(time.time())
+    port = free_port()
+    procs = []
+    for rank, delay in ((0, 0.0), (1, 14.0)):
+        time.sleep(delay)
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1", **{TAG_VAR: tag})
+        procs.append(subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "--timeout", "30", "--json",
+                                       str(tmp_path / f"late{rank}.json"), "--probes", "init-hang,ddp-smoke"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=90) for p in procs]
+    report = json.loads((tmp_path / "late0.json").read_text())
+    late = [f for f in report["findings"] if f["code"] == "INIT004"]
+    assert procs[0].returncode == 1, outs[0]
+    assert len(late) == 1 and late[0]["ranks"] == [1], outs[0]
+    gap = late[0]["evidence"]["arrival_after_first_s"]["1"]
+    assert 10 <= gap <= 20, late
+    # The rank's own start-up (imports) is small next to the gap: it was started late.
+    assert late[0]["evidence"]["start_to_arrival_s"]["1"] < gap
+    assert not tagged_processes(tag)
+
+
+def test_an_interface_name_this_host_lacks_is_named_even_though_init_then_fails(tmp_path):
+    env = {0: {"GLOO_SOCKET_IFNAME": "lo"}, 1: {"GLOO_SOCKET_IFNAME": "ib7"}}
+    procs, report, tag = run_hand_set_ranks(tmp_path, 2, env, "--timeout", "8", "--probes", "init-hang,ddp-smoke")
+    assert procs[0].returncode == 2, procs[0].stdout + procs[0].stderr
+    bad = [f for f in report["findings"] if f["code"] == "INIT001"]
+    assert len(bad) == 1 and bad[0]["ranks"] == [1], report["findings"]
+    assert bad[0]["evidence"]["variable"] == "GLOO_SOCKET_IFNAME" and bad[0]["evidence"]["value"] == "ib7"
+    assert "lo" in bad[0]["evidence"]["interfaces_up"]
+    # The group init really failed on that rank, with the very error the finding predicted.
+    failed = [f for f in report["findings"] if f["code"] == "RUN008"]
+    assert failed and failed[0]["evidence"]["collective_by_rank"]["1"].startswith("init_process_group"), report
+    assert bad[0]["evidence"]["expected_error"] in failed[0]["evidence"]["errors"]["1"]
+    assert not tagged_processes(tag)

@@ -1,0 +1,217 @@
+"""Probe `init-hang`: its judging on a recorded run and on multi-node variants of it, and its readings.
+
+The multi-node cases start from the facts this VM really recorded and change only what
+the case is about (a host name, an interface, an arrival time), so every other field is
+what a real rank writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpdoctor import net_facts
+from ddpdoctor.probes import RunView
+from ddpdoctor.probes.init_hang import LATE_ARRIVAL_S, InitHang
+
+RECORDED = json.loads((Path(__file__).parent.parent / "fixtures" / "init_hang" / "cpu_vm_2rank_recorded.json")
+                      .read_text())
+PROBE = InitHang()
+
+
+def recorded_facts() -> dict[int, dict[str, Any]]:
+    return {int(r): copy.deepcopy(f) for r, f in RECORDED["facts"].items()}
+
+
+def two_nodes(n: int = 4) -> tuple[dict[int, dict[str, Any]], RunView]:
+    """n ranks over nodes a and b, reaching the store on node a at 10.0.0.1 through eth0."""
+    base = recorded_facts()[0]
+    facts = {}
+    for r in range(n):
+        f = copy.deepcopy(base)
+        host = "node-a" if r < n // 2 else "node-b"
+        f.update(hostname=host, master_addr="node-a", resolved=["10.0.0.1"],
+                 route={"source": "10.0.0.1" if host == "node-a" else "10.0.0.2", "interface": "eth0"},
+                 hostname_resolves_to=["10.0.0.1" if host == "node-a" else "10.0.0.2"],
+                 socket_ifname={}, arrived_t=base["arrived_t"] + 0.1 * r, backend="gloo")
+        f["interfaces"]["eth0"]["ipv4"] = [f["route"]["source"]]
+        facts[r] = f
+    return facts, RunView(world_size=n, hosts={r: facts[r]["hostname"] for r in facts})
+
+
+def codes(findings) -> list[str]:
+    return [f.code for f in findings]
+
+
+def test_the_recorded_healthy_run_is_ok_and_says_how_the_ranks_met():
+    facts = recorded_facts()
+    findings = PROBE.diagnose(facts, RunView(world_size=2, hosts={0: "vm", 1: "vm"}))
+    assert codes(findings) == ["INIT000"]
+    ok = findings[0]
+    assert ok.ranks == (0, 1) and ok.evidence["resolved_to"] == ["127.0.0.1"]
+    assert ok.evidence["route_to_master"] == ["vm: lo"]
+    spread = max(f["arrived_t"] for f in facts.values()) - min(f["arrived_t"] for f in facts.values())
+    assert ok.evidence["arrival_spread_s"] == pytest.approx(spread, abs=1e-3)
+
+
+def test_healthy_two_nodes_give_no_alarm():
+    facts, run = two_nodes()
+    assert codes(PROBE.diagnose(facts, run)) == ["INIT000"]
+
+
+def test_a_missing_rank_leaves_the_verdict_to_the_run_finding():
+    facts = recorded_facts()
+    del facts[1]
+    assert PROBE.diagnose(facts, RunView(world_size=2, hosts={0: "vm"})) == []
+
+
+@pytest.mark.parametrize("var, value, expected", [
+    ("NCCL_SOCKET_IFNAME", "ib0", "Bootstrap : no socket interface found"),
+    ("NCCL_SOCKET_IFNAME", "^eth,lo", "Bootstrap : no socket interface found"),
+    ("GLOO_SOCKET_IFNAME", "eth", "Unable to find address for: eth"),  # gloo wants exact names
+])
+def test_an_ifname_that_selects_no_live_interface_is_critical_on_that_node(var, value, expected):
+    facts, run = two_nodes()
+    for r in (2, 3):
+        facts[r]["socket_ifname"] = net_facts.ifname_facts({var: value}, facts[r]["interfaces"])
+    findings = PROBE.diagnose(facts, run)
+    bad = [f for f in findings if f.code == "INIT001"]
+    assert len(bad) == 1 and bad[0].ranks == (2, 3) and bad[0].nodes == ("node-b",)
+    assert bad[0].severity.label == "critical" and bad[0].evidence["expected_error"].endswith(expected)
+    assert "eth0" in bad[0].evidence["interfaces_up"] and bad[0].evidence["route_to_master"] == ["eth0"]
+    assert "INIT000" not in codes(findings)
+
+
+def test_an_ifname_that_matches_is_not_flagged():
+    facts, run = two_nodes()
+    for f in facts.values():
+        f["socket_ifname"] = net_facts.ifname_facts({"NCCL_SOCKET_IFNAME": "eth", "GLOO_SOCKET_IFNAME": "eth0"},
+                                                    f["interfaces"])
+    assert codes(PROBE.diagnose(facts, run)) == ["INIT000"]
+
+
+def test_a_host_name_on_loopback_breaks_gloo_across_nodes():
+    facts, run = two_nodes()
+    for r in (2, 3):
+        facts[r]["hostname_resolves_to"] = ["127.0.1.1"]  # Debian's hosts-file line
+    findings = PROBE.diagnose(facts, run)
+    loop = [f for f in findings if f.code == "INIT002"]
+    assert len(loop) == 1 and loop[0].ranks == (2, 3) and loop[0].severity.label == "critical"
+    assert loop[0].evidence["hostname_resolves_to"] == ["node-b -> 127.0.1.1"]
+    # With GLOO_SOCKET_IFNAME set, gloo does not look at the host name at all.
+    for r in (2, 3):
+        facts[r]["socket_ifname"] = net_facts.ifname_facts({"GLOO_SOCKET_IFNAME": "eth0"}, facts[r]["interfaces"])
+    assert "INIT002" not in codes(PROBE.diagnose(facts, run))
+
+
+def test_a_host_name_on_loopback_is_right_on_one_node():
+    facts = recorded_facts()  # this VM: `vm` resolves to 127.0.0.1, and all ranks are here
+    assert facts[0]["hostname_resolves_to"] == ["127.0.0.1"]
+    assert "INIT002" not in codes(PROBE.diagnose(facts, RunView(world_size=2, hosts={0: "vm", 1: "vm"})))
+
+
+def test_master_addr_resolving_differently_names_the_odd_ranks():
+    facts, run = two_nodes(6)
+    facts[5]["resolved"] = ["10.9.9.9"]  # a stale /etc/hosts entry on one rank's node
+    findings = PROBE.diagnose(facts, run)
+    split = [f for f in findings if f.code == "INIT003"]
+    assert len(split) == 1 and split[0].ranks == (5,)
+    assert split[0].evidence["resolved_by_ranks"] == {"10.0.0.1": "0-4", "10.9.9.9": "5"}
+
+
+def test_loopback_on_the_store_host_is_the_same_place_as_its_lan_address():
+    facts, run = two_nodes()
+    for r in (0, 1):
+        facts[r]["resolved"] = ["127.0.0.1"]
+    assert "INIT003" not in codes(PROBE.diagnose(facts, run))
+
+
+def test_a_late_rank_is_named_with_its_gap_and_its_own_start_up():
+    facts, run = two_nodes()
+    facts[3]["arrived_t"] = facts[0]["arrived_t"] + LATE_ARRIVAL_S + 2.5
+    facts[3]["start_to_arrival_s"] = 11.9
+    late = [f for f in PROBE.diagnose(facts, run) if f.code == "INIT004"]
+    assert len(late) == 1 and late[0].ranks == (3,) and late[0].nodes == ("node-b",)
+    assert late[0].evidence["arrival_after_first_s"]["3"] == pytest.approx(LATE_ARRIVAL_S + 2.5, abs=0.01)
+    assert late[0].evidence["start_to_arrival_s"] == {"3": 11.9}
+    facts[3]["arrived_t"] = facts[0]["arrived_t"] + LATE_ARRIVAL_S - 1
+    assert "INIT004" not in codes(PROBE.diagnose(facts, run))
+
+
+def test_unreadable_facts_never_raise():
+    facts, run = two_nodes()
+    facts[1] = {"resolved": {"unknown": "gaierror: -2"}, "interfaces": {"unknown": "x"}, "route": {"unknown": "y"}}
+    facts[2] = {}
+    PROBE.diagnose(facts, run)
+
+
+# -- the readings --------------------------------------------------------------
+
+@pytest.mark.parametrize("spec, exact, expected", [
+    ("eth", False, ["eth0", "eth1"]),
+    ("=eth", False, []),
+    ("=eth0", False, ["eth0"]),
+    ("^eth", False, ["ib0", "lo"]),
+    ("^=eth0,lo", False, ["eth1", "ib0"]),
+    ("ib,eth1", False, ["eth1", "ib0"]),
+    ("eth", True, []),
+    ("eth1,ib0", True, ["eth1", "ib0"]),
+])
+def test_ifname_rules_follow_nccl_and_gloo(spec, exact, expected):
+    assert sorted(net_facts.ifname_matches(spec, ["eth0", "eth1", "ib0", "lo"], exact_only=exact)) == expected
+
+
+def test_ifname_facts_ignore_down_interfaces_and_unset_variables():
+    ifaces = {"eth0": {"up": False, "ipv4": ["10.0.0.1"], "ipv6": []},
+              "eth1": {"up": True, "ipv4": [], "ipv6": []},
+              "ib0": {"up": True, "ipv4": ["10.1.0.1"], "ipv6": []}}
+    got = net_facts.ifname_facts({"NCCL_SOCKET_IFNAME": "eth", "GLOO_SOCKET_IFNAME": ""}, ifaces)
+    assert got == {"NCCL_SOCKET_IFNAME": {"value": "eth", "selects": []}}
+
+
+def test_this_hosts_interfaces_and_route_to_loopback_are_read():
+    ifaces = net_facts.interfaces()
+    assert "127.0.0.1" in [a for i in ifaces.values() for a in i["ipv4"]]
+    route = net_facts.route_to("127.0.0.1", 29500, ifaces)
+    assert route["source"] == "127.0.0.1" and "127.0.0.1" in ifaces[route["interface"]]["ipv4"]
+    addrs, problem, _ = net_facts.resolve("localhost", 1)
+    assert problem is None and addrs and all(net_facts.is_loopback(a) for a in addrs)
+    addrs, problem, _ = net_facts.resolve("no-such-host.invalid", 1)
+    assert addrs == [] and "unknown" in problem
+
+
+def test_waiting_for_a_port_tells_refused_from_dropped_from_open():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    why = net_facts.wait_for_port("127.0.0.1", port, 0.6)  # closed: refused, retried to the deadline
+    assert why.startswith(f"connection refused at 127.0.0.1:{port}") and 0.4 < time.monotonic() - start < 1.5
+    with socket.socket() as full:
+        # A listener whose accept queue is full drops new SYNs, as a firewall does: the dial times out.
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        port = full.getsockname()[1]
+        fillers = []
+        for _ in range(4):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(("127.0.0.1", port))
+            fillers.append(c)
+        time.sleep(0.1)
+        start = time.monotonic()
+        why = net_facts.wait_for_port("127.0.0.1", port, 1.0)
+        took = time.monotonic() - start
+        for c in fillers:
+            c.close()
+    assert why.startswith(f"no answer from 127.0.0.1:{port}") and took < 2.0
+    with socket.socket() as open_:
+        open_.bind(("127.0.0.1", 0))
+        open_.listen(8)
+        assert net_facts.wait_for_port("127.0.0.1", open_.getsockname()[1], 1.0) is None
