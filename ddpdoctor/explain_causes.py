@@ -57,6 +57,8 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
         where = where_text(ranks, hosts, unattributed=not ranks, events=group)
         fields = {k: v for k, v in first.fields.items() if isinstance(v, (str, int))}
         fields.setdefault("signal", _signal_of(first))
+        if first.sig == "srun_task" and "code" in fields:
+            fields.setdefault("exitcode", fields["code"])  # srun says `Exited with exit code N`
         evidence: dict[str, Any] = {"first_error": {str(e.rank if e.rank is not None else "?"): cite(e) for e in group}}
         if first.sig == "clients_joined":
             ranks, title_extra = _never_joined(first, events)
@@ -66,7 +68,8 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
         if first.sig == "nccl_ib_error":
             pairs = _failing_pairs(group, events)
             if pairs:
-                evidence["failing_pairs"] = sorted(f"{a} <-> {b}" for a, b in pairs)
+                # Each end reports the same link: one line per pair of nodes, not per direction.
+                evidence["failing_pairs"] = sorted({" <-> ".join(sorted((a, b))) for a, b in pairs})
             culprit = _common_end(pairs)
             if culprit:
                 node, said = culprit

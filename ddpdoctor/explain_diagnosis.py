@@ -75,15 +75,16 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
     findings: list[Finding] = []
 
     waits = {s.rank: s.first for s in stories if s.first is not None and is_wait(s.first)}
-    mismatch_detectors = {e.rank for e in events if e.sig == "gloo_size_mismatch"}
+    # Ranks that raised a mismatch error (gloo's size check, DETAIL's fingerprint check): their exit is RUN009's.
+    mismatch_detectors = {e.rank for e in events if e.sig in ("gloo_size_mismatch", "detail_mismatch")}
     causes_by_rank: dict[int, list[Event]] = {}
     unattributed: list[Event] = []
     for e in sorted(events, key=order_key):
         if is_failure(e) and not is_wait(e) and e.sig not in ("detail_mismatch", "gloo_size_mismatch"):
             if e.sig == "python_exception" and e.rank in waits and order_key(e) > order_key(waits[e.rank]):
                 continue  # the exception its own wait raised, further up the stack
-            if e.sig == "elastic_block" and e.rank in mismatch_detectors:
-                continue  # gloo aborted the rank that noticed the mismatch: RUN009 explains it
+            if e.sig in ("elastic_block", "srun_task") and e.rank in mismatch_detectors:
+                continue  # the rank that noticed the mismatch raised and ended: RUN009 explains it
             if e.sig in ("elastic_block", "srun_task") and e.rank in waits:
                 continue  # NCCL's watchdog aborts (SIGABRT) the rank that timed out: its end, not a cause
             if e.rank is None:

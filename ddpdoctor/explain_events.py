@@ -40,8 +40,9 @@ def order_key(e: Event) -> tuple[float, int]:
 def is_failure(e: Event) -> bool:
     if e.sig == "slurm_cancelled" and "TASK FAILURE" in str(e.fields.get("why", "")):
         return False  # srun cancels the step because a task failed: that task is the cause
-    if e.sig == "srun_task":
-        return str(e.fields.get("what")) in _SRUN_KILLS
+    if e.sig == "srun_task":  # a kill, or the task's own non-zero exit (like torchrun's exit code)
+        what = str(e.fields.get("what"))
+        return what in _SRUN_KILLS or (what.startswith("Exited") and str(e.fields.get("code")) != "0")
     return e.role in (CAUSE, WAIT) or (e.sig == "elastic_block" and _self_inflicted(e))
 
 
@@ -75,8 +76,11 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
             if e.local_rank is not None and e.rank is not None:
                 local_to_rank[(e.host, e.local_rank)] = e.rank
         elif e.sig == "srun_task" and not nested:
-            for r in task_list(str(e.fields.get("tasks", ""))):
+            tasks = task_list(str(e.fields.get("tasks", "")))
+            for r in tasks:
                 hosts.setdefault(r, str(e.fields["host"]))
+            if e.rank is None and len(tasks) == 1:
+                e.rank = tasks[0]  # srun started the ranks themselves: task N is SLURM_PROCID N, rank N
         elif e.sig == "nccl_comm_init":
             sizes.append(int(e.fields["nranks"]))
         elif e.sig == "elastic_world":
@@ -179,11 +183,12 @@ def cite(e: Event) -> str:
 
 
 def fill(template: str, **values: Any) -> str:
+    """The template with what the log said; a value it did not say leaves no `?` behind, its words close up."""
     class _Missing(dict):
         def __missing__(self, key: str) -> str:
-            return "?"
+            return "\x00"
 
-    return template.format_map(_Missing(values))
+    return re.sub(r"\s*\(\x00\)|:\s*\x00|\s*\x00", "", template.format_map(_Missing(values)))
 
 
 def victims_evidence(waits: dict[int, Event], exclude: Iterable[int] = ()) -> dict[str, str]:

@@ -19,7 +19,8 @@ _SRUN_LABEL = re.compile(r"\s{0,6}(?P<task>\d{1,6}): ")
 _NCCL_LINE = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: [\w./-]+:\d+)? NCCL ")
 # The rank torch names inside a message: `[Rank 3]`, `[PG ID 0 PG GUID 0(default_pg) Rank 3]`.
 _MESSAGE_RANK = re.compile(r"\[(?:PG ID (?P<pg>\d+)[^\]]*?)?Rank (?P<rank>\d+)\]")
-_GLOG_TIME = re.compile(r"\[?[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:\.(?P<f>\d+))?")
+# glog pads the month (E0429); torch's own c10 logger does not (E429 for April 29, E1123 for November 23).
+_GLOG_TIME = re.compile(r"\[?[IWEF](?P<mo>[01]?\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:\.(?P<f>\d+))?")
 _ISO_TIME = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T_](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<f>\d+))?")
 
 

@@ -131,7 +131,8 @@ class _Scanner:
         # `what():` and `terminate called ...`) is one event: keyed by what it says, not how.
         said = sorted((k, _DIGITS.sub("#", str(v))[:120] if k in _FREE_TEXT else str(v)[:120])
                       for k, v in fields.items() if k not in _VOLATILE)
-        key = (sig, origin.rank, origin.local_rank, origin.host, origin.task,
+        # The pid is part of who said it: NCCL lines are tied to ranks by pid only after the scan.
+        key = (sig, origin.rank, origin.local_rank, origin.host, origin.task, origin.pid,
                tuple(said) if said else _DIGITS.sub("#", text[:200]))
         event = self.index.get(key)
         if event is not None:

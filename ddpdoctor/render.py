@@ -91,13 +91,16 @@ def _evidence_lines(evidence: Mapping[str, Any], width: int = 240) -> list[str]:
     return lines
 
 
-def render_findings(findings: list[Finding], console: Console) -> None:
-    """The table, then why / evidence / fix for every warning and worse."""
+def render_findings(findings: list[Finding], console: Console, keep_order: bool = False) -> None:
+    """The table, then why / evidence / fix for every warning and worse.
+
+    `keep_order`: within a severity, keep the caller's order (explain's is first cause first)."""
     table = Table(show_header=True, header_style="bold", expand=False, box=None, pad_edge=False)
     for col in ("severity", "code", "finding", "ranks", "nodes"):
         table.add_column(col, overflow="fold")
     # Causes first: the run's own findings explain the probes' consequences.
-    ordered = sorted(findings, key=lambda f: (-int(f.severity), f.probe != "run", f.code))
+    ordered = sorted(findings, key=(lambda f: -int(f.severity)) if keep_order
+                     else (lambda f: (-int(f.severity), f.probe != "run", f.code)))
     for f in ordered:
         table.add_row(Text(f.severity.label, style=_STYLE[f.severity]), Text(f.code), Text(f.title),
                       Text(rank_ranges(f.ranks)), Text(",".join(f.nodes)))

@@ -31,7 +31,7 @@ def render_explanation(run: ExplainRun, console: Console, full: bool = False) ->
     head.append(f"  {ranks}{nodes}  {files} file{'s' if files != 1 else ''}, {run.scan.lines} lines, "
                 f"{_size(run.scan.bytes)}, {run.seconds:.1f}s")
     console.print(head)
-    render_findings(ex.findings, console)
+    render_findings(ex.findings, console, keep_order=True)
     _first_errors(run, console, full)
     _first_errors_by_node(run, console, full)
     _timeline(run, console, full)

@@ -73,3 +73,56 @@ def test_world_size_flag_counts_ranks_that_printed_nothing(tmp_path: Path) -> No
     assert explain([str(log)]).explanation.findings[0].code == "RUN008"
     named = explain([str(log)], world_size=4).explanation.findings[0]
     assert named.code == "RUN004" and named.ranks == (3,)
+
+
+def test_srun_naming_a_task_that_exited_non_zero_is_that_ranks_failure(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "slurm-123.out"
+    log.write_text("srun: error: node7: task 3: Exited with exit code 1\n"
+                   "srun: error: node7: task 2: Exited with exit code 0\n")
+    assert cli.main(["explain", str(log), "--json", str(tmp_path / "e.json")]) == 2
+    first = json.loads((tmp_path / "e.json").read_text())["findings"][0]
+    assert (first["code"], first["ranks"], first["title"]) == ("RUN002", [3], "Rank 3 (node7) exited with code 1")
+
+
+def test_the_terminal_keeps_the_first_cause_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.console import Console
+
+    from ddpdoctor.findings import Finding, Severity
+    from ddpdoctor.render import render_findings
+
+    found = [Finding("RUN009", Severity.CRITICAL, "the desync", "explain"),
+             Finding("RUN002", Severity.CRITICAL, "an exit after it", "explain"),
+             Finding("LOG000", Severity.INFO, "context", "explain")]
+    console = Console(record=True, width=100)
+    render_findings(found, console, keep_order=True)
+    text = console.export_text()
+    assert text.index("the desync") < text.index("an exit after it") < text.index("context")
+    console = Console(record=True, width=100)
+    render_findings(found, console)  # check's tables sort by code within a severity
+    text = console.export_text()
+    assert text.index("an exit after it") < text.index("the desync")
+
+
+def test_no_title_has_a_placeholder_left_in_it() -> None:
+    from ddpdoctor.explain import explain
+
+    root = Path(__file__).parent.parent / "fixtures" / "explain"
+    logs = sorted(p for p in (root / "real").glob("*.log")) + sorted((root / "published").glob("*.log"))
+    assert len(logs) > 40
+    for log in logs:
+        for f in explain([str(log)]).explanation.findings:
+            assert "?" not in f.title and "{" not in f.title, (log.name, f.title)
+
+
+@pytest.mark.parametrize("line, title", [
+    ("[rank1]: RuntimeError: Address already in use", "The rendezvous port is already in use on rank 1"),
+    ("[rank1]: torch.distributed.DistBackendError: NCCL error in: /pt/ProcessGroupNCCL.cpp:1970, unhandled cuda "
+     "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5", "CUDA error on rank 1"),
+])
+def test_a_message_that_leaves_a_value_out_gives_a_title_without_a_hole(tmp_path: Path, line: str,
+                                                                          title: str) -> None:
+    from ddpdoctor.explain import explain
+
+    (tmp_path / "x.log").write_text(line + "\n")
+    assert explain([str(tmp_path / "x.log")]).explanation.findings[0].title == title

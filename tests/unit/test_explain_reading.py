@@ -213,3 +213,23 @@ def test_any_text_is_explained_without_crashing(tmp_path_factory, lines: list[st
     run = explain([str(path)])
     assert run.explanation.findings
     assert run.to_json()["exit_code"] in (0, 1, 2)
+
+
+@pytest.mark.parametrize("stamp, month, day", [("E429", 4, 29), ("E0429", 4, 29), ("W105", 1, 5), ("E1123", 11, 23)])
+def test_torchs_unpadded_month_is_read_as_glogs_padded_one(stamp: str, month: int, day: int) -> None:
+    # torch's own c10 logger writes `[E429 08:46:24.8 ...]` for April 29; glog writes E0429.
+    assert line_time(f"[{stamp} 08:46:24.5 ProcessGroupNCCL.cpp:1] x") == \
+        line_time(f"2026-{month:02d}-{day:02d} 08:46:24.5 x")
+
+
+def test_the_same_nccl_words_from_two_processes_stay_two_events(tmp_path: Path) -> None:
+    # One failing link: both ends print the same warning; which rank each pid is comes from INFO lines later.
+    log = tmp_path / "job.log"
+    log.write_text("n1:100:101 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+                   "n1:200:201 [1] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 1 busId 2000 - Init COMPLETE\n"
+                   "n1:100:102 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1> with status=12\n"
+                   "n1:200:202 [1] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1> with status=12\n")
+    run = explain([str(log)])
+    assert [s.rank for s in run.explanation.ranks if s.first is not None] == [0, 1]
+    first = run.explanation.findings[0]
+    assert first.ranks == (0, 1) and set(first.evidence["first_error"]) == {"0", "1"}

@@ -73,6 +73,14 @@ def test_each_recorded_failure_is_explained_with_its_culprit(name: str) -> None:
     assert run.exit_code == 2
 
 
+@pytest.mark.parametrize("name", ["desync_detail.log", "shape_mismatch_detail.log", "dtype_mismatch_detail.log"])
+def test_the_rank_that_raised_a_mismatch_is_not_blamed_again_for_its_exit(name: str) -> None:
+    # The rank's RuntimeError is the mismatch; torchrun's exit code for it is not a second cause.
+    run = explain(_inputs(name))
+    assert [f.code for f in run.explanation.findings if f.severity == Severity.CRITICAL] == ["RUN009"], \
+        [(f.code, f.title) for f in run.explanation.findings]
+
+
 def test_every_recorded_scenario_has_an_expectation() -> None:
     """A new scenario in the generator must come with the diagnosis it should get."""
     unknown = {s["fault"] for s in SCENARIOS.values()} - set(EXPECTED) - {"none"}
