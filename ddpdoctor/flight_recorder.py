@@ -75,7 +75,7 @@ def _load(dump: DumpFile) -> Any:
         data = handle.read()
     if dump.kind == "json":
         return json.loads(data.decode("utf-8", "replace"))
-    return _PlainDataUnpickler(io.BytesIO(data)).load()
+    return loads_plain(data)
 
 
 def _op_name(entry: dict[str, Any]) -> str:
@@ -88,6 +88,27 @@ def _group(entry: dict[str, Any]) -> str:
     if isinstance(pg, (list, tuple)) and pg:
         return str(pg[0])
     return str(entry.get("pg_id", "0"))
+
+
+def loads_plain(raw: bytes) -> Any:
+    """A pickled dump as plain data; any class or function in it is refused, never run."""
+    return _PlainDataUnpickler(io.BytesIO(raw)).load()
+
+
+def dump_from_entries(rank: int, label: str, entries: list[Any], version: str = "") -> Dump:
+    """One rank's collectives by (group, seq), from torch's entries (a file's, or a live rank's)."""
+    dump = Dump(rank, label, version=version)
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("is_p2p"):
+            continue  # point-to-point ops have their own numbering; matching them is future work
+        try:
+            seq = int(entry["collective_seq_id"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        call = Call(seq, _op_name(entry), _group(entry), entry.get("input_sizes"), entry.get("input_dtypes"),
+                    entry.get("output_sizes"), str(entry.get("state", "")))
+        dump.calls[(call.group, seq)] = call
+    return dump
 
 
 def read_dumps(files: list[DumpFile]) -> DumpSet:
@@ -106,17 +127,7 @@ def read_dumps(files: list[DumpFile]) -> DumpSet:
                 UnicodeDecodeError, AttributeError, IndexError) as exc:
             out.problems.append(f"{f.label}: not a readable Flight Recorder dump ({type(exc).__name__}: {exc})")
             continue
-        dump = Dump(f.rank_hint, f.label, version=str(data.get("version", "")))
-        for entry in entries:
-            if not isinstance(entry, dict) or entry.get("is_p2p"):
-                continue  # point-to-point ops have their own numbering; matching them is future work
-            try:
-                seq = int(entry["collective_seq_id"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            call = Call(seq, _op_name(entry), _group(entry), entry.get("input_sizes"), entry.get("input_dtypes"),
-                        entry.get("output_sizes"), str(entry.get("state", "")))
-            dump.calls[(call.group, seq)] = call
+        dump = dump_from_entries(f.rank_hint, f.label, entries, str(data.get("version", "")))
         first = out.dumps.get(f.rank_hint)
         if first is None:
             out.dumps[f.rank_hint] = dump
