@@ -74,6 +74,10 @@ class RankContext:
             })
             self.watchdog.disarm()
             self._publish_timeline()
+            if self.state.collective or self.state.failed_collective:
+                from ddpdoctor import fr_snapshot
+
+                self._publish(f"fr/{self.rank}", fr_snapshot.take())
             raise StageFailed(record.detail) from exc
         else:
             record.ended, record.status = time.time(), "ok"

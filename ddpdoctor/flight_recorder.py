@@ -40,7 +40,7 @@ class Call:
 
     def signature(self) -> str:
         """What must agree across ranks: op, shapes, dtypes (state may differ: one rank is behind)."""
-        return f"{self.op} in={_shapes(self.in_sizes)} {_dtypes(self.in_dtypes)}"
+        return f"{self.op} in={format_shapes(self.in_sizes)} {format_dtypes(self.in_dtypes)}"
 
 
 @dataclass
@@ -57,13 +57,13 @@ class DumpSet:
     problems: list[str] = field(default_factory=list)
 
 
-def _shapes(sizes: Any) -> str:
+def format_shapes(sizes: Any) -> str:
     if isinstance(sizes, list):
         return ",".join("[" + ",".join(str(d) for d in s) + "]" if isinstance(s, list) else str(s) for s in sizes)
     return str(sizes)
 
 
-def _dtypes(dtypes: Any) -> str:
+def format_dtypes(dtypes: Any) -> str:
     return ",".join(str(d) for d in dtypes) if isinstance(dtypes, list) else str(dtypes)
 
 

@@ -34,6 +34,10 @@ _KEYS = {
     "noshow": {"rank": True},  # the rank's process starts but never joins the rendezvous
     "badport": {"rank": True},  # the rank dials the rendezvous on a port where nothing listens
     "badaddr": {"rank": True},  # the rank's MASTER_ADDR is a name that does not resolve
+    # Every rank all-reduces a 192-byte metrics tensor once; this rank's is float64[24], the others'
+    # float32[48]: same bytes, so gloo reduces garbage without a word (as a rank with another
+    # precision setting would), and only torch's Flight Recorder sees the difference.
+    "dtype": {"rank": True},
 }
 # RFC 6761 reserves .invalid: no resolver anywhere answers for it.
 BAD_ADDR = "ddpdoctor-injected-badaddr.invalid"
@@ -43,7 +47,7 @@ SLOW_LINK_BYTES_PER_S = 0.25e9
 _HELP = (
     "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init, "
     "diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, desync:rank=1, noshow:rank=1, badport:rank=1 "
-    "or badaddr:rank=1; stages: "
+    "badaddr:rank=1 or dtype:rank=1; stages: "
     + ", ".join(STAGES)
 )
 
@@ -143,6 +147,7 @@ class Injector:
 
     def __init__(self, faults: tuple[Fault, ...], rank: int) -> None:
         self.faults = tuple(f for f in faults if rank in (f.rank, f.peer))
+        self.run_faults = faults  # every rank's: peers of a faulty rank must take part in its collective
         self.rank = rank
 
     def at_stage(self, stage: str) -> None:
@@ -176,6 +181,12 @@ class Injector:
         if any(f.kind == "badport" for f in self.faults):
             port = _closed_port(port)
         return addr, port
+
+    def metrics_dtype(self) -> Optional[str]:
+        """The dtype of the one-off metrics all-reduce, when a dtype fault is in the run; else None."""
+        if not any(f.kind == "dtype" for f in self.run_faults):
+            return None
+        return "float64" if any(f.kind == "dtype" for f in self.faults) else "float32"
 
     def corrupts(self) -> bool:
         return any(f.kind == "corrupt" for f in self.faults)

@@ -145,6 +145,10 @@ class Watchdog(threading.Thread):
                 entry.ended, entry.status = record["t"], "timeout"
         self.side.set(f"timeout/{self.rank}", record)
         self.side.set(f"timeline/{self.rank}", [s.to_json() for s in self.state.timeline])
+        if record["collective"]:
+            from ddpdoctor import fr_snapshot
+
+            self.side.set(f"fr/{self.rank}", fr_snapshot.take())  # torch's view of the stuck collective
         sys.stderr.write(
             f"ddpdoctor: rank {self.rank} passed the {self.armed_for_s:g}s deadline of stage "
             f"{self.armed_stage!r}; giving up\n")

@@ -18,6 +18,7 @@ import time
 from typing import Any, Optional
 
 from ddpdoctor.channel import Channel
+from ddpdoctor import fr_snapshot
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.context import RankContext, StageFailed
 from ddpdoctor.errors import UsageError
@@ -264,6 +265,9 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
         report_deadline = cfg.run_deadline_s if env.store_host != "launcher" else cfg.timeout_s
         with ctx.stage("report", deadline_s=report_deadline):
             if healthy:
+                if ctx.backend:
+                    # torch's own record of every collective, compared across ranks by the report.
+                    channel.set(f"fr/{env.rank}", fr_snapshot.take())
                 channel.set(f"done/{env.rank}", time.time())
             if env.is_reporter:
                 code = _write_report(ctx, record, channel, command)

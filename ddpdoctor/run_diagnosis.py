@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddpdoctor.flight_recorder import DumpSet, Mismatch, compare, dump_from_entries, format_dtypes, format_shapes
 from ddpdoctor.grouping import group_ranks, minority
 from ddpdoctor.findings import Finding, Severity, rank_ranges
 from ddpdoctor.inject import INJECTED_CRASH_EXIT, parse_faults
@@ -210,8 +211,13 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
             continue
         findings.append(_primary_finding(rank, fate, hosts[rank], {**victims, **stopped}))
 
+    recorded = recorded_mismatch(record)
     if victims and not primaries and not odd_sizes:  # a world-size disagreement explains the waits
-        findings.append(_collective_hang(victims, hosts))
+        findings.append(_collective_hang(victims, hosts, recorded))
+    elif recorded is not None and not primaries and not odd_sizes:
+        # Every rank got through, yet torch recorded different calls at one sequence number:
+        # a backend that does not check shapes (NCCL) runs them and reduces garbage, or hangs later.
+        findings.append(_recorded_desync(recorded, hosts, {}))
     return findings
 
 
@@ -315,7 +321,67 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
     )
 
 
-def _collective_hang(victims: dict[int, RankFate], hosts: dict[int, str]) -> Finding:
+def recorded_mismatch(record: RunRecord) -> Optional[Mismatch]:
+    """The first collective where the ranks' Flight Recorders disagree on op, shapes or dtypes.
+
+    A rank that simply stopped earlier is not a disagreement here: our own marks and deadlines
+    say where each rank stopped; torch's record is read for what only the backend saw.
+    """
+    dumps = DumpSet({r: dump_from_entries(r, f"rank {r}", d["entries"]) for r, d in record.flight_recorder.items()
+                     if isinstance(d, dict) and isinstance(d.get("entries"), list)})
+    mismatches, _ = compare(dumps)
+    for m in mismatches:
+        present = [c for c in m.calls.values() if c is not None]
+        if len({c.signature() for c in present}) > 1:
+            return m
+    return None
+
+
+def _recorded_calls(m: Mismatch) -> dict[int, str]:
+    def text(c: Any) -> str:
+        shapes = format_shapes(c.in_sizes)
+        return f"{c.op} #{m.seq}" + (f" (in {shapes} {format_dtypes(c.in_dtypes)})" if shapes else "")
+
+    return {r: text(c) if c is not None else f"not reached (last #{m.last_seq.get(r)})"
+            for r, c in sorted(m.calls.items())}
+
+
+def _recorded_desync(m: Mismatch, hosts: dict[int, str], evidence: dict[str, Any]) -> Finding:
+    """RUN009 from torch's record: the op, shapes or dtypes differ at one sequence number."""
+    present = {r: c for r, c in m.calls.items() if c is not None}
+    calls = _recorded_calls(m)
+    groups = group_ranks({r: calls[r] for r in present})
+    odd = minority(groups)
+    culprits = tuple(odd) if odd and len(odd) < len(present) else tuple(sorted(present))
+    differ = [what for what, values in (("op", {c.op for c in present.values()}),
+                                        ("shapes", {format_shapes(c.in_sizes) for c in present.values()}),
+                                        ("dtypes", {format_dtypes(c.in_dtypes) for c in present.values()}))
+              if len(values) > 1]
+    differs = " and ".join(differ)
+    if culprits != tuple(sorted(present)):
+        majority, called = groups[0]
+        desc = ("; ".join(f"rank {rank_ranges(rs)} called {call}" for call, rs in groups[1:])
+                + f", while rank {rank_ranges(called)} called {majority}")
+    else:
+        desc = "; ".join(f"rank {rank_ranges(rs)} called {call}" for call, rs in groups)
+    return Finding(
+        code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+        title=f"Collective mismatch (desync) in torch's Flight Recorder: {desc}",
+        ranks=culprits, nodes=tuple(sorted({hosts.get(r, "?") for r in culprits} - {"?"})),
+        evidence={**evidence, "flight_recorder": {"process_group": m.group, "seq": m.seq, "differs_in": differs,
+                                                  "calls": {str(r): c for r, c in calls.items()}}},
+        why=(f"torch's Flight Recorder shows the ranks issued different calls at the same sequence number ({differs} "
+             "differ): NCCL runs such calls without checking and reduces garbage or hangs; gloo fails them only when "
+             "their byte sizes differ. The rank(s) apart from the majority built other tensors or took another code "
+             "path."),
+        fix=("Make every rank issue the same collectives with the same shapes and dtypes, in the same order: look for "
+             "data-dependent tensor sizes (a last partial batch, a variable-length sequence) or rank-dependent code "
+             "at the named ranks. TORCH_DISTRIBUTED_DEBUG=DETAIL makes torch check every call up front."),
+    )
+
+
+def _collective_hang(victims: dict[int, RankFate], hosts: dict[int, str],
+                     recorded: Optional[Mismatch] = None) -> Finding:
     """Every failed rank was inside a collective: a desync, or the transport itself."""
     ops = {r: (f.in_collective or {}).get("op") for r, f in victims.items()}
     ranks = tuple(sorted(victims))
@@ -334,6 +400,9 @@ def _collective_hang(victims: dict[int, RankFate], hosts: dict[int, str]) -> Fin
         else:
             desc = "; ".join(f"rank {rank_ranges(rs)} in {call}" for call, rs in groups)
         evidence["waiting_ranks"] = rank_ranges(ranks)
+        if recorded is not None:
+            evidence["flight_recorder"] = {"process_group": recorded.group, "seq": recorded.seq,
+                                           "calls": {str(r): c for r, c in _recorded_calls(recorded).items()}}
         return Finding(
             code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
             title=f"Collective mismatch (desync): {desc}",
@@ -348,6 +417,8 @@ def _collective_hang(victims: dict[int, RankFate], hosts: dict[int, str]) -> Fin
     errors = {str(r): f.detail.get("error") for r, f in victims.items() if f.detail.get("error")}
     if errors:
         evidence["errors"] = errors
+    if recorded is not None:  # our marks agree, torch's record does not: shapes or dtypes differ
+        return _recorded_desync(recorded, hosts, evidence)
     return Finding(
         code="RUN008", severity=Severity.CRITICAL, probe=PROBE,
         title=f"All ranks failed inside {next(iter(ops.values()))}: the collective itself did not complete",

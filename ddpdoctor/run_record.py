@@ -61,6 +61,8 @@ class RunRecord:
     dead: dict[int, str] = field(default_factory=dict)
     default_host: str = "?"  # the standalone launcher knows every rank's host: its own
     settings: dict[str, Any] = field(default_factory=dict)  # thresholds the diagnoses honour
+    # Each rank's Flight Recorder entries (fr_snapshot.take), at its end or where it failed.
+    flight_recorder: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
     def host(self, rank: int) -> str:
@@ -86,6 +88,7 @@ def read_record(channel: Channel, record: RunRecord) -> RunRecord:
     record.errors.update(channel.collect("error/{rank}", ranks))
     record.timeouts.update(channel.collect("timeout/{rank}", ranks))
     record.done.update(channel.collect("done/{rank}", ranks))
+    record.flight_recorder.update(channel.collect("fr/{rank}", ranks))
     for probe in record.probes:
         record.results.setdefault(probe, {}).update(channel.collect(f"result/{probe}/{{rank}}", ranks))
     record.ended = time.time()

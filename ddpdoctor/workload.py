@@ -162,6 +162,14 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
 
                 with ctx.collective("barrier", step=step):
                     dist.barrier()
+            dtype = ctx.injector.metrics_dtype() if step == 0 else None
+            if dtype is not None:
+                # A metrics all-reduce of the same 192 bytes, in another dtype on the faulty rank.
+                import torch.distributed as dist
+
+                metrics = torch.ones(24 if dtype == "float64" else 48, dtype=getattr(torch, dtype), device=device)
+                with ctx.collective("metrics_allreduce", step=step):
+                    dist.all_reduce(metrics)
             with ctx.collective("ddp_gradient_allreduce", step=step):
                 loss.backward()
                 _sync(device)

@@ -148,6 +148,9 @@ def test_a_rank_calling_another_collective_is_named_as_the_desync(tmp_path):
     assert desync[0]["evidence"]["collective_by_rank"]["1"].startswith("barrier #")
     assert desync[0]["evidence"]["collective_by_rank"]["0"].startswith("ddp_gradient_allreduce #")
     assert "rank 1 is in barrier" in desync[0]["title"]
+    # torch's own record of the stuck calls agrees: a barrier against DDP's bucket all-reduce.
+    recorded = desync[0]["evidence"]["flight_recorder"]["calls"]
+    assert recorded["1"].startswith("barrier #") and recorded["0"].startswith("all_reduce #"), recorded
     # The bar: reported no later than the deadline + 3 s after the rank stopped matching.
     assert _latency_after_deadline(run.report, 1, "train") <= 3.0, run.explain()
     assert_nothing_left(run)
@@ -176,4 +179,18 @@ def test_a_rank_that_cannot_reach_the_rendezvous_is_named_with_why(tmp_path, fau
     # The ranks that did arrive published how they got there before waiting on rank 1.
     assert sorted(probe_section(run.report, "init-hang")["facts"]) == ["0", "2"]
     assert _latency_after_deadline(run.report, 0, "rendezvous") <= 3.0, run.explain()
+    assert_nothing_left(run)
+
+
+def test_a_dtype_only_torchs_flight_recorder_saw_is_named_without_any_barrier(tmp_path):
+    """gloo reduces the same byte count in float64 on one rank and float32 on the others without
+    a word (the weights still agree); only the ranks' Flight Recorders, compared afterwards, differ."""
+    run = run_check(tmp_path, "--nproc", "3", "--inject", "dtype:rank=1")
+    assert run.returncode == 2, run.explain()
+    desync = run.findings("RUN009")
+    assert len(desync) == 1 and desync[0]["ranks"] == [1], run.explain()
+    recorded = desync[0]["evidence"]["flight_recorder"]
+    assert recorded["differs_in"] == "shapes and dtypes"
+    assert recorded["calls"]["1"].endswith("(in [24] Double)") and recorded["calls"]["0"].endswith("(in [48] Float)")
+    assert run.findings("DDP001"), "the training itself was fine: only the metrics all-reduce disagreed"
     assert_nothing_left(run)

@@ -533,3 +533,56 @@ def test_finding_round_trips_through_json_text(code, severity, title, ranks, nod
     finding = Finding(code=code, severity=severity, title=title, probe="ddp-smoke", ranks=ranks, nodes=nodes,
                       evidence=evidence, fix="f", why="w")
     assert Finding.from_json(json.loads(json.dumps(finding.to_json()))) == finding
+
+
+# == torch's Flight Recorder, read live by each rank ======================================
+
+def fr_entry(seq: int, op: str, sizes: list, dtypes: list, pg: str = "0") -> dict[str, Any]:
+    """An entry as fr_snapshot.take keeps it (torch's own keys, from _dump_fr_trace)."""
+    return {"collective_seq_id": seq, "profiling_name": f"gloo:{op}", "process_group": [pg, "default_pg"],
+            "input_sizes": sizes, "input_dtypes": dtypes, "output_sizes": sizes, "state": "scheduled",
+            "is_p2p": False}
+
+
+def fr_run(world: int, odd: dict[int, dict[str, Any]], upto: int = 6) -> dict[int, dict[str, Any]]:
+    out = {}
+    for r in range(world):
+        entries = [fr_entry(s, "all_reduce", [[399370]], ["Float"]) for s in range(1, upto + 1)]
+        if r in odd:
+            entries[3] = dict(entries[3], **odd[r])
+        out[r] = {"version": "2.10", "entries": entries}
+    return out
+
+
+def test_a_dtype_disagreement_only_torch_recorded_is_run009_on_the_odd_rank():
+    # Every rank finished (gloo reduced equal byte counts without a word); the record disagrees at #4.
+    record = healthy(3)
+    record.flight_recorder = fr_run(3, {1: {"input_sizes": [[24]], "input_dtypes": ["Double"]}})
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN009"]
+    desync = findings[0]
+    assert desync.ranks == (1,) and "in torch's Flight Recorder" in desync.title
+    assert "rank 1 called all_reduce #4 (in [24] Double), while rank 0,2 called all_reduce #4 (in [399370] Float)" \
+        in desync.title
+    assert desync.evidence["flight_recorder"]["differs_in"] == "shapes and dtypes"
+
+
+def test_agreeing_records_and_a_rank_that_only_stopped_earlier_are_not_a_mismatch():
+    record = healthy(3)
+    record.flight_recorder = fr_run(3, {})
+    assert codes(diagnose_run(record)) == []
+    record.flight_recorder[2]["entries"] = record.flight_recorder[2]["entries"][:4]  # stopped after #4
+    assert codes(diagnose_run(record)) == []
+    record.flight_recorder[0] = {"unknown": "the Flight Recorder is empty (TORCH_FR_BUFFER_SIZE=0 turns it off)"}
+    assert codes(diagnose_run(record)) == []
+
+
+def test_a_hang_our_marks_call_one_collective_becomes_a_desync_when_torch_saw_other_shapes():
+    t = {"op": "ddp_gradient_allreduce", "seq": 4, "step": 0}
+    record = make_record(2, timelines={r: timeline("train", "timeout") for r in range(2)},
+                         timeouts={r: timeout("train", t) for r in range(2)})
+    assert codes(diagnose_run(record)) == ["RUN008"]
+    record.flight_recorder = fr_run(2, {0: {"input_sizes": [[399371]]}}, upto=4)
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN009"] and findings[0].evidence["flight_recorder"]["differs_in"] == "shapes"
+    assert findings[0].evidence["state_by_rank"] == {"0": "timeout", "1": "timeout"}  # our marks kept too

@@ -1,0 +1,47 @@
+"""This rank's own Flight Recorder, read live: torch's record of the collectives it issued.
+
+Our collective marks say which op a rank was in; torch's recorder adds what only the
+backend saw (tensor shapes and dtypes of every call, sequence numbers per process group),
+so a shape or dtype disagreement is found without a barrier before every collective.
+It is on by default in recent torch (2000 entries); TORCH_FR_BUFFER_SIZE=0 turns it off
+and then this says so. Stacks are not dumped: they cost seconds and we have our own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KEEP = ("collective_seq_id", "profiling_name", "process_group", "input_sizes", "input_dtypes", "output_sizes",
+        "state", "is_p2p")
+
+
+def take(limit: int = 64) -> dict[str, Any]:
+    """The last `limit` collectives of each process group, as JSON-able entries, or why not."""
+    try:
+        import torch
+
+        dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
+        if dump is None:
+            return {"unknown": f"torch {torch.__version__} has no Flight Recorder"}
+        from ddpdoctor.flight_recorder import loads_plain
+
+        data = loads_plain(dump(includeStackTraces=False))
+    except Exception as exc:  # a diagnostic must never fail the rank that asked for it
+        return {"unknown": f"{type(exc).__name__}: {exc}"}
+    entries = [e for e in (data.get("entries") or []) if isinstance(e, dict) and not e.get("is_p2p")]
+    if not entries:
+        return {"unknown": "the Flight Recorder is empty (TORCH_FR_BUFFER_SIZE=0 turns it off)"}
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        pg = e.get("process_group")
+        by_group.setdefault(str(pg[0]) if isinstance(pg, (list, tuple)) and pg else "0", []).append(e)
+    kept = [{k: _plain(e.get(k)) for k in KEEP} for group in by_group.values() for e in group[-limit:]]
+    return {"version": str(data.get("version", "")), "entries": kept}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
