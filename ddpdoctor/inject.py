@@ -22,6 +22,9 @@ ENV_VAR = "DDPDOCTOR_INJECT"
 INJECTED_CRASH_EXIT = 86
 
 STAGES = ("rendezvous", "init", "ddp", "train", "verify", "report")
+# Not a stage: inside DDP's gradient all-reduce mark, before the call reaches the backend, so
+# its peers wait in the collective while this rank is stuck in its own code.
+FAULT_STAGES = STAGES + ("collective",)
 
 _KEYS = {
     "slow": {"rank": True, "factor": True},
@@ -46,9 +49,9 @@ SLOW_LINK_BYTES_PER_S = 0.25e9
 
 _HELP = (
     "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init, "
-    "diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, desync:rank=1, noshow:rank=1, badport:rank=1 "
-    "badaddr:rank=1 or dtype:rank=1; stages: "
-    + ", ".join(STAGES)
+    "hang:rank=1:stage=collective, diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, desync:rank=1, "
+    "noshow:rank=1, badport:rank=1, badaddr:rank=1 or dtype:rank=1; stages: "
+    + ", ".join(FAULT_STAGES)
 )
 
 
@@ -119,7 +122,7 @@ def _parse_one(item: str) -> Fault:
     if rank < 0:
         raise UsageError(f"rank must be >= 0 in --inject {item!r}")
     stage = values.get("stage")
-    if stage is not None and stage not in STAGES:
+    if stage is not None and stage not in FAULT_STAGES:
         raise UsageError(f"unknown stage {stage!r} in --inject {item!r}: {_HELP}")
     factor = None
     if "factor" in values:

@@ -213,7 +213,8 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
 
     recorded = recorded_mismatch(record)
     if victims and not primaries and not odd_sizes:  # a world-size disagreement explains the waits
-        findings.append(_collective_hang(victims, hosts, recorded))
+        findings.append(_collective_hang(victims, hosts, recorded, recorded_laggards(record), _network(record),
+                                         _recorder_off(record)))
     elif recorded is not None and not primaries and not odd_sizes:
         # Every rank got through, yet torch recorded different calls at one sequence number:
         # a backend that does not check shapes (NCCL) runs them and reduces garbage, or hangs later.
@@ -321,16 +322,29 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
     )
 
 
+def _recorded(record: RunRecord) -> list[Mismatch]:
+    dumps = DumpSet({r: dump_from_entries(r, f"rank {r}", d["entries"]) for r, d in record.flight_recorder.items()
+                     if isinstance(d, dict) and isinstance(d.get("entries"), list)})
+    return compare(dumps)[0]
+
+
+def recorded_laggards(record: RunRecord) -> Optional[Mismatch]:
+    """The first sequence number some ranks issued to the backend and others never did (all
+    that did agree): those others are stuck before the call, in their own code."""
+    for m in _recorded(record):
+        present = [c for c in m.calls.values() if c is not None]
+        if present and m.missing and len({c.signature() for c in present}) == 1:
+            return m
+    return None
+
+
 def recorded_mismatch(record: RunRecord) -> Optional[Mismatch]:
     """The first collective where the ranks' Flight Recorders disagree on op, shapes or dtypes.
 
     A rank that simply stopped earlier is not a disagreement here: our own marks and deadlines
     say where each rank stopped; torch's record is read for what only the backend saw.
     """
-    dumps = DumpSet({r: dump_from_entries(r, f"rank {r}", d["entries"]) for r, d in record.flight_recorder.items()
-                     if isinstance(d, dict) and isinstance(d.get("entries"), list)})
-    mismatches, _ = compare(dumps)
-    for m in mismatches:
+    for m in _recorded(record):
         present = [c for c in m.calls.values() if c is not None]
         if len({c.signature() for c in present}) > 1:
             return m
@@ -380,14 +394,60 @@ def _recorded_desync(m: Mismatch, hosts: dict[int, str], evidence: dict[str, Any
     )
 
 
+def _recorder_off(record: RunRecord) -> dict[str, str]:
+    """Ranks whose Flight Recorder could not be read, and how to turn it on."""
+    return {str(r): f"{d['unknown']}; set TORCH_FR_BUFFER_SIZE=2000 (TORCH_NCCL_TRACE_BUFFER_SIZE on torch before "
+                    "2.8) so torch records every collective"
+            for r, d in sorted(record.flight_recorder.items()) if isinstance(d, dict) and "unknown" in d}
+
+
+def _network(record: RunRecord) -> dict[str, str]:
+    """Per host, the interface toward MASTER_ADDR and any *_SOCKET_IFNAME, from the init-hang probe."""
+    out: dict[str, str] = {}
+    for rank, facts in sorted((record.results.get("init-hang") or {}).items()):
+        route = facts.get("route") or {}
+        said = [f"{var}={v.get('value')} (selects {', '.join(v.get('selects') or []) or 'nothing'})"
+                for var, v in sorted((facts.get("socket_ifname") or {}).items())]
+        out.setdefault(record.host(rank), "; ".join([f"route to MASTER_ADDR via {route.get('interface')}"] + said))
+    return out
+
+
+def _stuck_before_the_backend(laggards: Mismatch, victims: dict[int, RankFate], hosts: dict[int, str],
+                              evidence: dict[str, Any]) -> Finding:
+    stuck = tuple(laggards.missing)
+    op = next(c.op for c in laggards.calls.values() if c is not None)
+    where = ", ".join(f"rank {r} ({hosts.get(r, '?')})" for r in stuck)
+    stacks = {f"python_stack_rank_{r}": _tail(victims[r].detail.get("stack", ""), 16)
+              for r in stuck if r in victims and victims[r].detail.get("stack")}
+    others = sorted(r for r in laggards.calls if r not in stuck)
+    return Finding(
+        code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
+        title=(f"{where[0].upper() + where[1:]} never handed {op} #{laggards.seq} to the backend: "
+               f"stuck in its own code, the others waited for it"),
+        ranks=stuck, nodes=tuple(sorted({hosts.get(r, "?") for r in stuck} - {"?"})),
+        evidence={**evidence, "flight_recorder": {"process_group": laggards.group, "seq": laggards.seq,
+                                                  "calls": {str(r): c for r, c in _recorded_calls(laggards).items()}},
+                  "waiting_ranks": rank_ranges(others), **stacks},
+        why=(f"Every rank entered the same step, but torch's Flight Recorder shows rank {rank_ranges(stuck)} never "
+             f"issued {op} #{laggards.seq} while rank {rank_ranges(others)} did and waited in it: the network is not "
+             "the problem; the named rank is stuck before the call (its stack shows where)."),
+        fix=("Read the stack: a hang in a backward hook, a lock, I/O or a rank-dependent branch before the "
+             "collective is the usual cause. Raise --timeout only if the step is legitimately slow."),
+    )
+
+
 def _collective_hang(victims: dict[int, RankFate], hosts: dict[int, str],
-                     recorded: Optional[Mismatch] = None) -> Finding:
-    """Every failed rank was inside a collective: a desync, or the transport itself."""
+                     recorded: Optional[Mismatch] = None, laggards: Optional[Mismatch] = None,
+                     network: Optional[dict[str, str]] = None, recorder_off: Optional[dict[str, str]] = None) -> Finding:
+    """Every failed rank was inside a collective: a desync, a rank stuck before the call, or the transport."""
     ops = {r: (f.in_collective or {}).get("op") for r, f in victims.items()}
     ranks = tuple(sorted(victims))
     nodes = tuple(sorted({hosts[r] for r in ranks if hosts[r] != "?"}))
-    evidence = {"collective_by_rank": {str(r): _coll(f.in_collective) for r, f in sorted(victims.items())},
-                "state_by_rank": {str(r): f.kind for r, f in sorted(victims.items())}}
+    evidence: dict[str, Any] = {
+        "collective_by_rank": {str(r): _coll(f.in_collective) for r, f in sorted(victims.items())},
+        "state_by_rank": {str(r): f.kind for r, f in sorted(victims.items())}}
+    if recorder_off:
+        evidence["flight_recorder_off"] = recorder_off
     calls = {r: _coll_short(f.in_collective) for r, f in victims.items()}
     if len(set(calls.values())) > 1:  # another op, or the same op at another sequence number
         groups = group_ranks(calls)  # largest first
@@ -419,6 +479,10 @@ def _collective_hang(victims: dict[int, RankFate], hosts: dict[int, str],
         evidence["errors"] = errors
     if recorded is not None:  # our marks agree, torch's record does not: shapes or dtypes differ
         return _recorded_desync(recorded, hosts, evidence)
+    if laggards is not None:  # our marks agree, but some ranks never issued the call
+        return _stuck_before_the_backend(laggards, victims, hosts, evidence)
+    if network:
+        evidence["network"] = network
     return Finding(
         code="RUN008", severity=Severity.CRITICAL, probe=PROBE,
         title=f"All ranks failed inside {next(iter(ops.values()))}: the collective itself did not complete",

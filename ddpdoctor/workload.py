@@ -171,6 +171,8 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
                 with ctx.collective("metrics_allreduce", step=step):
                     dist.all_reduce(metrics)
             with ctx.collective("ddp_gradient_allreduce", step=step):
+                if step == 0:
+                    ctx.injector.at_stage("collective")
                 loss.backward()
                 _sync(device)
             t3 = time.perf_counter()

@@ -194,3 +194,16 @@ def test_a_dtype_only_torchs_flight_recorder_saw_is_named_without_any_barrier(tm
     assert recorded["calls"]["1"].endswith("(in [24] Double)") and recorded["calls"]["0"].endswith("(in [48] Float)")
     assert run.findings("DDP001"), "the training itself was fine: only the metrics all-reduce disagreed"
     assert_nothing_left(run)
+
+
+def test_a_rank_stuck_inside_the_collective_before_the_backend_is_named_not_the_network(tmp_path):
+    run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", "hang:rank=1:stage=collective")
+    assert run.returncode == 2, run.explain()
+    stuck = run.findings("RUN004")
+    assert len(stuck) == 1 and stuck[0]["ranks"] == [1], run.explain()
+    assert "never handed all_reduce #" in stuck[0]["title"]
+    assert stuck[0]["evidence"]["flight_recorder"]["calls"]["1"].startswith("not reached")
+    assert any("_hang_forever" in line for line in stuck[0]["evidence"]["python_stack_rank_1"])
+    assert not run.findings("RUN008"), "not the transport"
+    assert _latency_after_deadline(run.report, 1, "train") <= 3.0, run.explain()
+    assert_nothing_left(run)

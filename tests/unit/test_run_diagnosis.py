@@ -586,3 +586,35 @@ def test_a_hang_our_marks_call_one_collective_becomes_a_desync_when_torch_saw_ot
     findings = diagnose_run(record)
     assert codes(findings) == ["RUN009"] and findings[0].evidence["flight_recorder"]["differs_in"] == "shapes"
     assert findings[0].evidence["state_by_rank"] == {"0": "timeout", "1": "timeout"}  # our marks kept too
+
+
+def test_a_rank_that_never_handed_the_collective_to_the_backend_is_the_stuck_one():
+    # Our marks: every rank timed out inside the same gradient all-reduce. torch's record: ranks 0 and 2
+    # issued #4, rank 1 stopped at #3, so rank 1 is stuck in its own code before the call.
+    t = {"op": "ddp_gradient_allreduce", "seq": 4, "step": 0}
+    record = make_record(3, timelines={r: timeline("train", "timeout") for r in range(3)},
+                         timeouts={r: timeout("train", t) for r in range(3)})
+    record.flight_recorder = fr_run(3, {}, upto=4)
+    record.flight_recorder[1]["entries"] = record.flight_recorder[1]["entries"][:3]
+    findings = diagnose_run(record)
+    assert codes(findings) == ["RUN004"]
+    stuck = findings[0]
+    assert stuck.ranks == (1,) and "never handed all_reduce #4 to the backend" in stuck.title
+    assert stuck.evidence["flight_recorder"]["calls"]["1"] == "not reached (last #3)"
+    assert stuck.evidence["waiting_ranks"] == "0,2" and stuck.evidence["python_stack_rank_1"]
+
+
+def test_a_transport_hang_shows_each_hosts_interface_and_a_recorder_that_was_off():
+    t = {"op": "ddp_gradient_allreduce", "seq": 4, "step": 0}
+    record = make_record(2, timelines={r: timeline("train", "timeout") for r in range(2)},
+                         timeouts={r: timeout("train", t) for r in range(2)})
+    record.results = {"init-hang": {
+        0: {"route": {"interface": "eth0"}, "socket_ifname": {"NCCL_SOCKET_IFNAME": {"value": "eth", "selects": ["eth0"]}}},
+        1: {"route": {"interface": "ib0"}, "socket_ifname": {}}}}
+    record.flight_recorder = fr_run(2, {}, upto=4)
+    record.flight_recorder[1] = {"unknown": "the Flight Recorder is empty (TORCH_FR_BUFFER_SIZE=0 turns it off)"}
+    hang, = diagnose_run(record)
+    assert hang.code == "RUN008"
+    assert hang.evidence["network"] == {"node-a": "route to MASTER_ADDR via eth0; NCCL_SOCKET_IFNAME=eth (selects eth0)",
+                                        "node-b": "route to MASTER_ADDR via ib0"}
+    assert "TORCH_FR_BUFFER_SIZE=2000" in hang.evidence["flight_recorder_off"]["1"]
