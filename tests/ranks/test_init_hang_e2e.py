@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+from tests.dropping_port import dropping_port
 
 from .harness import free_port, run_command, run_hand_set_ranks, tagged_processes, TAG_VAR
 
@@ -19,20 +20,9 @@ pytestmark = pytest.mark.ranks
 
 def test_a_port_that_drops_packets_is_told_from_a_closed_one(tmp_path):
     """A listener whose accept queue is full drops SYNs as a firewall does; the rank says so in one line."""
-    with socket.socket() as full:
-        full.bind(("127.0.0.1", 0))
-        full.listen(0)
-        port = full.getsockname()[1]
-        fillers = []
-        for _ in range(4):
-            c = socket.socket()
-            c.setblocking(False)
-            c.connect_ex(("127.0.0.1", port))
-            fillers.append(c)
+    with dropping_port() as port:
         env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         run = run_command([sys.executable, "-m", "ddpdoctor", "check", "--timeout", "4"], tmp_path, env=env)
-        for c in fillers:
-            c.close()
     assert run.returncode == 2, run.explain()
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1, run.explain()

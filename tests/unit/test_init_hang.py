@@ -19,6 +19,7 @@ import pytest
 from ddpdoctor import net_facts
 from ddpdoctor.probes import RunView
 from ddpdoctor.probes.init_hang import LATE_ARRIVAL_S, InitHang
+from tests.dropping_port import dropping_port
 
 RECORDED = json.loads((Path(__file__).parent.parent / "fixtures" / "init_hang" / "cpu_vm_2rank_recorded.json")
                       .read_text())
@@ -193,23 +194,10 @@ def test_waiting_for_a_port_tells_refused_from_dropped_from_open():
     start = time.monotonic()
     why = net_facts.wait_for_port("127.0.0.1", port, 0.6)  # closed: refused, retried to the deadline
     assert why.startswith(f"connection refused at 127.0.0.1:{port}") and 0.4 < time.monotonic() - start < 1.5
-    with socket.socket() as full:
-        # A listener whose accept queue is full drops new SYNs, as a firewall does: the dial times out.
-        full.bind(("127.0.0.1", 0))
-        full.listen(0)
-        port = full.getsockname()[1]
-        fillers = []
-        for _ in range(4):
-            c = socket.socket()
-            c.setblocking(False)
-            c.connect_ex(("127.0.0.1", port))
-            fillers.append(c)
-        time.sleep(0.1)
+    with dropping_port() as port:
         start = time.monotonic()
         why = net_facts.wait_for_port("127.0.0.1", port, 1.0)
         took = time.monotonic() - start
-        for c in fillers:
-            c.close()
     assert why.startswith(f"no answer from 127.0.0.1:{port}") and took < 2.0
     with socket.socket() as open_:
         open_.bind(("127.0.0.1", 0))
