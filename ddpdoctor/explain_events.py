@@ -63,6 +63,8 @@ def _self_inflicted(e: Event) -> bool:
 def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[dict[int, str], Optional[int]]:
     """Fill in ranks and hosts that other lines reveal; returns rank -> host and the world size."""
     nested = any(e.task is not None for e in events)  # srun started launchers: its tasks are nodes
+    # Plain `srun torchrun ...` (no --label) shows only torchrun's own lines: its tasks are nodes too.
+    launchers = nested or any(e.sig.startswith("elastic_") for e in events)
     by_pid: dict[int, int] = {}
     hosts: dict[int, str] = {}
     local_to_rank: dict[tuple[Optional[str], int], int] = {}
@@ -79,7 +81,7 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
             tasks = task_list(str(e.fields.get("tasks", "")))
             for r in tasks:
                 hosts.setdefault(r, str(e.fields["host"]))
-            if e.rank is None and len(tasks) == 1:
+            if e.rank is None and len(tasks) == 1 and not launchers:
                 e.rank = tasks[0]  # srun started the ranks themselves: task N is SLURM_PROCID N, rank N
         elif e.sig == "nccl_comm_init":
             sizes.append(int(e.fields["nranks"]))

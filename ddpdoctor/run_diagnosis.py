@@ -323,19 +323,35 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
 
 
 def _recorded(record: RunRecord) -> list[Mismatch]:
-    dumps = DumpSet({r: dump_from_entries(r, f"rank {r}", d["entries"]) for r, d in record.flight_recorder.items()
+    dumps = DumpSet({int(r): dump_from_entries(int(r), f"rank {r}", d["entries"])
+                     for r, d in record.flight_recorder.items()
                      if isinstance(d, dict) and isinstance(d.get("entries"), list)})
     return compare(dumps)[0]
 
 
 def recorded_laggards(record: RunRecord) -> Optional[Mismatch]:
     """The first sequence number some ranks issued to the backend and others never did (all
-    that did agree): those others are stuck before the call, in their own code."""
+    that did agree), where those others' main thread is in their own code, not inside torch.
+
+    gloo never marks a call completed, so a rank one call behind may just as well be inside
+    the previous call in the backend (a ring whose last receive never came): only its stack
+    tells "stuck before the call" from "stuck in the transport".
+    """
     for m in _recorded(record):
         present = [c for c in m.calls.values() if c is not None]
         if present and m.missing and len({c.signature() for c in present}) == 1:
-            return m
+            stacks = [str((record.timeouts.get(r) or {}).get("stack", "")) for r in m.missing]
+            if all(_innermost_outside_torch(s) for s in stacks):
+                return m
+            return None
     return None
+
+
+def _innermost_outside_torch(stack: str) -> bool:
+    """The main thread's innermost frame (python_stacks puts it first) is not torch's own code."""
+    main = stack.split("\nThread ", 1)[0]
+    files = [line for line in main.splitlines() if line.strip().startswith("File ")]
+    return bool(files) and "/torch/" not in files[-1].replace("\\", "/")
 
 
 def recorded_mismatch(record: RunRecord) -> Optional[Mismatch]:
@@ -405,9 +421,12 @@ def _network(record: RunRecord) -> dict[str, str]:
     """Per host, the interface toward MASTER_ADDR and any *_SOCKET_IFNAME, from the init-hang probe."""
     out: dict[str, str] = {}
     for rank, facts in sorted((record.results.get("init-hang") or {}).items()):
-        route = facts.get("route") or {}
+        if not isinstance(facts, dict):
+            continue
+        route = facts.get("route") if isinstance(facts.get("route"), dict) else {}
+        ifnames = facts.get("socket_ifname") if isinstance(facts.get("socket_ifname"), dict) else {}
         said = [f"{var}={v.get('value')} (selects {', '.join(v.get('selects') or []) or 'nothing'})"
-                for var, v in sorted((facts.get("socket_ifname") or {}).items())]
+                for var, v in sorted(ifnames.items()) if isinstance(v, dict)]
         out.setdefault(record.host(rank), "; ".join([f"route to MASTER_ADDR via {route.get('interface')}"] + said))
     return out
 

@@ -126,3 +126,24 @@ def test_a_message_that_leaves_a_value_out_gives_a_title_without_a_hole(tmp_path
 
     (tmp_path / "x.log").write_text(line + "\n")
     assert explain([str(tmp_path / "x.log")]).explanation.findings[0].title == title
+
+
+def test_srun_tasks_over_torchrun_are_nodes_even_without_labels(tmp_path: Path) -> None:
+    # `srun torchrun ...` on two nodes, no --label: srun's task 1 is node02's torchrun, not rank 1.
+    from ddpdoctor.explain import explain
+
+    log = tmp_path / "slurm-9.out"
+    log.write_text(
+        "E1123 10:00:00.000000 4242 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: -9) "
+        "local_rank: 1 (pid: 5151) of binary: /usr/bin/python\n"
+        "Root Cause (first observed failure):\n"
+        "[0]:\n"
+        "  time      : 2026-11-23_10:00:00\n"
+        "  host      : node02\n"
+        "  rank      : 5 (local_rank: 1)\n"
+        "  exitcode  : -9 (pid: 5151)\n"
+        "  error_file: <N/A>\n"
+        "  traceback : Signal 9 (SIGKILL) received by PID 5151\n"
+        "srun: error: node02: task 1: Exited with exit code 1\n")
+    findings = explain([str(log)]).explanation.findings
+    assert [(f.code, f.ranks) for f in findings] == [("RUN002", (5,))], [(f.code, f.title) for f in findings]

@@ -618,3 +618,25 @@ def test_a_transport_hang_shows_each_hosts_interface_and_a_recorder_that_was_off
     assert hang.evidence["network"] == {"node-a": "route to MASTER_ADDR via eth0; NCCL_SOCKET_IFNAME=eth (selects eth0)",
                                         "node-b": "route to MASTER_ADDR via ib0"}
     assert "TORCH_FR_BUFFER_SIZE=2000" in hang.evidence["flight_recorder_off"]["1"]
+
+
+def test_a_rank_one_call_behind_but_inside_torch_is_the_transport_not_its_own_code():
+    # gloo never marks a call completed: a ring whose last receive never came leaves the rank
+    # one call behind too. Its stack (inside torch) says it is in the backend: RUN008, no blame.
+    t = {"op": "allreduce_sweep", "seq": 4}
+    in_torch = ('Thread MainThread:\n  File "/job/ddpdoctor/probes/allreduce.py", line 57 in collect\n'
+                '  File "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2806 in all_reduce\n')
+    record = make_record(3, timelines={r: timeline("train", "timeout") for r in range(3)},
+                         timeouts={r: dict(timeout("train", t), stack=in_torch) for r in range(3)})
+    record.flight_recorder = fr_run(3, {}, upto=5)
+    record.flight_recorder[1]["entries"] = record.flight_recorder[1]["entries"][:4]
+    assert codes(diagnose_run(record)) == ["RUN008"]
+
+
+def test_junk_in_the_published_facts_never_loses_the_run_findings():
+    t = {"op": "ddp_gradient_allreduce", "seq": 4, "step": 0}
+    record = make_record(2, timelines={r: timeline("train", "timeout") for r in range(2)},
+                         timeouts={r: timeout("train", t) for r in range(2)})
+    record.results = {"init-hang": {0: "not a dict", 1: {"route": "eth0", "socket_ifname": {"X": "y"}}}}
+    record.flight_recorder = {0: ["junk"], 1: {"entries": "junk"}}
+    assert codes(diagnose_run(record)) == ["RUN008"]
