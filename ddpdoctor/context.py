@@ -72,12 +72,13 @@ class RankContext:
                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:],
                 "collective": self.state.collective or self.state.failed_collective,
             })
-            self.watchdog.disarm()
-            self._publish_timeline()
             if self.state.collective or self.state.failed_collective:
                 from ddpdoctor import fr_snapshot
 
+                # Still under the stage's deadline: reading the recorder must not be the next hang.
                 self._publish(f"fr/{self.rank}", fr_snapshot.take())
+            self.watchdog.disarm()
+            self._publish_timeline()
             raise StageFailed(record.detail) from exc
         else:
             record.ended, record.status = time.time(), "ok"

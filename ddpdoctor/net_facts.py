@@ -20,13 +20,43 @@ def _unknown(exc: BaseException) -> dict[str, str]:
     return {"unknown": f"{type(exc).__name__}: {exc}"}
 
 
-def resolve(host: str, port: int) -> tuple[list[str], Optional[dict[str, str]], float]:
+RESOLVE_DEADLINE_S = 3.0
+
+
+def _getaddrinfo(host: str, port: int, deadline_s: float) -> list[Any]:
+    """getaddrinfo with a deadline: a dead nameserver must not hold a rank past its stage's.
+
+    The lookup runs in a daemon thread that is abandoned, not joined, when it overruns.
+    """
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def lookup() -> None:
+        try:
+            box["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=lookup, name="ddpdoctor-resolve", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        raise TimeoutError(f"no answer from the resolver within {deadline_s:g}s")
+    if "error" in box:
+        raise box["error"]
+    return list(box["infos"])
+
+
+def resolve(host: str, port: int, deadline_s: float = RESOLVE_DEADLINE_S
+            ) -> tuple[list[str], Optional[dict[str, str]], float]:
     """The addresses `host` resolves to here (IPv4 first, as the store client tries them)."""
     t0 = time.monotonic()
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = _getaddrinfo(host, port, deadline_s)
     except (OSError, UnicodeError) as exc:
-        return [], _unknown(exc), time.monotonic() - t0
+        said = getattr(exc, "strerror", None) or str(exc)
+        return [], {"unknown": f"{type(exc).__name__}: {said}"}, time.monotonic() - t0
     addrs = list(dict.fromkeys(str(i[4][0]) for i in sorted(infos, key=lambda i: i[0] != socket.AF_INET)))
     return addrs, None, time.monotonic() - t0
 
@@ -96,6 +126,8 @@ def ifname_facts(environ: dict[str, str], ifaces: dict[str, dict[str, Any]]) -> 
         if value is None or not value.strip():
             continue
         out[var] = {"value": value, "selects": ifname_matches(value, usable, exact_only=var.startswith("GLOO"))}
+        if var.startswith("GLOO"):  # gloo opens a device per listed name: one missing name fails it all
+            out[var]["missing"] = [n.strip() for n in value.split(",") if n.strip() and n.strip() not in usable]
     return out
 
 
@@ -114,10 +146,14 @@ def wait_for_port(addr: str, port: int, deadline_s: float) -> Optional[str]:
     import errno
 
     end = time.monotonic() + deadline_s
+    resolved, problem, _ = resolve(addr, port, max(0.1, min(RESOLVE_DEADLINE_S, deadline_s)))
+    if not resolved:  # resolved once, then dialled by address: the deadline holds
+        return f"{addr} does not resolve ({(problem or {}).get('unknown')})"
+    target = resolved[0]
     while True:
         left = end - time.monotonic()
         try:
-            with socket.create_connection((addr, port), timeout=max(0.05, min(1.0, left))):
+            with socket.create_connection((target, port), timeout=max(0.05, min(1.0, left))):
                 return None
         except socket.timeout:
             reason = (f"no answer from {addr}:{port} (a firewall drops the packets, or MASTER_ADDR is not the "

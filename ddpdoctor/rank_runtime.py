@@ -12,7 +12,6 @@ import datetime
 import faulthandler
 import os
 import signal
-import socket
 import sys
 import time
 from typing import Any, Optional
@@ -26,7 +25,7 @@ from ddpdoctor.findings import EXIT_CRITICAL, EXIT_UNKNOWN
 from ddpdoctor.inject import Injector, check_ranks, no_show
 from ddpdoctor.launch_env import BACKEND_VAR, DEVICE_VAR, LaunchEnv, launcher_pid
 from ddpdoctor.liveness import Heartbeat, SideChannel, Watchdog
-from ddpdoctor.net_facts import wait_for_port
+from ddpdoctor.net_facts import resolve, wait_for_port
 from ddpdoctor.rank_state import RankState
 from ddpdoctor.probes.init_hang import NAME as INIT_PROBE, before_rendezvous
 from ddpdoctor.run_record import RunRecord, read_record
@@ -47,25 +46,22 @@ def _die_with_parent() -> None:
 
 def _connect(env: LaunchEnv, cfg: CheckConfig) -> Channel:
     where = f"{env.master_addr}:{env.master_port}"
-    try:
-        socket.getaddrinfo(env.master_addr, env.master_port)
-    except socket.gaierror as exc:
-        raise UsageError(f"MASTER_ADDR={env.master_addr!r} does not resolve on {env.hostname} ({exc.strerror}): "
-                         "use an address every node can resolve, e.g. the first node's IP") from None
+    resolved, problem, _ = resolve(env.master_addr, env.master_port, min(cfg.timeout_s, 10.0))
+    if not resolved:
+        why = str((problem or {}).get("unknown", "")).split(": ", 1)[-1]
+        raise UsageError(f"MASTER_ADDR={env.master_addr!r} does not resolve on {env.hostname} ({why}): "
+                         "use an address every node can resolve, e.g. the first node's IP")
     if not env.hosts_store:
         # A client gives up before rank 0's rendezvous wait (0.8 x timeout) ends, so its reason
         # reaches the launcher's report.
         wait_s = 0.7 * cfg.timeout_s
-        t0 = time.monotonic()
         why = wait_for_port(env.master_addr, env.master_port, wait_s)
         if why is not None:
             raise _Unreachable(f"rank {env.rank} on {env.hostname} could not reach the rendezvous store at {where} "
                                f"within {wait_s:g}s: {why}")
-        left = max(1.0, cfg.timeout_s - (time.monotonic() - t0))
-    else:
-        left = cfg.timeout_s
     try:
-        return Channel.connect(env.master_addr, env.master_port, left, is_master=env.hosts_store)
+        # The timeout is also every later store operation's: the full stage deadline, always.
+        return Channel.connect(env.master_addr, env.master_port, cfg.timeout_s, is_master=env.hosts_store)
     except Exception as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if env.hosts_store:
@@ -319,6 +315,8 @@ def _process_gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+    except psutil.Error:
+        return False  # it exists (access denied, say): not known to be gone
 
 
 def _is_dead(channel: Channel, env: LaunchEnv, rank: int, by_heartbeat: bool = True) -> bool:

@@ -414,7 +414,7 @@ def _recorder_off(record: RunRecord) -> dict[str, str]:
     """Ranks whose Flight Recorder could not be read, and how to turn it on."""
     return {str(r): f"{d['unknown']}; set TORCH_FR_BUFFER_SIZE=2000 (TORCH_NCCL_TRACE_BUFFER_SIZE on torch before "
                     "2.8) so torch records every collective"
-            for r, d in sorted(record.flight_recorder.items()) if isinstance(d, dict) and "unknown" in d}
+            for r, d in sorted(record.flight_recorder.items()) if isinstance(d, dict) and d.get("off")}
 
 
 def _network(record: RunRecord) -> dict[str, str]:

@@ -69,8 +69,10 @@ class InitHang:
     def diagnose(self, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
         findings = _bad_ifname(facts, run) + _hostname_on_loopback(facts, run) + _split_resolution(facts, run)
         findings += _late_arrivals(facts, run)
-        # Fewer facts than ranks: the run's RUN001 names who did not arrive and why.
-        if not any(f.severity >= Severity.WARN for f in findings) and len(facts) == run.world_size:
+        # Fewer facts than ranks, or an init that did not finish everywhere: the run's own
+        # findings (RUN001, RUN004, ...) say what happened; "ok" would contradict them.
+        initialised = all(isinstance(f.get("init_s"), (int, float)) for f in facts.values())
+        if not any(f.severity >= Severity.WARN for f in findings) and len(facts) == run.world_size and initialised:
             findings.append(_healthy(facts, run))
         return findings
 
@@ -83,28 +85,47 @@ def _bad_ifname(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Fi
     """A *_SOCKET_IFNAME that selects no live interface: the group init fails on that host."""
     hosts = _hosts(facts, run)
     by_var: dict[tuple[str, str], list[int]] = {}
+    missing: dict[tuple[str, str], set[str]] = {}
     for r, f in facts.items():
-        for var, reading in (f.get("socket_ifname") or {}).items():
-            if not reading.get("selects"):
-                by_var.setdefault((var, str(reading.get("value"))), []).append(r)
+        readings = f.get("socket_ifname")
+        for var, reading in (readings.items() if isinstance(readings, dict) else ()):
+            if not isinstance(reading, dict):
+                continue
+            if not reading.get("selects") or reading.get("missing"):
+                key = (var, str(reading.get("value")))
+                by_var.setdefault(key, []).append(r)
+                missing.setdefault(key, set()).update(reading.get("missing") or [])
     out = []
     for (var, value), ranks in sorted(by_var.items()):
         ranks.sort()
+        wanted = "nccl" if var.startswith("NCCL") else "gloo"
+        used = {str(facts[r].get("backend") or "") for r in ranks}
+        # Critical when this run's backend reads it (or init never said which backend); otherwise
+        # the check itself was fine, but a job with that backend on this host would not be.
+        severity = Severity.CRITICAL if wanted in used or "" in used else Severity.WARN
         available = sorted({n for r in ranks for n, i in _ifaces(facts[r]).items()
                             if i.get("up") is not False and (i.get("ipv4") or i.get("ipv6"))})
         routes = sorted({str((facts[r].get("route") or {}).get("interface")) for r in ranks
                          if (facts[r].get("route") or {}).get("interface")})
+        absent = sorted(missing[(var, value)])
         message = ("NCCL WARN Bootstrap : no socket interface found" if var.startswith("NCCL")
-                   else f"Unable to find address for: {value}")
+                   else f"Unable to find address for: {absent[0] if absent else value}")
         out.append(Finding(
-            code="INIT001", severity=Severity.CRITICAL, probe=NAME,
+            code="INIT001", severity=severity, probe=NAME,
             title=f"{var}={value} selects no usable interface on rank {rank_ranges(ranks)}",
             ranks=tuple(ranks), nodes=tuple(sorted({hosts[r] for r in ranks})),
             evidence={"variable": var, "value": value, "interfaces_up": available,
-                      "route_to_master": routes, "expected_error": message},
-            why=(f"{var} names the interface(s) the {'NCCL' if var.startswith('NCCL') else 'gloo'} backend may use; "
-                 f"none that is up and has an address matches '{value}' on this host, so the process group "
-                 f"fails to initialise with \"{message}\" (a name from another machine, or a typo)."),
+                      "route_to_master": routes, "expected_error": message,
+                      **({"not_on_this_host": absent} if absent else {}),
+                      **({"backend_of_this_run": sorted(used)} if severity == Severity.WARN else {})},
+            why=(f"{var} names the interface(s) the {wanted} backend may use; "
+                 + (f"{', '.join(absent)} is not up with an address on this host (gloo needs every name it is given)"
+                    if absent and var.startswith("GLOO") else
+                    f"none that is up and has an address matches '{value}' on this host")
+                 + f", so a {wanted} process group fails to initialise with \"{message}\" (a name from another "
+                   "machine, or a typo)."
+                 + ("" if severity == Severity.CRITICAL else
+                    f" This check ran on {', '.join(sorted(used))}, which does not read it.")),
             fix=(f"Set {var} to an interface this host has (here: {', '.join(available) or 'none up'}"
                  + (f"; the route to MASTER_ADDR leaves through {', '.join(routes)}" if routes else "")
                  + "), or unset it. Check with `ip -br addr` on that host."),
@@ -131,7 +152,8 @@ def _hostname_on_loopback(facts: Mapping[int, Mapping[str, Any]], run: RunView) 
     gloo = any(facts[r].get("backend") == "gloo" for r in ranks)
     names = sorted({f"{facts[r].get('hostname')} -> {', '.join(facts[r]['hostname_resolves_to'])}" for r in ranks})
     return [Finding(
-        code="INIT002", severity=Severity.CRITICAL if gloo else Severity.WARN, probe=NAME,
+        # NCCL picks its interface by other rules; only gloo (and code using it in the same job) binds there.
+        code="INIT002", severity=Severity.CRITICAL if gloo else Severity.INFO, probe=NAME,
         title=f"The host name of {', '.join(sorted({hosts[r] for r in ranks}))} resolves to loopback in a multi-node job",
         ranks=tuple(ranks), nodes=tuple(sorted({hosts[r] for r in ranks})),
         evidence={"hostname_resolves_to": names, "hosts_in_job": len(set(hosts.values()))},
@@ -147,17 +169,20 @@ def _hostname_on_loopback(facts: Mapping[int, Mapping[str, Any]], run: RunView) 
 def _split_resolution(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
     """Ranks that resolve MASTER_ADDR differently meet at different stores, or not at all."""
     hosts = _hosts(facts, run)
-    seen: dict[str, list[int]] = {}
-    for r, f in facts.items():
+    # Ranks whose answers share an address agree (several A records come back in another order on
+    # another subnet, or round robin); a loopback answer on the store's own host is that host too.
+    clusters: list[tuple[set[str], list[int]]] = []
+    for r, f in sorted(facts.items()):
         resolved = f.get("resolved")
-        if not isinstance(resolved, list) or not resolved:
+        if not isinstance(resolved, list) or not resolved or all(net_facts.is_loopback(a) for a in resolved):
             continue
-        # A loopback answer on the store's own host and its LAN address elsewhere are the same place.
-        key = "this host (loopback)" if all(net_facts.is_loopback(a) for a in resolved) else resolved[0]
-        seen.setdefault(key, []).append(r)
-    public = {k: v for k, v in seen.items() if k != "this host (loopback)"}
-    if len(public) < 2:
+        addrs = set(map(str, resolved))
+        joined = [c for c in clusters if c[0] & addrs]
+        merged = (addrs.union(*(c[0] for c in joined)), sorted([r, *(x for c in joined for x in c[1])]))
+        clusters = [c for c in clusters if c not in joined] + [merged]
+    if len(clusters) < 2:
         return []
+    public = {", ".join(sorted(a)): ranks for a, ranks in clusters}
     ordered = sorted(public.items(), key=lambda kv: -len(kv[1]))  # the majority first
     groups = {k: rank_ranges(sorted(v)) for k, v in ordered}
     odd = sorted(r for _, v in ordered[1:] for r in v)
@@ -173,22 +198,32 @@ def _split_resolution(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> l
     )]
 
 
+def arrival_gaps(facts: Mapping[int, Mapping[str, Any]]) -> dict[int, float]:
+    """Seconds each rank arrived after the first, from how long each waited in the rendezvous.
+
+    Each rank times its own wait on its own clock, and the wait ends for everyone when the
+    last hello lands: the first rank waited longest, a late one hardly at all. Wall clocks of
+    different hosts are never compared, so a skewed clock is no late rank.
+    """
+    waits = {r: float(f["rendezvous_s"]) for r, f in facts.items() if isinstance(f.get("rendezvous_s"), (int, float))}
+    if len(waits) < 2:
+        return {}
+    longest = max(waits.values())
+    return {r: longest - w for r, w in waits.items()}
+
+
 def _late_arrivals(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
-    times = {r: float(f["arrived_t"]) for r, f in facts.items() if isinstance(f.get("arrived_t"), (int, float))}
-    if len(times) < 2:
-        return []
-    first = min(times.values())
+    gaps = arrival_gaps(facts)
     limit = LATE_ARRIVAL_S
-    late = sorted(r for r, t in times.items() if t - first >= limit)
+    late = sorted(r for r, g in gaps.items() if g >= limit)
     if not late:
         return []
     hosts = _hosts(facts, run)
     return [Finding(
         code="INIT004", severity=Severity.WARN, probe=NAME,
-        title=(f"Rank {rank_ranges(late)} reached the rendezvous {max(times[r] for r in late) - first:.1f} s "
-               f"after the first rank"),
+        title=f"Rank {rank_ranges(late)} reached the rendezvous {max(gaps[r] for r in late):.1f} s after the first rank",
         ranks=tuple(late), nodes=tuple(sorted({hosts[r] for r in late})),
-        evidence={"arrival_after_first_s": {str(r): round(t - first, 2) for r, t in sorted(times.items())},
+        evidence={"arrival_after_first_s": {str(r): round(g, 2) for r, g in sorted(gaps.items())},
                   "start_to_arrival_s": {str(r): facts[r].get("start_to_arrival_s") for r in late},
                   "threshold_s": limit},
         why=("Every other rank waited idle for these; the usual causes are a slow start (imports from a busy "
@@ -201,8 +236,7 @@ def _late_arrivals(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list
 
 
 def _healthy(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> Finding:
-    times = [float(f["arrived_t"]) for f in facts.values() if isinstance(f.get("arrived_t"), (int, float))]
-    spread = max(times) - min(times) if times else 0.0
+    spread = max(arrival_gaps(facts).values(), default=0.0)
     routes = sorted({f"{_hosts(facts, run)[r]}: {(f.get('route') or {}).get('interface')}"
                      for r, f in facts.items() if (f.get("route") or {}).get("interface")})
     inits = [float(f["init_s"]) for f in facts.values() if isinstance(f.get("init_s"), (int, float))]

@@ -40,3 +40,13 @@ def test_a_recorder_that_cannot_be_read_is_a_value_not_an_error(monkeypatch):
 
     monkeypatch.setattr(torch._C._distributed_c10d, "_dump_fr_trace", broken)
     assert fr_snapshot.take() == {"unknown": "RuntimeError: no recorder here"}
+
+
+def test_an_empty_recorder_is_off_only_when_a_variable_says_so(monkeypatch):
+    monkeypatch.setattr(torch._C._distributed_c10d, "_dump_fr_trace",
+                        lambda **_: __import__("pickle").dumps({"version": "2.10", "entries": []}))
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    assert fr_snapshot.take() == {"unknown": "the Flight Recorder holds no collective yet"}
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")
+    assert fr_snapshot.take() == {"unknown": "the Flight Recorder is turned off (TORCH_FR_BUFFER_SIZE=0)", "off": True}

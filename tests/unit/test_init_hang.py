@@ -40,7 +40,8 @@ def two_nodes(n: int = 4) -> tuple[dict[int, dict[str, Any]], RunView]:
         f.update(hostname=host, master_addr="node-a", resolved=["10.0.0.1"],
                  route={"source": "10.0.0.1" if host == "node-a" else "10.0.0.2", "interface": "eth0"},
                  hostname_resolves_to=["10.0.0.1" if host == "node-a" else "10.0.0.2"],
-                 socket_ifname={}, arrived_t=base["arrived_t"] + 0.1 * r, backend="gloo")
+                 socket_ifname={}, arrived_t=base["arrived_t"] + 0.1 * r, backend="gloo",
+                 rendezvous_s=0.5 - 0.1 * r)  # each waits until the last hello lands
         f["interfaces"]["eth0"]["ipv4"] = [f["route"]["source"]]
         facts[r] = f
     return facts, RunView(world_size=n, hosts={r: facts[r]["hostname"] for r in facts})
@@ -57,7 +58,7 @@ def test_the_recorded_healthy_run_is_ok_and_says_how_the_ranks_met():
     ok = findings[0]
     assert ok.ranks == (0, 1) and ok.evidence["resolved_to"] == ["127.0.0.1"]
     assert ok.evidence["route_to_master"] == ["vm: lo"]
-    spread = max(f["arrived_t"] for f in facts.values()) - min(f["arrived_t"] for f in facts.values())
+    spread = max(f["rendezvous_s"] for f in facts.values()) - min(f["rendezvous_s"] for f in facts.values())
     assert ok.evidence["arrival_spread_s"] == pytest.approx(spread, abs=1e-3)
 
 
@@ -79,6 +80,8 @@ def test_a_missing_rank_leaves_the_verdict_to_the_run_finding():
 ])
 def test_an_ifname_that_selects_no_live_interface_is_critical_on_that_node(var, value, expected):
     facts, run = two_nodes()
+    for r in facts:
+        facts[r]["backend"] = "nccl" if var.startswith("NCCL") else "gloo"  # the backend that reads it
     for r in (2, 3):
         facts[r]["socket_ifname"] = net_facts.ifname_facts({var: value}, facts[r]["interfaces"])
     findings = PROBE.diagnose(facts, run)
@@ -87,6 +90,24 @@ def test_an_ifname_that_selects_no_live_interface_is_critical_on_that_node(var, 
     assert bad[0].severity.label == "critical" and bad[0].evidence["expected_error"].endswith(expected)
     assert "eth0" in bad[0].evidence["interfaces_up"] and bad[0].evidence["route_to_master"] == ["eth0"]
     assert "INIT000" not in codes(findings)
+
+
+def test_an_ifname_the_runs_backend_does_not_read_is_a_warning_only():
+    # A site-wide module sets NCCL_SOCKET_IFNAME=ib0; this gloo check initialised fine without it.
+    facts, run = two_nodes()
+    for f in facts.values():
+        f["socket_ifname"] = net_facts.ifname_facts({"NCCL_SOCKET_IFNAME": "ib0"}, f["interfaces"])
+    bad, = [f for f in PROBE.diagnose(facts, run) if f.code == "INIT001"]
+    assert bad.severity.label == "warn" and bad.evidence["backend_of_this_run"] == ["gloo"]
+
+
+def test_gloo_needs_every_name_in_its_list():
+    facts, run = two_nodes()
+    for f in facts.values():
+        f["socket_ifname"] = net_facts.ifname_facts({"GLOO_SOCKET_IFNAME": "eth0,ib0"}, f["interfaces"])
+    bad, = [f for f in PROBE.diagnose(facts, run) if f.code == "INIT001"]
+    assert bad.severity.label == "critical" and bad.evidence["not_on_this_host"] == ["ib0"]
+    assert bad.evidence["expected_error"] == "Unable to find address for: ib0"
 
 
 def test_an_ifname_that_matches_is_not_flagged():
@@ -135,14 +156,31 @@ def test_loopback_on_the_store_host_is_the_same_place_as_its_lan_address():
 
 def test_a_late_rank_is_named_with_its_gap_and_its_own_start_up():
     facts, run = two_nodes()
-    facts[3]["arrived_t"] = facts[0]["arrived_t"] + LATE_ARRIVAL_S + 2.5
+    # Rank 3 came 12.5 s after rank 0: the others waited that much longer for it.
+    for r in (0, 1, 2):
+        facts[r]["rendezvous_s"] = 12.6 - 0.1 * r
+    facts[3]["rendezvous_s"] = 0.1
     facts[3]["start_to_arrival_s"] = 11.9
     late = [f for f in PROBE.diagnose(facts, run) if f.code == "INIT004"]
     assert len(late) == 1 and late[0].ranks == (3,) and late[0].nodes == ("node-b",)
     assert late[0].evidence["arrival_after_first_s"]["3"] == pytest.approx(LATE_ARRIVAL_S + 2.5, abs=0.01)
     assert late[0].evidence["start_to_arrival_s"] == {"3": 11.9}
-    facts[3]["arrived_t"] = facts[0]["arrived_t"] + LATE_ARRIVAL_S - 1
+    for r in (0, 1, 2):
+        facts[r]["rendezvous_s"] = LATE_ARRIVAL_S - 1
     assert "INIT004" not in codes(PROBE.diagnose(facts, run))
+
+
+def test_a_skewed_clock_on_a_node_is_no_late_rank():
+    facts, run = two_nodes()
+    for r in (2, 3):
+        facts[r]["arrived_t"] += 12.0  # node-b's clock runs 12 s ahead; the waits are what they were
+    assert codes(PROBE.diagnose(facts, run)) == ["INIT000"]
+
+
+def test_an_init_that_did_not_finish_everywhere_is_not_called_ok():
+    facts, run = two_nodes()
+    del facts[1]["init_s"]  # rank 1 published its arrival, then hung in init_process_group
+    assert PROBE.diagnose(facts, run) == []
 
 
 def test_unreadable_facts_never_raise():
@@ -203,3 +241,33 @@ def test_waiting_for_a_port_tells_refused_from_dropped_from_open():
         open_.bind(("127.0.0.1", 0))
         open_.listen(8)
         assert net_facts.wait_for_port("127.0.0.1", open_.getsockname()[1], 1.0) is None
+
+
+def test_several_addresses_in_another_order_are_the_same_place():
+    facts, run = two_nodes(6)
+    for r in (0, 1, 2):
+        facts[r]["resolved"] = ["10.0.0.1", "10.1.0.1"]
+    for r in (3, 4, 5):
+        facts[r]["resolved"] = ["10.1.0.1", "10.0.0.1"]  # RFC 6724 order on another subnet
+    assert "INIT003" not in codes(PROBE.diagnose(facts, run))
+
+
+def test_a_host_name_on_loopback_is_only_a_note_for_nccl():
+    facts, run = two_nodes()
+    for r in facts:
+        facts[r]["backend"] = "nccl"
+    for r in (2, 3):
+        facts[r]["hostname_resolves_to"] = ["127.0.1.1"]
+    loop, = [f for f in PROBE.diagnose(facts, run) if f.code == "INIT002"]
+    assert loop.severity.label == "info"
+
+
+def test_a_resolver_that_never_answers_costs_its_deadline_not_the_stage(monkeypatch):
+    def stuck(*_a, **_k):
+        time.sleep(30)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    start = time.monotonic()
+    addrs, problem, took = net_facts.resolve("head-node", 29500, deadline_s=0.3)
+    assert addrs == [] and "no answer from the resolver within 0.3s" in problem["unknown"]
+    assert time.monotonic() - start < 1.5

@@ -573,7 +573,7 @@ def test_agreeing_records_and_a_rank_that_only_stopped_earlier_are_not_a_mismatc
     assert codes(diagnose_run(record)) == []
     record.flight_recorder[2]["entries"] = record.flight_recorder[2]["entries"][:4]  # stopped after #4
     assert codes(diagnose_run(record)) == []
-    record.flight_recorder[0] = {"unknown": "the Flight Recorder is empty (TORCH_FR_BUFFER_SIZE=0 turns it off)"}
+    record.flight_recorder[0] = {"unknown": "the Flight Recorder holds no collective yet"}
     assert codes(diagnose_run(record)) == []
 
 
@@ -612,7 +612,7 @@ def test_a_transport_hang_shows_each_hosts_interface_and_a_recorder_that_was_off
         0: {"route": {"interface": "eth0"}, "socket_ifname": {"NCCL_SOCKET_IFNAME": {"value": "eth", "selects": ["eth0"]}}},
         1: {"route": {"interface": "ib0"}, "socket_ifname": {}}}}
     record.flight_recorder = fr_run(2, {}, upto=4)
-    record.flight_recorder[1] = {"unknown": "the Flight Recorder is empty (TORCH_FR_BUFFER_SIZE=0 turns it off)"}
+    record.flight_recorder[1] = {"unknown": "the Flight Recorder is turned off (TORCH_FR_BUFFER_SIZE=0)", "off": True}
     hang, = diagnose_run(record)
     assert hang.code == "RUN008"
     assert hang.evidence["network"] == {"node-a": "route to MASTER_ADDR via eth0; NCCL_SOCKET_IFNAME=eth (selects eth0)",
