@@ -80,7 +80,8 @@ def _hello(ctx: RankContext) -> dict[str, Any]:
     import torch
 
     cuda = torch.cuda.is_available()
-    return {"rank": ctx.rank, "host": ctx.env.hostname, "pid": os.getpid(), "local_rank": ctx.env.local_rank,
+    return {"rank": ctx.rank, "host": ctx.env.hostname, "pid": os.getpid(), "machine": machine_identity(),
+            "local_rank": ctx.env.local_rank,
             "local_world_size": ctx.env.local_world_size, "world_size": ctx.world_size, "mode": ctx.env.mode,
             "cuda_devices": torch.cuda.device_count() if cuda else 0, "t": time.time(),
             "torch": torch.__version__}
@@ -308,6 +309,18 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     return code
 
 
+def machine_identity() -> str:
+    """This kernel's boot id and this process's pid namespace: where a pid is meaningful."""
+    parts = []
+    for path, read in (("/proc/sys/kernel/random/boot_id", lambda p: open(p).read().strip()),
+                       ("/proc/self/ns/pid", os.readlink)):
+        try:
+            parts.append(str(read(path)))
+        except OSError:
+            parts.append("?")
+    return "/".join(parts)
+
+
 def _process_gone(pid: int) -> bool:
     import psutil
 
@@ -328,7 +341,9 @@ def _is_dead(channel: Channel, env: LaunchEnv, rank: int, by_heartbeat: bool = T
     if channel.has(f"terminated/{rank}") or channel.has(f"done/{rank}"):
         return False
     hello = channel.get(f"hello/{rank}") or {}
-    if hello.get("host") == env.hostname and hello.get("pid"):
+    # A pid means something only in the same kernel and pid namespace: containers on two hosts
+    # may share a host name, so the machine identity (boot id + pid namespace) must match too.
+    if hello.get("host") == env.hostname and hello.get("pid") and hello.get("machine") == machine_identity():
         return _process_gone(int(hello["pid"]))
     if not by_heartbeat:
         return False

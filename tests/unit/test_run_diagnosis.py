@@ -640,3 +640,23 @@ def test_junk_in_the_published_facts_never_loses_the_run_findings():
     record.results = {"init-hang": {0: "not a dict", 1: {"route": "eth0", "socket_ifname": {"X": "y"}}}}
     record.flight_recorder = {0: ["junk"], 1: {"entries": "junk"}}
     assert codes(diagnose_run(record)) == ["RUN008"]
+
+
+def test_recorder_windows_subgroups_and_nccl_names_give_no_false_mismatch():
+    record = healthy(3)
+    record.flight_recorder = fr_run(3, {}, upto=70)
+    # Ring buffers kept different windows (rank 2 holds only the last 64 calls).
+    record.flight_recorder[2]["entries"] = record.flight_recorder[2]["entries"][-64:]
+    # A subgroup of ranks 0 and 1 only (the allreduce probe's pairs): rank 2 has no such group.
+    for r in (0, 1):
+        record.flight_recorder[r]["entries"] += [fr_entry(s, "all_reduce", [[1024]], ["Float"], pg="3")
+                                                  for s in range(1, 6)]
+    # NCCL names its calls "nccl:all_reduce", gloo "gloo:all_reduce": the op is the same.
+    record.flight_recorder[1]["entries"] = [dict(e, profiling_name=e["profiling_name"].replace("gloo:", "nccl:"))
+                                            for e in record.flight_recorder[1]["entries"]]
+    assert codes(diagnose_run(record)) == []
+    # ...and a real difference inside the subgroup is still found.
+    record.flight_recorder[1]["entries"][-1]["input_sizes"] = [[2048]]
+    desync, = diagnose_run(record)
+    assert desync.code == "RUN009" and desync.evidence["flight_recorder"]["process_group"] == "3"
+    assert desync.ranks == (0, 1)  # two ranks, two calls: no majority, both named
