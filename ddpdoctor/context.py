@@ -72,11 +72,8 @@ class RankContext:
                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:],
                 "collective": self.state.collective or self.state.failed_collective,
             })
-            if self.state.collective or self.state.failed_collective:
-                from ddpdoctor import fr_snapshot
-
-                # Still under the stage's deadline: reading the recorder must not be the next hang.
-                self._publish(f"fr/{self.rank}", fr_snapshot.take())
+            # No Flight Recorder read here: right after a backend error it once held the rank past
+            # the launcher's SIGTERM (its C++ dump holds the GIL); the deadline path and the end read it.
             self.watchdog.disarm()
             self._publish_timeline()
             raise StageFailed(record.detail) from exc

@@ -33,7 +33,7 @@ def _num(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _cpu_set(text: Any) -> set[int]:
+def cpu_set(text: Any) -> set[int]:
     """`0-3,8` (as rank_ranges writes an affinity) → {0, 1, 2, 3, 8}; unreadable → empty."""
     cpus: set[int] = set()
     for part in str(text or "").split(","):
@@ -50,7 +50,7 @@ def cpus_for(host_hw: list[Mapping[str, Any]]) -> int:
     """
     union: set[int] = set()
     for hw in host_hw:
-        union |= _cpu_set(hw.get("cpu_affinity"))
+        union |= cpu_set(hw.get("cpu_affinity"))
     if union:
         return len(union)
     return max((_int(hw.get("cpus_usable")) or _int(hw.get("cpu_logical_cores")) or 0 for hw in host_hw), default=0)

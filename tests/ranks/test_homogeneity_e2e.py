@@ -53,7 +53,7 @@ def test_a_really_slower_rank_is_caught_by_its_measured_speed(tmp_path):
     assert len(slow) == 1 and slow[0]["ranks"] == [1] and slow[0]["severity"] == "warn", run.explain()
     speeds = slow[0]["evidence"]["throughput_GFLOP_per_s_by_rank"]
     assert speeds["1"] < 0.7 * speeds["0"]  # factor 2: about half
-    assert slow[0]["evidence"]["threshold_pct"] == 20.0
+    assert slow[0]["evidence"]["threshold_pct"] == 40.0  # two unpinned ranks on one host
     assert "HOM000" not in {f["code"] for f in run.findings()}
     assert_nothing_left(run)
 

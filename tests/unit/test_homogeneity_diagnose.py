@@ -829,3 +829,19 @@ def test_ranks_pinned_to_their_own_cpus_are_not_oversubscribed():
         f["host_hw"]["cpu_affinity"] = "0-1"
     codes = {f.code for f in diagnose(facts)}
     assert "HOM012" in codes and "HOM013" in codes
+
+
+@pytest.mark.parametrize("pinned, slower, flagged, threshold", [
+    (False, 0.70, False, None),   # 30% on cores both may use: the scheduler's vCPU, not the rank
+    (False, 0.50, True, 40.0),    # half speed is the rank's even there
+    (True, 0.70, True, 20.0),     # pinned apart, each on its own cores: 30% is the rank's
+])
+def test_cpu_ranks_floating_over_shared_cores_need_a_larger_gap(pinned, slower, flagged, threshold):
+    facts = cpu_ranks(2, threads=1, cpus=2)
+    if pinned:
+        facts[0]["host_hw"]["cpu_affinity"], facts[1]["host_hw"]["cpu_affinity"] = "0", "1"
+    scale_speed(facts[1], slower)
+    slow = only(diagnose(facts), "HOM006")
+    assert bool(slow) == flagged, codes(diagnose(facts))
+    if flagged:
+        assert slow[0].ranks == (1,) and slow[0].evidence["threshold_pct"] == threshold
