@@ -170,14 +170,14 @@ def test_a_rank_that_never_joins_is_named(tmp_path):
     ("badaddr", "MASTER_ADDR='ddpdoctor-injected-badaddr.invalid' does not resolve"),
 ])
 def test_a_rank_that_cannot_reach_the_rendezvous_is_named_with_why(tmp_path, fault, cause):
-    run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", f"{fault}:rank=1")
+    run = run_check(tmp_path, "--nproc", "2", "--timeout", str(TIMEOUT), "--inject", f"{fault}:rank=1")
     assert run.returncode == 2, run.explain()
     missing = run.findings("RUN001")
     assert len(missing) == 1 and missing[0]["ranks"] == [1], run.explain()
     assert missing[0]["evidence"]["why_not_arrived"]["1"].startswith(cause), run.explain()
     assert cause in missing[0]["title"]
     # The ranks that did arrive published how they got there before waiting on rank 1.
-    assert sorted(probe_section(run.report, "init-hang")["facts"]) == ["0", "2"]
+    assert sorted(probe_section(run.report, "init-hang")["facts"]) == ["0"]
     assert _latency_after_deadline(run.report, 0, "rendezvous") <= 3.0, run.explain()
     assert_nothing_left(run)
 
