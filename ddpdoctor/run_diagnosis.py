@@ -211,10 +211,11 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
             continue
         findings.append(_primary_finding(rank, fate, hosts[rank], {**victims, **stopped}))
 
-    recorded = recorded_mismatch(record)
+    mismatches = recorded_mismatches(record)
+    recorded = recorded_mismatch(mismatches)
     if victims and not primaries and not odd_sizes:  # a world-size disagreement explains the waits
-        findings.append(_collective_hang(victims, hosts, recorded, recorded_laggards(record), _network(record),
-                                         _recorder_off(record)))
+        findings.append(_collective_hang(victims, hosts, recorded, recorded_laggards(mismatches, record.timeouts),
+                                         _network(record), _recorder_off(record)))
     elif recorded is not None and not primaries and not odd_sizes:
         # Every rank got through, yet torch recorded different calls at one sequence number:
         # a backend that does not check shapes (NCCL) runs them and reduces garbage, or hangs later.
@@ -322,14 +323,15 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
     )
 
 
-def _recorded(record: RunRecord) -> list[Mismatch]:
+def recorded_mismatches(record: RunRecord) -> list[Mismatch]:
+    """Per process group, the first sequence number where the ranks' Flight Recorders part ways."""
     dumps = DumpSet({int(r): dump_from_entries(int(r), f"rank {r}", d["entries"])
                      for r, d in record.flight_recorder.items()
                      if isinstance(d, dict) and isinstance(d.get("entries"), list)})
     return compare(dumps)[0]
 
 
-def recorded_laggards(record: RunRecord) -> Optional[Mismatch]:
+def recorded_laggards(mismatches: list[Mismatch], timeouts: dict[int, dict[str, Any]]) -> Optional[Mismatch]:
     """The first sequence number some ranks issued to the backend and others never did (all
     that did agree), where those others' main thread is in their own code, not inside torch.
 
@@ -337,10 +339,10 @@ def recorded_laggards(record: RunRecord) -> Optional[Mismatch]:
     the previous call in the backend (a ring whose last receive never came): only its stack
     tells "stuck before the call" from "stuck in the transport".
     """
-    for m in _recorded(record):
+    for m in mismatches:
         present = [c for c in m.calls.values() if c is not None]
         if present and m.missing and len({c.signature() for c in present}) == 1:
-            stacks = [str((record.timeouts.get(r) or {}).get("stack", "")) for r in m.missing]
+            stacks = [str((timeouts.get(r) or {}).get("stack", "")) for r in m.missing]
             if all(_innermost_outside_torch(s) for s in stacks):
                 return m
             return None
@@ -354,13 +356,13 @@ def _innermost_outside_torch(stack: str) -> bool:
     return bool(files) and "/torch/" not in files[-1].replace("\\", "/")
 
 
-def recorded_mismatch(record: RunRecord) -> Optional[Mismatch]:
+def recorded_mismatch(mismatches: list[Mismatch]) -> Optional[Mismatch]:
     """The first collective where the ranks' Flight Recorders disagree on op, shapes or dtypes.
 
     A rank that simply stopped earlier is not a disagreement here: our own marks and deadlines
     say where each rank stopped; torch's record is read for what only the backend saw.
     """
-    for m in _recorded(record):
+    for m in mismatches:
         present = [c for c in m.calls.values() if c is not None]
         if len({c.signature() for c in present}) > 1:
             return m
@@ -376,24 +378,33 @@ def _recorded_calls(m: Mismatch) -> dict[int, str]:
             for r, c in sorted(m.calls.items())}
 
 
+def _desync_text(calls: dict[int, str], called: bool) -> tuple[tuple[int, ...], str]:
+    """The rank(s) apart from the majority (all of them when there is none) and the words for it:
+    "rank 1 is in barrier #4, while rank 0,2 are in all_reduce #4" (where ranks wait), or with
+    `called` "rank 1 called ..., while rank 0,2 called ..." (what torch recorded)."""
+    ranks = tuple(sorted(calls))
+    groups = group_ranks(calls)  # largest first
+    odd = minority(groups)
+    culprits = tuple(odd) if odd and len(odd) < len(ranks) else ranks
+    if culprits == ranks:
+        return culprits, "; ".join(f"rank {rank_ranges(rs)} {'called' if called else 'in'} {call}" for call, rs in groups)
+    majority, rest = groups[0]
+    odd_verb = "called" if called else "is in"
+    majority_verb = "called" if called else ("is in" if len(rest) == 1 else "are in")
+    others = "; ".join(f"rank {rank_ranges(rs)} {odd_verb} {call}" for call, rs in groups[1:])
+    return culprits, f"{others}, while rank {rank_ranges(rest)} {majority_verb} {majority}"
+
+
 def _recorded_desync(m: Mismatch, hosts: dict[int, str], evidence: dict[str, Any]) -> Finding:
     """RUN009 from torch's record: the op, shapes or dtypes differ at one sequence number."""
     present = {r: c for r, c in m.calls.items() if c is not None}
     calls = _recorded_calls(m)
-    groups = group_ranks({r: calls[r] for r in present})
-    odd = minority(groups)
-    culprits = tuple(odd) if odd and len(odd) < len(present) else tuple(sorted(present))
+    culprits, desc = _desync_text({r: calls[r] for r in present}, called=True)
     differ = [what for what, values in (("op", {c.op for c in present.values()}),
                                         ("shapes", {format_shapes(c.in_sizes) for c in present.values()}),
                                         ("dtypes", {format_dtypes(c.in_dtypes) for c in present.values()}))
               if len(values) > 1]
     differs = " and ".join(differ)
-    if culprits != tuple(sorted(present)):
-        majority, called = groups[0]
-        desc = ("; ".join(f"rank {rank_ranges(rs)} called {call}" for call, rs in groups[1:])
-                + f", while rank {rank_ranges(called)} called {majority}")
-    else:
-        desc = "; ".join(f"rank {rank_ranges(rs)} called {call}" for call, rs in groups)
     return Finding(
         code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
         title=f"Collective mismatch (desync) in torch's Flight Recorder: {desc}",
@@ -469,15 +480,7 @@ def _collective_hang(victims: dict[int, RankFate], hosts: dict[int, str],
         evidence["flight_recorder_off"] = recorder_off
     calls = {r: _coll_short(f.in_collective) for r, f in victims.items()}
     if len(set(calls.values())) > 1:  # another op, or the same op at another sequence number
-        groups = group_ranks(calls)  # largest first
-        odd = minority(groups)
-        culprits = tuple(odd) if odd and len(odd) < len(ranks) else ranks
-        if culprits != ranks:
-            majority, waiting = groups[0]
-            others = "; ".join(f"rank {rank_ranges(rs)} is in {call}" for call, rs in groups[1:])
-            desc = f"{others}, while rank {rank_ranges(waiting)} {'is' if len(waiting) == 1 else 'are'} in {majority}"
-        else:
-            desc = "; ".join(f"rank {rank_ranges(rs)} in {call}" for call, rs in groups)
+        culprits, desc = _desync_text(calls, called=False)
         evidence["waiting_ranks"] = rank_ranges(ranks)
         if recorded is not None:
             evidence["flight_recorder"] = {"process_group": recorded.group, "seq": recorded.seq,
