@@ -52,13 +52,6 @@ def take(limit: int = 64) -> dict[str, Any]:
     for e in entries:
         pg = e.get("process_group")
         by_group.setdefault(str(pg[0]) if isinstance(pg, (list, tuple)) and pg else "0", []).append(e)
-    kept = [{k: _plain(e.get(k)) for k in KEEP} for group in by_group.values() for e in group[-limit:]]
+    kept = [{k: e.get(k) for k in KEEP} for group in by_group.values() for e in group[-limit:]]  # JSON makes tuples lists
     return {"version": str(data.get("version", "")), "entries": kept}
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value

@@ -21,6 +21,8 @@ def _unknown(exc: BaseException) -> dict[str, str]:
 
 
 RESOLVE_DEADLINE_S = 3.0
+# (addresses, why not when there are none, seconds the lookup took)
+Resolution = tuple[list[str], Optional[dict[str, str]], float]
 
 
 def _getaddrinfo(host: str, port: int, deadline_s: float) -> list[Any]:
@@ -48,8 +50,7 @@ def _getaddrinfo(host: str, port: int, deadline_s: float) -> list[Any]:
     return list(box["infos"])
 
 
-def resolve(host: str, port: int, deadline_s: float = RESOLVE_DEADLINE_S
-            ) -> tuple[list[str], Optional[dict[str, str]], float]:
+def resolve(host: str, port: int, deadline_s: float = RESOLVE_DEADLINE_S) -> Resolution:
     """The addresses `host` resolves to here (IPv4 first, as the store client tries them)."""
     t0 = time.monotonic()
     try:
@@ -137,19 +138,22 @@ def hostname_addresses(hostname: str) -> tuple[list[str], Optional[dict[str, str
     return addrs, problem
 
 
-def wait_for_port(addr: str, port: int, deadline_s: float) -> Optional[str]:
+def wait_for_port(addr: str, port: int, deadline_s: float, dial: Optional[str] = None) -> Optional[str]:
     """Dial until `addr:port` accepts or the deadline passes; None, or why it never did.
 
     Done with plain sockets before the store client, whose own retries overrun its
     timeout by a back-off; this way the deadline holds and the reason is the last errno.
+    `dial`: the address `addr` already resolved to, if the caller looked it up.
     """
     import errno
 
     end = time.monotonic() + deadline_s
-    resolved, problem, _ = resolve(addr, port, max(0.1, min(RESOLVE_DEADLINE_S, deadline_s)))
-    if not resolved:  # resolved once, then dialled by address: the deadline holds
-        return f"{addr} does not resolve ({(problem or {}).get('unknown')})"
-    target = resolved[0]
+    target = dial
+    if target is None:
+        resolved, problem, _ = resolve(addr, port, max(0.1, min(RESOLVE_DEADLINE_S, deadline_s)))
+        if not resolved:  # resolved once, then dialled by address: the deadline holds
+            return f"{addr} does not resolve ({(problem or {}).get('unknown')})"
+        target = resolved[0]
     while True:
         left = end - time.monotonic()
         try:

@@ -25,7 +25,7 @@ from ddpdoctor.findings import EXIT_CRITICAL, EXIT_UNKNOWN
 from ddpdoctor.inject import Injector, check_ranks, no_show
 from ddpdoctor.launch_env import BACKEND_VAR, DEVICE_VAR, LaunchEnv, launcher_pid
 from ddpdoctor.liveness import Heartbeat, SideChannel, Watchdog
-from ddpdoctor.net_facts import resolve, wait_for_port
+from ddpdoctor.net_facts import Resolution, resolve, wait_for_port
 from ddpdoctor.rank_state import RankState
 from ddpdoctor.probes.init_hang import NAME as INIT_PROBE, before_rendezvous
 from ddpdoctor.run_record import RunRecord, read_record
@@ -44,9 +44,10 @@ def _die_with_parent() -> None:
         pass  # not Linux: the heartbeat thread's parent check still applies
 
 
-def _connect(env: LaunchEnv, cfg: CheckConfig) -> Channel:
+def _connect(env: LaunchEnv, cfg: CheckConfig, lookup: Resolution) -> Channel:
+    """`lookup`: MASTER_ADDR resolved once for this rank (also a fact of the init-hang probe)."""
     where = f"{env.master_addr}:{env.master_port}"
-    resolved, problem, _ = resolve(env.master_addr, env.master_port, min(cfg.timeout_s, 10.0))
+    resolved, problem, _ = lookup
     if not resolved:
         why = str((problem or {}).get("unknown", "")).split(": ", 1)[-1]
         raise UsageError(f"MASTER_ADDR={env.master_addr!r} does not resolve on {env.hostname} ({why}): "
@@ -55,7 +56,7 @@ def _connect(env: LaunchEnv, cfg: CheckConfig) -> Channel:
         # A client gives up before rank 0's rendezvous wait (0.8 x timeout) ends, so its reason
         # reaches the launcher's report.
         wait_s = 0.7 * cfg.timeout_s
-        why = wait_for_port(env.master_addr, env.master_port, wait_s)
+        why = wait_for_port(env.master_addr, env.master_port, wait_s, dial=resolved[0])
         if why is not None:
             raise _Unreachable(f"rank {env.rank} on {env.hostname} could not reach the rendezvous store at {where} "
                                f"within {wait_s:g}s: {why}")
@@ -167,7 +168,8 @@ def _wait_for_ranks(channel: Channel, record: RunRecord, cfg: CheckConfig) -> No
 
 
 def _write_report(ctx: RankContext, record: RunRecord, channel: Channel, command: list[str],
-                  wait: bool = True) -> int:
+                  wait: bool = True, stopped: bool = False) -> int:
+    """`stopped`: the launcher is stopping every rank, so a stale heartbeat too means a dead rank."""
     from ddpdoctor.render import make_console, render_report
     from ddpdoctor.report import build_report, write_outputs
 
@@ -176,7 +178,7 @@ def _write_report(ctx: RankContext, record: RunRecord, channel: Channel, command
     if ctx.env.store_host != "launcher":
         # Under torchrun a peer's crash can reach us as a transport error before the agent's
         # SIGTERM does: a rank on this host whose process is gone crashed, it is not frozen.
-        _find_dead_ranks(channel, record, ctx.env, by_heartbeat=False)
+        _find_dead_ranks(channel, record, ctx.env, by_heartbeat=stopped)
     read_record(channel, record)
     report = build_report(record, ctx.backend, str(ctx.device.type if ctx.device is not None else ""), command)
     write_outputs(report, ctx.cfg)
@@ -215,9 +217,10 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
                        settings=cfg.settings)
     addr, port = Injector(cfg.inject, env.rank).rendezvous_target(env.master_addr, env.master_port)
     env = dataclasses.replace(env, master_addr=addr, master_port=port)
+    lookup = resolve(env.master_addr, env.master_port, min(cfg.timeout_s, 10.0))
     try:
         connect_t0 = time.monotonic()
-        channel = _connect(env, cfg)
+        channel = _connect(env, cfg, lookup)
         connect_s = time.monotonic() - connect_t0
         side = SideChannel(Channel.connect(env.master_addr, env.master_port, cfg.timeout_s))
     except _Unreachable as exc:
@@ -225,7 +228,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
         return EXIT_CRITICAL
     if INIT_PROBE in cfg.probes:
         # Before anyone waits on anyone: a rank that hangs from here on has already said how it got here.
-        channel.set(f"result/{INIT_PROBE}/{env.rank}", before_rendezvous(env, connect_s, record.started))
+        channel.set(f"result/{INIT_PROBE}/{env.rank}", before_rendezvous(env, lookup, connect_s, record.started))
 
     state = RankState()
 
@@ -297,8 +300,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
                 code = 0
                 if env.is_reporter or _take_over_reporting(side.channel, env):
                     time.sleep(0.5)  # let the other ranks say they were terminated too
-                    _find_dead_ranks(side.channel, record, env)
-                    code = _write_report(ctx, record, side.channel, command, wait=False)
+                    code = _write_report(ctx, record, side.channel, command, wait=False, stopped=True)
             except Exception:
                 pass
         return code if code else EXIT_UNKNOWN

@@ -25,16 +25,19 @@ NAME = "init-hang"
 LATE_ARRIVAL_S = 10.0
 
 
-def before_rendezvous(env: Any, connect_s: float, started: float) -> dict[str, Any]:
-    """Read as soon as the store answered: what this rank used to get there, and what it would use next."""
-    addrs, problem, resolve_s = net_facts.resolve(env.master_addr, env.master_port)
+def before_rendezvous(env: Any, lookup: net_facts.Resolution, connect_s: float, started: float) -> dict[str, Any]:
+    """Read as soon as the store answered: what this rank used to get there, and what it would use next.
+
+    `lookup` is the resolution of MASTER_ADDR the rank connected with, not a second one."""
+    addrs, problem, resolve_s = lookup
     try:
         ifaces = net_facts.interfaces()
     except Exception as exc:  # psutil on an exotic platform
         ifaces, iface_problem = {}, {"unknown": f"{type(exc).__name__}: {exc}"}
     else:
         iface_problem = None
-    own, own_problem = net_facts.hostname_addresses(socket.gethostname())
+    hostname = socket.gethostname()
+    own, own_problem = net_facts.hostname_addresses(hostname)
     return {
         "master_addr": env.master_addr,
         "master_port": env.master_port,
@@ -43,7 +46,7 @@ def before_rendezvous(env: Any, connect_s: float, started: float) -> dict[str, A
         "route": net_facts.route_to(addrs[0], env.master_port, ifaces) if addrs else {"unknown": "not resolved"},
         "interfaces": ifaces if iface_problem is None else iface_problem,
         "socket_ifname": net_facts.ifname_facts(dict(os.environ), ifaces),
-        "hostname": socket.gethostname(),
+        "hostname": hostname,
         "hostname_resolves_to": own if own_problem is None else own_problem,
         "connect_s": round(connect_s, 4),
         "arrived_t": time.time(),
@@ -237,7 +240,8 @@ def _late_arrivals(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list
 
 def _healthy(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> Finding:
     spread = max(arrival_gaps(facts).values(), default=0.0)
-    routes = sorted({f"{_hosts(facts, run)[r]}: {(f.get('route') or {}).get('interface')}"
+    hosts = _hosts(facts, run)
+    routes = sorted({f"{hosts[r]}: {(f.get('route') or {}).get('interface')}"
                      for r, f in facts.items() if (f.get("route") or {}).get("interface")})
     inits = [float(f["init_s"]) for f in facts.values() if isinstance(f.get("init_s"), (int, float))]
     first = next(iter(facts.values()))
