@@ -81,7 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        "spawns --nproc local ranks; under torchrun or srun, each process is one rank.")
     _add_run_args(check)
     check.add_argument("--probes", default=None, help="comma-separated probe names, 'all' or 'default' (see `ddpdoctor probes`)")
-    check.add_argument("--steps", type=_positive_int, default=5, help="measured DDP training steps (default 5)")
+    check.add_argument("--steps", type=_positive_int, default=None,
+                       help="measured DDP training steps (default 5; stragglers: as many as --straggler-seconds allow)")
+    check.add_argument("--straggler-seconds", type=_bounded(float, "a number of seconds", 0.5, 3600), default=5.0,
+                       metavar="S", help="stragglers: how long to measure training steps (default 5)")
     check.add_argument("--slow-threshold", type=_percent, default=None, metavar="PCT",
                        help="homogeneity: flag a rank this many percent slower than its peers "
                             "(default 10 on GPUs, 20 on CPU ranks)")
@@ -164,7 +167,8 @@ def _config(args: argparse.Namespace):
         return CheckConfig(probes=("allreduce",), command="allreduce-bench", bench=_bench_config(args), **common)
     # Inside check the allreduce probe is a quick look (the same sweep, fewer iterations);
     # `allreduce-bench` is the full measurement.
-    return CheckConfig(probes=probes.select(args.probes), steps=args.steps, slow_threshold_pct=args.slow_threshold,
+    return CheckConfig(probes=probes.select(args.probes), steps=args.steps, straggler_s=args.straggler_seconds,
+                       slow_threshold_pct=args.slow_threshold,
                        bench=BenchConfig(warmup=2, iters=5), **common)
 
 

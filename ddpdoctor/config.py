@@ -39,7 +39,10 @@ class CheckConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     json_path: Optional[str] = None
     inject: tuple[Fault, ...] = ()
-    steps: int = 5
+    # Measured DDP steps; None: 5 in the shared workload, and `stragglers` measures for
+    # `straggler_s` seconds instead (its verdict needs many steps, the others a few).
+    steps: Optional[int] = None
+    straggler_s: float = 5.0
     warmup: int = 2
     port: Optional[int] = None
     live: bool = True
@@ -57,6 +60,10 @@ class CheckConfig:
         if self.bench.min_busbw_gbps is not None:
             out["min_busbw_gbps"] = self.bench.min_busbw_gbps
         return out
+
+    @property
+    def workload_steps(self) -> int:
+        return self.steps if self.steps is not None else 5
 
     @property
     def heartbeat_s(self) -> float:

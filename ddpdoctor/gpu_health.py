@@ -90,7 +90,7 @@ def _reason_names(mask: int) -> list[str]:
     return names
 
 
-def _clock_event_reasons(handle: Any) -> Any:
+def clock_event_reasons(handle: Any) -> Any:
     # The newer spelling first; the older one is deprecated in the bindings ("removed in CUDA 14.0").
     functions = ["nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"]
     return nvml.plain(_first(functions, handle,
@@ -161,7 +161,7 @@ def _read_handle(handle: Any, index: Optional[int]) -> Facts:
         "remapped_rows": _read("nvmlDeviceGetRemappedRows", handle, convert=_remapped_rows),
         "power": _power(handle),
         "clocks": _clocks(handle),
-        "clock_event_reasons": _clock_event_reasons(handle),
+        "clock_event_reasons": clock_event_reasons(handle),
         "persistence_mode": _read("nvmlDeviceGetPersistenceMode", handle, convert=_enabled),
         "temperature_c": nvml.plain(_first(["nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV"], handle,
                                            _constant(0, "NVML_TEMPERATURE_GPU"), convert=int)),

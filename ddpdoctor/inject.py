@@ -41,6 +41,9 @@ _KEYS = {
     # float32[48]: same bytes, so gloo reduces garbage without a word (as a rank with another
     # precision setting would), and only torch's Flight Recorder sees the difference.
     "dtype": {"rank": True},
+    "slowdata": {"rank": True, "ms": True},  # the rank's data loader stalls this long for every batch
+    # The rank gets `factor` times its peers' batch: more work, not slower hardware (an uneven split).
+    "bigbatch": {"rank": True, "factor": True},
 }
 # RFC 6761 reserves .invalid: no resolver anywhere answers for it.
 BAD_ADDR = "ddpdoctor-injected-badaddr.invalid"
@@ -50,7 +53,8 @@ SLOW_LINK_BYTES_PER_S = 0.25e9
 _HELP = (
     "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init, "
     "hang:rank=1:stage=collective, diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, desync:rank=1, "
-    "noshow:rank=1, badport:rank=1, badaddr:rank=1 or dtype:rank=1; stages: "
+    "noshow:rank=1, badport:rank=1, badaddr:rank=1, dtype:rank=1, slowdata:rank=1:ms=20 or bigbatch:rank=1:factor=2; "
+    "stages: "
     + ", ".join(FAULT_STAGES)
 )
 
@@ -62,11 +66,14 @@ class Fault:
     stage: Optional[str] = None
     factor: Optional[float] = None
     peer: Optional[int] = None  # slowlink: the other end of the link
+    ms: Optional[float] = None  # slowdata: the stall per batch
 
     def describe(self) -> str:
         parts = [self.kind, f"rank={self.rank}" if self.peer is None else f"ranks={self.rank},{self.peer}"]
         if self.stage is not None:
             parts.append(f"stage={self.stage}")
+        if self.ms is not None:
+            parts.append(f"ms={self.ms:g}")
         if self.factor is not None:
             short = f"{self.factor:g}"
             parts.append(f"factor={short if float(short) == self.factor else repr(self.factor)}")
@@ -132,7 +139,15 @@ def _parse_one(item: str) -> Fault:
             raise UsageError(f"factor must be a number in --inject {item!r}") from None
         if not 1.0 <= factor <= 1000.0:
             raise UsageError(f"factor must be between 1 and 1000 in --inject {item!r}")
-    return Fault(kind=kind, rank=rank, stage=stage, factor=factor, peer=peer)
+    ms = None
+    if "ms" in values:
+        try:
+            ms = float(values["ms"])
+        except ValueError:
+            raise UsageError(f"ms must be a number of milliseconds in --inject {item!r}") from None
+        if not 0.0 <= ms <= 60000.0:
+            raise UsageError(f"ms must be between 0 and 60000 in --inject {item!r}")
+    return Fault(kind=kind, rank=rank, stage=stage, factor=factor, peer=peer, ms=ms)
 
 
 def check_ranks(faults: tuple[Fault, ...], world_size: int) -> None:
@@ -167,6 +182,13 @@ class Injector:
     def slow_factor(self) -> float:
         factors = [f.factor for f in self.faults if f.kind == "slow" and f.factor]
         return max(factors, default=1.0)
+
+    def data_delay_s(self) -> float:
+        """How long this rank's data loader stalls per batch (slowdata), in seconds."""
+        return max((f.ms for f in self.faults if f.kind == "slowdata" and f.ms), default=0.0) / 1000.0
+
+    def batch_factor(self) -> float:
+        return max((f.factor for f in self.faults if f.kind == "bigbatch" and f.factor), default=1.0)
 
     def diverges(self) -> bool:
         return any(f.kind == "diverge" for f in self.faults)

@@ -12,6 +12,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from ddpdoctor.slow_compute import spin
+
 # Big enough that a GPU matmul is not launch-bound, small enough for a pre-flight check.
 GPU_SIZE = 8192
 CPU_SIZE = 384
@@ -68,7 +70,7 @@ def measure_matmul(device: Any, barrier: Callable[[], None] = lambda: None, slow
         while len(times) < MAX_REPS_PER_ROUND and (time.perf_counter() - started < round_s or len(times) < 3):
             elapsed = timer(lambda: torch.mm(a, b))
             if slow_factor > 1.0:
-                _spin(elapsed * (slow_factor - 1.0))
+                spin(elapsed * (slow_factor - 1.0))
                 elapsed *= slow_factor
             times.append(elapsed)
         per_round.append(2.0 * size**3 / statistics.median(times))
@@ -77,12 +79,6 @@ def measure_matmul(device: Any, barrier: Callable[[], None] = lambda: None, slow
     return MatmulThroughput(device=str(device), dtype=str(dtype).replace("torch.", ""), size=size, reps=len(every),
                             median_ms=round(median * 1e3, 4), flops_per_s=2.0 * size**3 / median,
                             round_flops_per_s=per_round)
-
-
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 def _cpu_timer() -> Callable[[Callable[[], Any]], float]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.context import RankContext
+from ddpdoctor.slow_compute import SlowCompute
 
 CACHE_KEY = "workload"
 
@@ -46,9 +47,20 @@ class WorkloadResult:
     loss_last: float = 0.0
 
 
-def _model_dims(device_type: str) -> tuple[int, int, int]:
+def model_dims(device_type: str) -> tuple[int, int, int]:
     # CPU: a few ms a step on one thread. GPU: big enough that a step is not all launch overhead.
     return (256, 512, 10) if device_type == "cpu" else (1024, 4096, 10)
+
+
+def build_model(device: Any, seed: int) -> Any:
+    """The workload's MLP. Seeded per rank on purpose: DDP must broadcast rank 0's weights."""
+    import torch
+    from torch import nn
+
+    n_in, n_hidden, n_out = model_dims(device.type)
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(n_in, n_hidden), nn.ReLU(), nn.Linear(n_hidden, n_hidden),
+                         nn.ReLU(), nn.Linear(n_hidden, n_out)).to(device)
 
 
 class _CommTimer:
@@ -113,15 +125,15 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
     from torch.utils.data.distributed import DistributedSampler
 
     device = ctx.device
-    n_in, n_hidden, n_out = _model_dims(device.type)
+    n_in, _, n_out = model_dims(device.type)
     batch = 32
-    total_steps = ctx.cfg.warmup + ctx.cfg.steps
-    slow = ctx.injector.slow_factor()
+    total_steps = ctx.cfg.warmup + ctx.cfg.workload_steps
+    slow = SlowCompute(ctx.injector.slow_factor(), device)
+    data_delay_s = ctx.injector.data_delay_s()
 
     with ctx.stage("ddp"):
-        torch.manual_seed(1234 + ctx.rank)  # different on purpose: DDP must broadcast rank 0's
-        model = nn.Sequential(nn.Linear(n_in, n_hidden), nn.ReLU(), nn.Linear(n_hidden, n_hidden),
-                              nn.ReLU(), nn.Linear(n_hidden, n_out)).to(device)
+        model = build_model(device, 1234 + ctx.rank)
+        slow.install(model)
         with ctx.collective("ddp_construct_broadcast"):
             ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         timer = _CommTimer(ctx.world_size)
@@ -149,6 +161,8 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
         for step in range(total_steps):
             t0 = time.perf_counter()
             inputs, targets = next(batches)
+            if data_delay_s:
+                time.sleep(data_delay_s)  # an injected loader stall
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             _sync(device)
             t1 = time.perf_counter()
@@ -176,11 +190,7 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
                 loss.backward()
                 _sync(device)
             t3 = time.perf_counter()
-            delay_ms = 0.0
-            if slow > 1.0:
-                # A really slower rank: it spends (factor - 1) x its compute time sleeping.
-                delay_ms = (slow - 1.0) * ((t2 - t1) + (t3 - t2)) * 1000.0
-                time.sleep(delay_ms / 1000.0)
+            slow.observe_backward(t3 - t2)
             t_opt = time.perf_counter()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -189,7 +199,7 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
             timing = StepTiming(data_ms=(t1 - t0) * 1e3, forward_ms=(t2 - t1) * 1e3,
                                 backward_ms=(t3 - t2) * 1e3, comm_ms=timer.take_ms(),
                                 optimizer_ms=(t4 - t_opt) * 1e3, step_ms=(t4 - t0) * 1e3,
-                                injected_delay_ms=delay_ms)
+                                injected_delay_ms=slow.take_spun_ms())
             if step == 0:
                 result.loss_first = float(loss.detach())
             result.loss_last = float(loss.detach())

@@ -10,8 +10,10 @@ from .ddp_smoke import DdpSmoke
 from .gpu_count import GpuCount
 from .homogeneity import Homogeneity
 from .init_hang import InitHang
+from .stragglers import Stragglers
 
-_PROBES: dict[str, Probe] = {p.name: p for p in (InitHang(), DdpSmoke(), GpuCount(), Homogeneity(), AllReduce())}
+_PROBES: dict[str, Probe] = {p.name: p for p in (InitHang(), DdpSmoke(), GpuCount(), Homogeneity(), AllReduce(),
+                                                  Stragglers())}
 # init-hang first: its facts are read before the rendezvous, and its stage only adds timings.
 # gpu-count next: it publishes its device facts before the shared DDP workload runs,
 # so a device-mapping fault that breaks the workload is still diagnosed.

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ddpdoctor.errors import UsageError
-from ddpdoctor.inject import STAGES, Fault, check_ranks, parse_faults
+from ddpdoctor.inject import STAGES, Fault, Injector, check_ranks, parse_faults
 
 FAST = settings(database=None, deadline=None, max_examples=200,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -34,6 +34,9 @@ def _usage_error(spec: str) -> str:
     # key order does not matter
     ("crash:stage=verify:rank=7", Fault("crash", 7, stage="verify")),
     ("slow:factor=3:rank=4", Fault("slow", 4, factor=3.0)),
+    ("slowdata:rank=2:ms=20", Fault("slowdata", 2, ms=20.0)),
+    ("slowdata:ms=0.5:rank=0", Fault("slowdata", 0, ms=0.5)),
+    ("bigbatch:rank=1:factor=2", Fault("bigbatch", 1, factor=2.0)),
 ])
 def test_one_valid_fault(spec, expected):
     assert parse_faults(spec) == (expected,)
@@ -106,6 +109,19 @@ def test_factor_out_of_range(factor):
     message = _usage_error(f"slow:rank=1:factor={factor}")
     assert "factor must be between 1 and 1000" in message
     assert f"factor={factor}" in message
+
+
+@pytest.mark.parametrize("ms", ["-1", "60001", "nan", "inf", "slow", ""])
+def test_stall_out_of_range_or_not_a_number(ms):
+    message = _usage_error(f"slowdata:rank=1:ms={ms}")
+    assert "ms must be" in message and f"ms={ms}" in message
+
+
+def test_injected_stall_and_batch_reach_only_their_rank():
+    faults = parse_faults("slowdata:rank=1:ms=25,bigbatch:rank=2:factor=1.5")
+    assert Injector(faults, 1).data_delay_s() == 0.025 and Injector(faults, 1).batch_factor() == 1.0
+    assert Injector(faults, 2).data_delay_s() == 0.0 and Injector(faults, 2).batch_factor() == 1.5
+    assert [f.describe() for f in faults] == ["slowdata:rank=1:ms=25", "bigbatch:rank=2:factor=1.5"]
 
 
 def test_factor_not_a_number():
