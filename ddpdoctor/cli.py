@@ -86,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--straggler-seconds", type=_bounded(float, "a number of seconds", 0.5, 3600), default=5.0,
                        metavar="S", help="stragglers: how long to measure training steps (default 5)")
     check.add_argument("--slow-threshold", type=_percent, default=None, metavar="PCT",
-                       help="homogeneity: flag a rank this many percent slower than its peers "
-                            "(default 10 on GPUs, 20 on CPU ranks)")
+                       help="flag a rank this many percent slower than its peers (homogeneity: default 10 on "
+                            "GPUs, 20 on CPU ranks; stragglers: 8 on GPUs, 10 on CPU ranks)")
     bench = sub.add_parser("allreduce-bench", help="measure collective bandwidth (algbw/busbw as nccl-tests) and find slow links",
                            description="Sweep message sizes through torch.distributed on every rank, as nccl-tests "
                                        "does: time per call (slowest rank), algbw and busbw from the median, every "

@@ -3,9 +3,9 @@
 Arrival times at a collective are compared across hosts, and two hosts' clocks may
 differ by more than a whole training step (NTP keeps them within milliseconds at best,
 and a host without it drifts by seconds). One leader per host plays ping-pong with
-rank 0 through the out-of-band store, as NTP does with a server: the offset is rank 0's
-stamp minus the midpoint of the leader's send and receive, good to half the round trip,
-and the round with the shortest trip wins. Ranks on one host share a clock and the
+rank 0 through the out-of-band store, as NTP does with a server: the offset is the
+midpoint of the leader's send and receive minus rank 0's stamp (this host's clock minus
+rank 0's), good to half the round trip, and the round with the shortest trip wins. Ranks on one host share a clock and the
 leader's figure. No collective is used, so a broken backend cannot spoil the correction.
 """
 
@@ -76,6 +76,8 @@ def measure(store: Any, rank: int, hosts: Mapping[int, str], timeout_s: float,
         if not _wait(store, f"{KEY}/{leader}/result", deadline - time.monotonic()):
             return ClockOffset(0.0, float("inf"), f"no figure from this host's leader, rank {leader}")
         offset_s, error_s = (float(x) for x in store.get(f"{KEY}/{leader}/result").decode().split())
+        if error_s == float("inf"):
+            return ClockOffset(0.0, error_s, f"rank 0 did not answer this host's leader, rank {leader}")
         return ClockOffset(offset_s, error_s, f"ping-pong with rank 0 (by rank {leader})")
     best: Optional[tuple[float, float]] = None
     for i in range(ROUNDS):

@@ -139,6 +139,8 @@ def _parse_one(item: str) -> Fault:
             raise UsageError(f"factor must be a number in --inject {item!r}") from None
         if not 1.0 <= factor <= 1000.0:
             raise UsageError(f"factor must be between 1 and 1000 in --inject {item!r}")
+    if kind == "bigbatch" and factor is not None and factor > 16:
+        raise UsageError(f"bigbatch factor must be at most 16 in --inject {item!r}")
     ms = None
     if "ms" in values:
         try:

@@ -23,7 +23,8 @@ class SlowCompute:
     """Hooks that stretch a module's forward and backward by `factor`.
 
     Backward's length is known only when it ends, so its stretch uses the previous
-    step's measured backward (`observe_backward`), and twice the forward before that.
+    step's measured backward compute (`observe_backward`), else twice the forward (the
+    shared workload, whose backward time includes the all-reduce wait, never tells it).
     """
 
     def __init__(self, factor: float, device: Any) -> None:

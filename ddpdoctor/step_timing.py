@@ -149,6 +149,21 @@ def _agreed_step_count(ctx: RankContext, step_s: float) -> int:
     return int(math.ceil(steps / WINDOWS) * WINDOWS)
 
 
+def _keep_alive(ctx: RankContext) -> None:
+    """A long measurement of quick steps is progress: a fresh stage deadline every second.
+
+    The deadline is there to catch one stuck step, not a long run of quick ones."""
+    if time.time() - ctx.state.stage_started >= 1.0:
+        ctx.progress()
+
+
+def _reset_peak_mem(device: Any) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def run_steps(ctx: RankContext) -> StepSeries:
     import torch
     from torch import nn
@@ -165,6 +180,7 @@ def run_steps(ctx: RankContext) -> StepSeries:
     series = StepSeries(batch_size=batch)
 
     with ctx.stage("straggler_ddp"):
+        _reset_peak_mem(device)  # this run's peak, not an earlier probe's
         model = build_model(device, 4321 + ctx.rank)
         slow.install(model)
         with ctx.collective("ddp_construct_broadcast"):
@@ -173,7 +189,7 @@ def run_steps(ctx: RankContext) -> StepSeries:
         ddp.register_comm_hook(hook, _arrival_hook)
         generator = torch.Generator().manual_seed(43)
         # 16 batches per rank, cycled by epochs: memory stays flat however many steps run.
-        samples = BATCH * 16 * ctx.world_size
+        samples = max(BATCH, batch) * 16 * ctx.world_size
         data = TensorDataset(torch.randn(samples, n_in, generator=generator),
                              torch.randint(0, n_out, (samples,), generator=generator))
         sampler = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=11)
@@ -227,12 +243,10 @@ def run_steps(ctx: RankContext) -> StepSeries:
         steps = _agreed_step_count(ctx, sorted(calibration)[len(calibration) // 2])
         slow.take_spun_ms()
         hook.calls = 0
-        window = max(1, steps // WINDOWS)
         for step in range(steps):
             with ctx.collective("ddp_gradient_allreduce", step=step):
                 one_step(record=True)
-            if step % window == window - 1:
-                ctx.progress()
+            _keep_alive(ctx)
         series.comm_calls = hook.calls
 
     with ctx.stage("straggler_solo"):
@@ -251,6 +265,7 @@ def run_steps(ctx: RankContext) -> StepSeries:
             slow.observe_backward(clock.since_start_s(t2) - clock.since_start_s(t1))
             series.solo_ms.append(round((clock.since_start_s(t2) - clock.since_start_s(t0)) * 1e3, 4))
             model.zero_grad(set_to_none=True)
+            _keep_alive(ctx)
         series.injected_ms = round(slow.take_spun_ms(), 3)
         series.peak_mem_bytes = _peak_mem(device)
     return series

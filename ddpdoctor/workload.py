@@ -190,7 +190,6 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
                 loss.backward()
                 _sync(device)
             t3 = time.perf_counter()
-            slow.observe_backward(t3 - t2)
             t_opt = time.perf_counter()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -12,17 +12,17 @@ from rich.table import Table
 from rich.text import Text
 
 from .base import RunView
-from .straggler_scores import _persistent, score
+from .straggler_scores import _persistent, by_rank, score
 
 MAX_ROWS = 32
 
 
 def render_table(facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:
-    scores = score(facts, RunView(world_size=len(facts)))
+    scores = score(by_rank(facts), RunView(world_size=len(facts)))
     if scores is None:
         return
-    table = Table(title=f"stragglers  {scores.steps} steps, medians in ms; score: % slower than the median of "
-                        f"the other ranks ({'by arrival at the all-reduce' if scores.clocks_known else 'by work'})",
+    table = Table(title=f"stragglers  {scores.steps} steps, medians in ms; arrives: ms after the others at the "
+                        "all-reduce; score: % slower than the median of the other ranks, by work per sample",
                   title_justify="left", box=None, pad_edge=False, header_style="bold")
     for col in ("rank", "node", "step", "data", "compute", "optimizer", "comm wait", "arrives", "alone", "score"):
         table.add_column(col, justify="left" if col == "node" else "right")

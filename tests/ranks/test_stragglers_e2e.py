@@ -1,0 +1,55 @@
+"""stragglers end to end on CPU ranks: a rank that really computes slower, one whose data
+loader really stalls, one that really gets twice the batch, and a healthy run.
+
+The faults are large (factor 2, a stall about the size of a step's own work) so one short
+run decides; how small a slowdown is named reliably is the benchmark's question
+(benchmarks/stragglers_detection.py), not a test's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .harness import assert_nothing_left, probe_section, run_check
+
+pytestmark = pytest.mark.ranks
+
+
+def _codes(report, code):
+    return [f for f in report["findings"] if f["code"] == code]
+
+
+def test_slow_compute_and_slow_data_are_each_named_with_their_cause(tmp_path):
+    run = run_check(tmp_path, "--nproc", "4", "--probes", "stragglers", "--straggler-seconds", "2",
+                    "--inject", "slow:rank=1:factor=2,slowdata:rank=2:ms=6")
+    assert run.returncode == 1, run.explain()
+    named = {f["ranks"][0]: f for f in _codes(run.report, "STR001")}
+    assert sorted(named) == [1, 2], run.explain()
+    assert named[1]["evidence"]["cause"] == "compute", named[1]
+    assert named[2]["evidence"]["cause"] == "data loading", named[2]
+    facts = probe_section(run.report, "stragglers")["facts"]
+    # Measured, not simulated: the slow rank really spent extra time, the stall shows as data time.
+    assert facts["1"]["injected_ms"] > 0 and facts["0"]["injected_ms"] == 0
+    assert len(facts["0"]["steps"]["step_ms"]) >= 40 and len(facts["0"]["solo_ms"]) >= 5
+    assert facts["0"]["clock"]["source"] == "rank 0" and facts["3"]["clock"]["offset_ms"] == 0.0
+    assert "comm wait" in run.stdout and "stragglers" in run.stdout
+    assert_nothing_left(run)
+
+
+def test_healthy_ranks_name_no_straggler(tmp_path):
+    run = run_check(tmp_path, "--nproc", "3", "--probes", "stragglers", "--straggler-seconds", "3")
+    assert run.returncode == 0, run.explain()
+    assert not _codes(run.report, "STR001") and not _codes(run.report, "STR003"), run.explain()
+    [clear] = _codes(run.report, "STR002")
+    assert clear["severity"] == "ok" and clear["ranks"] == [0, 1, 2]
+    assert_nothing_left(run)
+
+
+def test_a_rank_with_twice_the_batch_is_uneven_work_not_a_straggler(tmp_path):
+    run = run_check(tmp_path, "--nproc", "3", "--probes", "stragglers", "--straggler-seconds", "2",
+                    "--inject", "bigbatch:rank=1:factor=2")
+    assert run.returncode == 1, run.explain()
+    assert not _codes(run.report, "STR001"), run.explain()
+    [uneven] = _codes(run.report, "STR003")
+    assert uneven["ranks"] == [1] and uneven["evidence"]["samples_per_step"] == {"0": 32, "1": 64, "2": 32}
+    assert_nothing_left(run)
