@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from ddpdoctor.context import RankContext
 from ddpdoctor.slow_compute import SlowCompute
-from ddpdoctor.workload import build_model, model_dims
+from ddpdoctor.workload import build_model, model_dims, peak_mem, sync
 
 BATCH = 32
 WARMUP_STEPS = 3
@@ -117,23 +117,6 @@ def _arrival_hook(state, bucket):  # type: ignore[no-untyped-def]
     return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
 
 
-def _sync(device: Any) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
-
-
-def _peak_mem(device: Any) -> int:
-    if device.type == "cuda":
-        import torch
-
-        return int(torch.cuda.max_memory_allocated(device))
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
 def _agreed_step_count(ctx: RankContext, step_s: float) -> int:
     """Every rank must run the same number of steps: the slowest rank's calibration decides."""
     if ctx.cfg.steps is not None:
@@ -223,7 +206,7 @@ def run_steps(ctx: RankContext) -> StepSeries:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         t_end = clock.mark()
-        _sync(device)
+        sync(device)
         at = {name: clock.since_start_s(p) * 1e3 for name, p in (
             ("data", t_data), ("forward", t_forward), ("backward", t_backward), ("end", t_end))}
         first = clock.since_start_s(hook.first) * 1e3 if hook.first is not None else at["backward"]
@@ -261,13 +244,13 @@ def run_steps(ctx: RankContext) -> StepSeries:
             t1 = clock.mark()
             loss.backward()
             t2 = clock.mark()
-            _sync(device)
+            sync(device)
             slow.observe_backward(clock.since_start_s(t2) - clock.since_start_s(t1))
             series.solo_ms.append(round((clock.since_start_s(t2) - clock.since_start_s(t0)) * 1e3, 4))
             model.zero_grad(set_to_none=True)
             _keep_alive(ctx)
         series.injected_ms = round(slow.take_spun_ms(), 3)
-        series.peak_mem_bytes = _peak_mem(device)
+        series.peak_mem_bytes = peak_mem(device)
     return series
 
 

@@ -96,14 +96,14 @@ def _timed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
     return future.then(finished)
 
 
-def _sync(device: Any) -> None:
+def sync(device: Any) -> None:
     if device.type == "cuda":
         import torch
 
         torch.cuda.synchronize(device)
 
 
-def _peak_mem(device: Any) -> int:
+def peak_mem(device: Any) -> int:
     if device.type == "cuda":
         import torch
 
@@ -164,10 +164,10 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
             if data_delay_s:
                 time.sleep(data_delay_s)  # an injected loader stall
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-            _sync(device)
+            sync(device)
             t1 = time.perf_counter()
             loss = loss_fn(ddp(inputs), targets)
-            _sync(device)
+            sync(device)
             t2 = time.perf_counter()
             if step == 0 and ctx.injector.desyncs():
                 # A rank-dependent code path that issues another collective than its peers
@@ -188,12 +188,12 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
                 if step == 0:
                     ctx.injector.at_stage("collective")
                 loss.backward()
-                _sync(device)
+                sync(device)
             t3 = time.perf_counter()
             t_opt = time.perf_counter()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            _sync(device)
+            sync(device)
             t4 = time.perf_counter()
             timing = StepTiming(data_ms=(t1 - t0) * 1e3, forward_ms=(t2 - t1) * 1e3,
                                 backward_ms=(t3 - t2) * 1e3, comm_ms=timer.take_ms(),
@@ -210,7 +210,7 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
         result.param_sha256 = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
         result.param_sum = float(flat.double().sum())
         result.comm_calls, result.comm_bytes = timer.calls, timer.bytes
-        result.peak_mem_bytes = _peak_mem(device)
+        result.peak_mem_bytes = peak_mem(device)
 
     ctx.cache[CACHE_KEY] = result
     return result

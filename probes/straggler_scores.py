@@ -336,7 +336,7 @@ def diagnose_stragglers(facts: Facts, run: RunView) -> list[Finding]:
 
 def _table(scores: Scores) -> dict[int, str]:
     return {r: (f"step {s.step_ms:.1f} ms, compute {s.compute_ms:.1f}, comm wait {s.comm_wait_ms:.1f}, "
-                f"data {s.data_ms:.1f}, {s.score_pct:+.1f}% vs peers"
+                f"data {s.data_ms:.1f}, {s.score_pct:+.1f}% vs peers, {s.vs_own_best_pct:+.1f}% vs its best window"
                 + ("" if s.late_ms is None else f", arrives {s.late_ms:+.1f} ms"))
             for r, s in sorted(scores.ranks.items())}
 

@@ -37,7 +37,7 @@ def _run(store, hosts, skew_s=0.0, serve=True):
         client = _client(store)
         clock = (lambda: time.time() + skew_s) if hosts[rank] != hosts[0] else time.time
         t = threading.Thread(target=lambda r=rank, c=client, k=clock: results.__setitem__(
-            r, clock_offset.measure(c, r, hosts, 2.0 if not serve else 5.0, clock=k)))
+            r, clock_offset.measure(c, r, hosts, 1.0 if not serve else 5.0, clock=k)))
         t.start()
         clients.append(t)
     for t in clients:

@@ -124,6 +124,21 @@ def test_a_rank_holding_extra_memory_is_named():
     assert memory.ranks == (0,) and memory.severity == Severity.WARN
 
 
+def test_uneven_gpu_utilisation_is_reported_as_information():
+    facts = recording(HEALTHY[1])
+    for r, util in zip(sorted(facts), (97.0, 61.0, 95.0, 96.0)):
+        facts[r]["sampled"]["gpu_util_pct"] = {"median": util, "max": 100.0, "min": util - 5}
+    [uneven] = [f for f in diagnose_stragglers(facts, run_view(facts)) if f.code == "STR006"]
+    assert uneven.severity == Severity.INFO and "61% on rank 1" in uneven.title
+
+
+def test_facts_read_back_from_json_have_string_ranks_and_give_the_same_findings():
+    facts = recording("slow_data_2ms_rank2.json")
+    as_json = {str(r): f for r, f in facts.items()}
+    assert [(f.code, f.ranks) for f in diagnose_stragglers(as_json, run_view(facts))] == \
+        [(f.code, f.ranks) for f in diagnose_stragglers(facts, run_view(facts))]
+
+
 def test_a_missing_rank_leaves_the_others_judged():
     facts = recording("slow_compute_x1.2_rank2.json")
     del facts[0]
