@@ -5,3 +5,11 @@ command needs it, so `ddpdoctor --help` and bad-argument errors are instant.
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):  # `ddpdoctor.Doctor` without importing torch for the CLI
+    if name in ("Doctor", "FindingRaised"):
+        from ddpdoctor import doctor
+
+        return getattr(doctor, name)
+    raise AttributeError(f"module 'ddpdoctor' has no attribute {name!r}")

@@ -1,0 +1,356 @@
+"""`Doctor`: the probes inside a user's own training loop, at negligible cost.
+
+    doctor = ddpdoctor.Doctor(ddp_model, loader=loader)
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
+        for batch in loader:
+            with doctor.step(batch):
+                loss = ddp_model(batch).sum(); loss.backward(); optimizer.step()
+
+Per step it only reads clocks (and, through a DDP comm hook, when each gradient bucket's
+all-reduce starts and ends). Every `every` steps it makes one collective of its own: an
+all_gather of one small float64 tensor per rank holding those steps' timings, a
+fingerprint of the current batch, the loader's length, the sampler's epoch state and the
+peak memory. Rank 0 judges (`online_checks`, and the `stragglers` probe's scores on the
+same columns) and reports each new finding once: to the `ddpdoctor` logger, to a JSON file,
+and to `on_finding`. A step that outlives its deadline is reported by every rank's own
+watchdog thread with its Python stacks. Nothing raises into the training loop unless
+`raise_on_finding` asks for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Iterator, Optional
+
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.online_checks import PROBE, History, RankWindow, data_findings, memory_growth, setup_findings
+
+log = logging.getLogger("ddpdoctor")
+HEADER = 8  # rank, step, loader_len, stale_epoch, peak_mem, fingerprint, wait_measured, steps in the row
+HOST_KEY = "ddpdoctor/host/{rank}"
+MIN_COST_SHARE = 0.05
+# Stragglers are judged on the kept windows once they hold this many steps: 8 windows of 10.
+ONLINE_MIN_STEPS = 80
+
+
+class FindingRaised(RuntimeError):
+    """Raised into the loop only when `raise_on_finding` is set and a finding reaches it."""
+
+
+def _fingerprint(batch: Any) -> int:
+    """52 bits of a SHA-1 over a strided sample of the batch's first tensor (exact in a float64).
+
+    Only on check steps: on a GPU reading the batch is a device-to-host copy."""
+    tensor = _first_tensor(batch)
+    if tensor is None:
+        return 0
+    flat = tensor.detach().reshape(-1)
+    stride = max(1, flat.numel() // 4096)
+    import torch
+
+    sample = flat[::stride][:4096].to("cpu", torch.float64).contiguous()
+    digest = hashlib.sha1(sample.numpy().tobytes()).digest()
+    return int.from_bytes(digest[:7], "big") >> 4 or 1
+
+
+def _first_tensor(batch: Any) -> Any:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+class _WaitTimer:
+    """DDP comm hook state: an ordinary all-reduce, with the wait for the last bucket timed."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.last_launch = 0.0
+        self.last_done = 0.0
+
+    def take_ms(self) -> float:
+        ms = max(0.0, self.last_done - self.last_launch) * 1e3 if self.last_launch else 0.0
+        self.last_launch = self.last_done = 0.0
+        return ms
+
+
+def _wait_hook(state, bucket):  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
+    state.last_launch = time.perf_counter()
+    buffer = bucket.buffer()
+    buffer.div_(state.world_size)
+
+    def done(fut: Any) -> Any:
+        state.last_done = time.perf_counter()
+        return fut.value()[0]
+
+    return dist.all_reduce(buffer, async_op=True).get_future().then(done)
+
+
+def _default_store() -> Any:
+    """The job's own rendezvous store (torch keeps no public handle to it), or None."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+class Doctor:
+    def __init__(self, model: Any, optimizer: Any = None, loader: Any = None, sampler: Any = None, *,
+                 every: int = 50, step_deadline_s: float = 600.0, json_path: Optional[str] = None,
+                 on_finding: Optional[Callable[[Finding], None]] = None, raise_on_finding: bool = False,
+                 on_hang: str = "report", measure_comm: bool = True) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        if on_hang not in ("report", "exit"):
+            raise ValueError(f"on_hang must be 'report' or 'exit', not {on_hang!r}")
+        self.every = max(2, int(every))
+        self.deadline_s = float(step_deadline_s)
+        self.json_path = json_path
+        self.on_finding = on_finding
+        self.raise_on_finding = raise_on_finding
+        self.on_hang = on_hang
+        self.loader = loader
+        self.sampler = sampler if sampler is not None else getattr(loader, "sampler", None)
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.host = os.uname().nodename
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self.findings: list[Finding] = []
+        self._seen: set[tuple[str, tuple[int, ...]]] = set()
+        self._history = History(keep=max(4, -(-ONLINE_MIN_STEPS // self.every)))
+        self._steps = 0
+        self._columns: dict[str, list[float]] = {"step": [], "data": [], "wait": [], "samples": []}
+        self._began = 0.0
+        self._last_end = 0.0
+        self._batch: Any = None
+        self._epoch0 = getattr(self.sampler, "epoch", None)
+        self._timer: Optional[_WaitTimer] = None
+        is_ddp = isinstance(model, DistributedDataParallel)
+        if is_ddp and measure_comm and self.distributed:
+            timer = _WaitTimer(self.world_size)
+            try:
+                model.register_comm_hook(timer, _wait_hook)
+                self._timer = timer
+            except Exception:  # the job has a comm hook of its own: step times only
+                self._timer = None
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        sampler_name = type(self.sampler).__name__ if loader is not None and self.sampler is not None else None
+        for finding in setup_findings(is_ddp, self.world_size, gpus, self.rank, self.host, sampler_name):
+            self._emit(finding)
+        self._store = _default_store()
+        self._hosts: dict[int, str] = {self.rank: self.host}
+        if self._store is not None:
+            # The node names travel through the job's own store, not a collective.
+            self._store.set(HOST_KEY.format(rank=self.rank), self.host)
+        self._watchdog = threading.Thread(target=self._watch, name="ddpdoctor-step-watchdog", daemon=True)
+        self._stop = threading.Event()
+        self._watchdog.start()
+
+    # -- the loop's side --------------------------------------------------------
+    @contextlib.contextmanager
+    def step(self, batch: Any = None) -> Iterator[None]:
+        self.step_begin(batch)
+        yield
+        self.step_end()
+
+    def step_begin(self, batch: Any = None) -> None:
+        now = time.perf_counter()
+        self._columns["data"].append((now - self._last_end) * 1e3 if self._last_end else 0.0)
+        self._batch = batch
+        self._began = now
+
+    def step_end(self) -> None:
+        now = time.perf_counter()
+        began, self._began = self._began, 0.0
+        self._columns["step"].append((now - began) * 1e3)
+        self._columns["wait"].append(self._timer.take_ms() if self._timer else 0.0)
+        tensor = _first_tensor(self._batch)
+        self._columns["samples"].append(float(tensor.shape[0]) if tensor is not None and tensor.dim() else 1.0)
+        self._steps += 1
+        if self.distributed and (self._steps == 1 or self._steps % self.every == 0):
+            self._check()
+        self._last_end = time.perf_counter()
+
+    def report(self) -> list[Finding]:
+        """Every finding so far, on this rank (rank 0 holds the gathered ones)."""
+        return list(self.findings)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # -- every `every` steps: one collective ------------------------------------------
+    def _check(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        n = self.every
+        cols = {k: (v[-n:] + [0.0] * n)[:n] for k, v in self._columns.items()}
+        count = min(n, len(self._columns["step"]))
+        row = torch.zeros(HEADER + 4 * n, dtype=torch.float64)
+        row[:HEADER] = torch.tensor([self.rank, self._steps, self._loader_len(), float(self._stale_epoch()),
+                                     self._peak_mem(), float(_fingerprint(self._batch)) if self._batch is not None
+                                     else 0.0, float(self._timer is not None), float(count)], dtype=torch.float64)
+        for i, key in enumerate(("step", "data", "wait", "samples")):
+            row[HEADER + i * n:HEADER + (i + 1) * n] = torch.tensor(cols[key], dtype=torch.float64)
+        row = row.to(self.device)
+        gathered = torch.empty(self.world_size * row.numel(), dtype=torch.float64, device=self.device)
+        dist.all_gather_into_tensor(gathered, row)
+        if self._steps > 1:  # what was sent is not sent again (step 1's check is for the data and setup)
+            for key in self._columns:
+                self._columns[key] = []
+        if self.rank != 0:
+            return
+        rows = self._rows(gathered.cpu().reshape(self.world_size, -1), n)
+        self._judge(rows)
+
+    def _rows(self, table: Any, n: int) -> dict[int, RankWindow]:
+        rows = {}
+        for values in table.tolist():
+            rank, step, loader_len, stale, peak, fingerprint, measured, count = values[:HEADER]
+            c = int(count)
+            col = [values[HEADER + i * n:HEADER + i * n + c] for i in range(4)]
+            rows[int(rank)] = RankWindow(rank=int(rank), host=self._host_of(int(rank)),
+                                         step=int(step), step_ms=col[0], data_ms=col[1], wait_ms=col[2],
+                                         samples=col[3], fingerprint=int(fingerprint), loader_len=int(loader_len),
+                                         stale_epoch=bool(stale), peak_mem_bytes=int(peak), wait_measured=bool(measured))
+        return rows
+
+    def _judge(self, rows: dict[int, RankWindow]) -> None:
+        from ddpdoctor.probes.base import RunView
+        from ddpdoctor.probes.straggler_scores import diagnose_stragglers
+
+        found = data_findings(rows)
+        if len(next(iter(rows.values())).step_ms) > 1:
+            self._history.add(rows)
+            found += memory_growth(self._history)
+        facts = self._history.facts()
+        if facts and min(len(f["steps"]["step_ms"]) for f in facts.values()) >= ONLINE_MIN_STEPS:
+            run = RunView(world_size=self.world_size, hosts={r: row.host for r, row in rows.items()})
+            # In a live job a straggler must also cost something: tiny steps make a few percent of
+            # noise look like a rank, and a rank that costs under MIN_COST_SHARE of a step is not worth a page.
+            found += [f for f in diagnose_stragglers(facts, run) if f.severity >= Severity.WARN
+                      and (f.code != "STR001" or f.evidence.get("cost_ms_per_step", 0.0)
+                           >= MIN_COST_SHARE * f.evidence.get("median_step_ms", 0.0))]
+        for finding in found:
+            self._emit(finding)
+
+    def _host_of(self, rank: int) -> str:
+        if rank not in self._hosts and self._store is not None:
+            key = HOST_KEY.format(rank=rank)
+            try:
+                if self._store.check([key]):
+                    self._hosts[rank] = self._store.get(key).decode("utf-8", "replace")
+            except Exception:
+                pass
+        return self._hosts.get(rank, f"rank{rank}")
+
+    # -- local facts ---------------------------------------------------------------
+    def _loader_len(self) -> float:
+        try:
+            return float(len(self.loader)) if self.loader is not None else -1.0
+        except TypeError:  # an iterable-style dataset has no length
+            return -1.0
+
+    def _stale_epoch(self) -> bool:
+        """A second pass over the loader began and the sampler's epoch never changed."""
+        length = self._loader_len()
+        if self._epoch0 is None or length <= 0 or not getattr(self.sampler, "shuffle", False):
+            return False
+        return self._steps > length and getattr(self.sampler, "epoch", None) == self._epoch0
+
+    def _peak_mem(self) -> float:
+        if self.device.type == "cuda":
+            import torch
+
+            return float(torch.cuda.max_memory_allocated(self.device))
+        import resource
+
+        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+    # -- reporting ---------------------------------------------------------------
+    def _emit(self, finding: Finding) -> None:
+        key = (finding.code, finding.ranks)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.findings.append(finding)
+        log.warning("ddpdoctor %s %s: %s (ranks %s)", finding.severity.label, finding.code, finding.title,
+                    ",".join(map(str, finding.ranks)))
+        if self.json_path:
+            self._write_json()
+        if self.on_finding is not None:
+            try:
+                self.on_finding(finding)
+            except Exception:  # a broken hook must not break training
+                log.exception("ddpdoctor: on_finding raised")
+        if self.raise_on_finding and finding.severity >= Severity.WARN:
+            raise FindingRaised(f"{finding.code}: {finding.title}")
+
+    def _write_json(self) -> None:
+        from ddpdoctor.report import atomic_write_json
+
+        path = self.json_path if self.rank == 0 else f"{self.json_path}.rank{self.rank}"
+        try:
+            atomic_write_json({"rank": self.rank, "world_size": self.world_size, "steps": self._steps,
+                               "findings": [f.to_json() for f in self.findings]}, path)
+        except OSError as exc:
+            log.error("ddpdoctor: cannot write %s: %s", path, exc)
+
+    # -- the step deadline -------------------------------------------------------------
+    def _watch(self) -> None:
+        reported = 0.0
+        while not self._stop.wait(min(1.0, self.deadline_s / 4)):
+            began = self._began
+            if not began or began == reported or time.perf_counter() - began < self.deadline_s:
+                continue
+            reported = began
+            self._emit_hang(time.perf_counter() - began)
+
+    def _emit_hang(self, elapsed_s: float) -> None:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        stack = traceback.format_stack(main) if main is not None else []
+        where = stack[-1].strip().splitlines()[0] if stack else "unknown"
+        finding = Finding(
+            code="DOC007", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"Step {self._steps + 1} on rank {self.rank} has run for {elapsed_s:.0f} s "
+                  f"(deadline {self.deadline_s:g} s): stuck at {where}",
+            ranks=(self.rank,), nodes=(self.host,),
+            evidence={"python_stack": [line.rstrip() for line in "".join(stack[-12:]).splitlines()],
+                      "flight_recorder": ("set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+                                          "to have NCCL's Flight Recorder dump what every rank was in; then "
+                                          "`ddpdoctor explain` the dumps")},
+            why=("A rank stuck in a collective waits for a peer that never arrives; a rank stuck elsewhere (data, "
+                 "I/O, a deadlock) is the one the others wait for. Every rank's stack tells which is which."),
+            fix="Compare the ranks' stacks: the rank that is not in the collective is the cause.",
+        )
+        sys.stderr.write(f"ddpdoctor: rank {self.rank}: {finding.title}\n" + "".join(stack[-12:]))
+        sys.stderr.flush()
+        try:
+            self._emit(finding)
+        except FindingRaised:
+            pass  # the watchdog thread cannot raise into the loop
+        if self.on_hang == "exit":
+            os._exit(124)

@@ -1,0 +1,92 @@
+"""`ddpdoctor.Doctor` inside real DDP training loops on CPU ranks (tests/ranks/doctor_loop.py).
+
+Each case is a loop with a real bug: no DistributedSampler, no set_epoch, an uneven split,
+a rank that computes slower, a rank stuck mid-training (two bugs share a run where they do
+not interfere, to keep the suite's time). A correct loop gives no finding.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .harness import _env, free_port, tagged_processes
+
+pytestmark = pytest.mark.ranks
+LOOP = Path(__file__).with_name("doctor_loop.py")
+
+
+def run_loop(tmp_path: Path, case: str, world: int = 2, timeout_s: float = 60, **flags: str) -> dict:
+    tag, port = uuid.uuid4().hex, free_port()
+    report = tmp_path / f"{case.replace(',', '-')}.json"
+    procs = []
+    for rank in range(world):
+        env = _env(tag, {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        extra = [f"--{k}={v}" for k, v in flags.items()]
+        procs.append(subprocess.Popen([sys.executable, str(LOOP), "--case", case, "--json", str(report), *extra],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = {}
+    try:
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=timeout_s)
+            outputs[rank] = (proc.returncode, err)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert not tagged_processes(tag)  # the port is the loop's own store's, not ours
+    files = {0: report} | {r: Path(f"{report}.rank{r}") for r in range(1, world)}
+    found = {r: json.loads(p.read_text())["findings"] for r, p in files.items() if p.exists()}
+    return {"exit": {r: o[0] for r, o in outputs.items()}, "stderr": {r: o[1] for r, o in outputs.items()},
+            "findings": found}
+
+
+def codes(result: dict, rank: int = 0) -> dict[str, dict]:
+    return {f["code"]: f for f in result["findings"].get(rank, [])}
+
+
+def test_a_correct_loop_gives_no_finding(tmp_path):
+    # 3 ranks time-share the 2 cores and migrate between them; 2 ranks can each keep one vCPU of
+    # this VM, and its vCPUs differ in speed (docs/probes/stragglers.md).
+    result = run_loop(tmp_path, "healthy", world=3, epochs="11")  # 88 steps: stragglers judged at step 80
+    assert result["exit"] == {0: 0, 1: 0, 2: 0}, result["stderr"]
+    assert result["findings"] == {}, result["findings"]
+
+
+def test_a_slower_rank_and_a_missing_set_epoch_are_each_named(tmp_path):
+    result = run_loop(tmp_path, "straggler,noepoch", epochs="11")  # 88 steps: 80 are judged
+    found = codes(result)
+    assert found["STR001"]["ranks"] == [1] and found["STR001"]["evidence"]["cause"] == "compute", found
+    assert found["DOC003"]["ranks"] == [0, 1], found
+    assert "DOC001" not in found and "DOC002" not in found
+
+
+def test_uneven_batches_are_named_before_the_end_of_the_epoch_hangs(tmp_path):
+    result = run_loop(tmp_path, "uneven")
+    found = codes(result)
+    assert found["DOC002"]["ranks"] == [1], found
+    assert found["DOC002"]["evidence"]["batches_per_epoch_by_rank"] == {"0": 8, "1": 6}
+
+
+def test_no_distributed_sampler_then_a_rank_stuck_mid_training(tmp_path):
+    result = run_loop(tmp_path, "nosampler,hang", timeout_s=40)
+    assert set(result["exit"].values()) == {124}, result["stderr"]
+    found = codes(result)
+    # Every rank trained on the same batch: named at the first check, before the hang.
+    assert found["DOC001"]["severity"] == "critical" and found["DOC001"]["ranks"] == [0, 1], found
+    assert "DOC008" in found  # the sampler type said so before the first step
+    # Then rank 1 sleeps in its step: every rank's own watchdog reports itself, with its stack.
+    for rank in range(2):
+        [hang] = [f for f in result["findings"][rank] if f["code"] == "DOC007"]
+        assert hang["ranks"] == [rank] and "Step 13" in hang["title"]
+    stuck = [f for f in result["findings"][1] if f["code"] == "DOC007"][0]
+    assert "time.sleep(3600)" in "\n".join(stuck["evidence"]["python_stack"])
+    waiting = [f for f in result["findings"][0] if f["code"] == "DOC007"][0]
+    assert "backward" in "\n".join(waiting["evidence"]["python_stack"])
+    assert "stuck at" in result["stderr"][1]
