@@ -20,6 +20,7 @@ watchdog thread with its Python stacks. Nothing raises into the training loop un
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -168,6 +169,7 @@ class Doctor:
         self._watchdog = threading.Thread(target=self._watch, name="ddpdoctor-step-watchdog", daemon=True)
         self._stop = threading.Event()
         self._watchdog.start()
+        atexit.register(self._at_exit)
 
     # -- the loop's side --------------------------------------------------------
     @contextlib.contextmanager
@@ -200,6 +202,17 @@ class Doctor:
 
     def close(self) -> None:
         self._stop.set()
+
+    def _at_exit(self) -> None:
+        """The final report: no collective (the process group may be gone), only what is known here."""
+        self.close()
+        if self.rank != 0 and not self.findings:
+            return
+        worst = max((f.severity for f in self.findings), default=Severity.OK)
+        log.warning("ddpdoctor: rank %d, %d steps: %s", self.rank, self._steps,
+                    "no findings" if not self.findings else
+                    f"{len(self.findings)} finding(s), worst {worst.label}: "
+                    + "; ".join(f"{f.code} {f.title}" for f in self.findings[:5]))
 
     # -- every `every` steps: one collective ------------------------------------------
     def _check(self) -> None:
