@@ -105,6 +105,19 @@ def _wait_hook(state, bucket):  # type: ignore[no-untyped-def]
     return dist.all_reduce(buffer, async_op=True).get_future().then(done)
 
 
+def _unsharded_sampler(loader: Any, sampler: Any) -> Optional[str]:
+    """The sampler's class name when nothing in the loader shards the data; None otherwise.
+
+    Frameworks shard in their own ways: Lightning swaps in a DistributedSampler, Accelerate
+    (Hugging Face) wraps the loader and its batch sampler ("...Shard")."""
+    if loader is None or sampler is None:
+        return None
+    names = [type(x).__name__ for x in (loader, sampler, getattr(loader, "batch_sampler", None)) if x is not None]
+    if any("Distributed" in n or "Shard" in n for n in names):
+        return None
+    return type(sampler).__name__
+
+
 def _default_store() -> Any:
     """The job's own rendezvous store (torch keeps no public handle to it), or None."""
     try:
@@ -158,7 +171,7 @@ class Doctor:
             except Exception:  # the job has a comm hook of its own: step times only
                 self._timer = None
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        sampler_name = type(self.sampler).__name__ if loader is not None and self.sampler is not None else None
+        sampler_name = _unsharded_sampler(loader, self.sampler)
         for finding in setup_findings(is_ddp, self.world_size, gpus, self.rank, self.host, sampler_name):
             self._emit(finding)
         self._store = _default_store()
@@ -230,7 +243,9 @@ class Doctor:
             row[HEADER + i * n:HEADER + (i + 1) * n] = torch.tensor(cols[key], dtype=torch.float64)
         row = row.to(self.device)
         gathered = torch.empty(self.world_size * row.numel(), dtype=torch.float64, device=self.device)
-        dist.all_gather_into_tensor(gathered, row)
+        # torch 2.13 renamed all_gather_into_tensor (and warns on the old name); older torch has only that.
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(gathered, row)
         if self._steps > 1:  # what was sent is not sent again (step 1's check is for the data and setup)
             for key in self._columns:
                 self._columns[key] = []

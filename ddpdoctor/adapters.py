@@ -1,0 +1,89 @@
+"""`Doctor` for PyTorch Lightning and Hugging Face `Trainer`: optional, imported only when asked for.
+
+    trainer = lightning.Trainer(..., callbacks=[ddpdoctor.adapters.lightning_callback()])
+    trainer = transformers.Trainer(..., callbacks=[ddpdoctor.adapters.hf_callback()])
+
+Both frameworks create the process group and the DDP wrapper before any callback runs, so
+these adapters see the job from its first training step (use `ddpdoctor.watch()`-style
+init diagnosis outside them). Lightning hands its callbacks the batch; Hugging Face does
+not, so there the same-batch check (DOC001) cannot run, and the DDP wrapper is found by
+looking for the DistributedDataParallel that holds the model Trainer passes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.doctor import Doctor
+
+
+def _ddp_holding(model: Any) -> Any:
+    """The DistributedDataParallel whose `.module` is `model`, if the framework made one."""
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        return model
+    for obj in gc.get_objects():
+        if isinstance(obj, DistributedDataParallel) and obj.module is model:
+            return obj
+    return model
+
+
+def lightning_callback(**options: Any) -> Any:
+    """A `lightning.pytorch.Callback` (or `pytorch_lightning.Callback`) running a Doctor."""
+    try:
+        from lightning.pytorch.callbacks import Callback
+    except ImportError:
+        from pytorch_lightning.callbacks import Callback  # the older package name
+
+    class DoctorCallback(Callback):
+        def __init__(self) -> None:
+            self.doctor: Any = None
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            model = trainer.strategy.model if trainer.strategy.model is not None else pl_module
+            self.doctor = Doctor(_ddp_holding(model), loader=trainer.train_dataloader, **options)
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if self.doctor is not None:
+                self.doctor.step_begin(batch)
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if self.doctor is not None:
+                self.doctor.step_end()
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            if self.doctor is not None:
+                self.doctor.close()
+
+    return DoctorCallback()
+
+
+def hf_callback(**options: Any) -> Any:
+    """A `transformers.TrainerCallback` running a Doctor."""
+    from transformers import TrainerCallback
+
+    class DoctorTrainerCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.doctor: Any = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                           train_dataloader: Any = None, **kwargs: Any) -> None:
+            if model is not None:
+                self.doctor = Doctor(_ddp_holding(model), loader=train_dataloader, **options)
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.doctor is not None:
+                self.doctor.step_begin(None)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.doctor is not None:
+                self.doctor.step_end()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.doctor is not None:
+                self.doctor.close()
+
+    return DoctorTrainerCallback()
