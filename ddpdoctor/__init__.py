@@ -12,4 +12,8 @@ def __getattr__(name: str):  # `ddpdoctor.Doctor` without importing torch for th
         from ddpdoctor import doctor
 
         return getattr(doctor, name)
+    if name == "watch":
+        from ddpdoctor.init_watch import watch
+
+        return watch
     raise AttributeError(f"module 'ddpdoctor' has no attribute {name!r}")

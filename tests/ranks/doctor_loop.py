@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=20)
     args = parser.parse_args()
     cases = set(args.case.split(","))
+    ddpdoctor.watch(timeout_s=60.0, json_path=args.json)  # a healthy start reports nothing
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)

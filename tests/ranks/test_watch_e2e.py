@@ -1,0 +1,56 @@
+"""`ddpdoctor.watch()` in real rank processes: who never arrived at init_process_group, and why.
+
+Ranks started with hand-set RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, as torchrun or srun would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .harness import _env, free_port, tagged_processes
+
+pytestmark = pytest.mark.ranks
+JOB = Path(__file__).with_name("watch_job.py")
+
+
+def start(tmp_path: Path, case: str, ports: dict[int, int], world: int = 3) -> dict:
+    tag = uuid.uuid4().hex
+    report = tmp_path / "watch.json"
+    procs = [subprocess.Popen([sys.executable, str(JOB), "--case", case, "--json", str(report)],
+                              env=_env(tag, {"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[r])}),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    try:
+        errs = [p.communicate(timeout=60)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert not tagged_processes(tag)
+    found = {}
+    for r in range(world):
+        path = Path(f"{report}.rank{r}")
+        if path.exists():
+            found[r] = json.loads(path.read_text())["findings"][0]
+    return {"exit": [p.returncode for p in procs], "stderr": errs, "findings": found}
+
+
+def test_a_rank_stuck_before_init_and_one_given_another_port_are_each_named(tmp_path):
+    # (A healthy start under watch() is tests/ranks/test_doctor_e2e.py's correct loop.)
+    port, wrong = free_port(), free_port()
+    result = start(tmp_path, "noshow", {0: port, 1: wrong, 2: port})
+    assert result["exit"] == [124, 124, 124], result["stderr"]
+    waiting = result["findings"][0]
+    assert waiting["code"] == "WATCH001" and waiting["ranks"] == [1, 2], waiting
+    assert "1 of 3 ranks called it; rank 1-2 never did" in waiting["title"]
+    assert waiting["evidence"]["never_arrived"] == [1, 2] and list(waiting["evidence"]["arrived"]) == ["0"]
+    unreachable = result["findings"][1]
+    assert "cannot reach the rendezvous" in unreachable["title"] and "connection refused" in unreachable["title"]
+    stuck = result["findings"][2]
+    assert "has not called init_process_group" in stuck["title"] and "watch_job.py" in stuck["evidence"]["stuck_at"]
