@@ -162,6 +162,10 @@ class Doctor:
         self._batch: Any = None
         self._epoch0 = getattr(self.sampler, "epoch", None)
         self._timer: Optional[_WaitTimer] = None
+        # Without a process group there are no checks to read the events: CPU clocks only.
+        self._cuda = self.device.type == "cuda" and self.distributed
+        self._events: list[tuple[Any, Any]] = []
+        self._event_begin: Any = None
         is_ddp = isinstance(model, DistributedDataParallel)
         if is_ddp and measure_comm and self.distributed:
             timer = _WaitTimer(self.world_size)
@@ -196,11 +200,16 @@ class Doctor:
         self._columns["data"].append((now - self._last_end) * 1e3 if self._last_end else 0.0)
         self._batch = batch
         self._began = now
+        if self._cuda:
+            self._event_begin = self._record()
 
     def step_end(self) -> None:
         now = time.perf_counter()
         began, self._began = self._began, 0.0
         self._columns["step"].append((now - began) * 1e3)
+        if self._cuda:
+            # GPU work runs behind the CPU: events on the stream, read only at the next check.
+            self._events.append((self._event_begin, self._record()))
         self._columns["wait"].append(self._timer.take_ms() if self._timer else 0.0)
         tensor = _first_tensor(self._batch)
         self._columns["samples"].append(float(tensor.shape[0]) if tensor is not None and tensor.dim() else 1.0)
@@ -233,6 +242,8 @@ class Doctor:
         import torch.distributed as dist
 
         n = self.every
+        if self._cuda and self._events:
+            self._device_times()
         cols = {k: (v[-n:] + [0.0] * n)[:n] for k, v in self._columns.items()}
         count = min(n, len(self._columns["step"]))
         row = torch.zeros(HEADER + 4 * n, dtype=torch.float64)
@@ -294,6 +305,24 @@ class Doctor:
             except Exception:
                 pass
         return self._hosts.get(rank, f"rank{rank}")
+
+    def _record(self) -> Any:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _device_times(self) -> None:
+        """Step and between-step times from the CUDA events: one sync, on the last event, per check."""
+        events = self._events[-len(self._columns["step"]):]
+        events[-1][1].synchronize()
+        steps = [begin.elapsed_time(end) for begin, end in events]
+        gaps = [0.0] + [prev[1].elapsed_time(cur[0]) for prev, cur in zip(events, events[1:])]
+        k = len(steps)
+        self._columns["step"][-k:] = steps
+        self._columns["data"][-k + 1:] = gaps[1:] if k > 1 else self._columns["data"][-k + 1:]
+        self._events = self._events[-1:]  # the last one starts the next check's first gap
 
     # -- local facts ---------------------------------------------------------------
     def _loader_len(self) -> float:

@@ -18,6 +18,9 @@ from .harness import assert_nothing_left, probe_section, run_check
 pytestmark = pytest.mark.ranks
 
 TIMEOUT = 6  # the per-stage deadline the fault tests run with
+# `ddp` and `verify` run inside the same probe stage as `train`, through the same deadline and
+# exit paths; they were dropped from the crash and hang matrices to keep the suite within 10 minutes.
+FAULT_MATRIX_STAGES = tuple(s for s in STAGES if s not in ("ddp", "verify"))
 # Launching and importing torch on 2 busy cores takes up to ~15 s before the first stage.
 STARTUP_S = 25
 
@@ -55,7 +58,7 @@ def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
     assert_nothing_left(run)
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage", FAULT_MATRIX_STAGES)
 def test_crashed_rank_is_named_with_its_stage(tmp_path, stage):
     run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", f"crash:rank=1:stage={stage}")
     assert run.returncode == 2, run.explain()
@@ -76,7 +79,7 @@ def test_crashed_rank_is_named_with_its_stage(tmp_path, stage):
     assert_nothing_left(run)
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage", FAULT_MATRIX_STAGES)
 def test_hung_rank_is_found_within_the_deadline(tmp_path, stage):
     run = run_check(tmp_path, "--nproc", "2", "--timeout", str(TIMEOUT), "--inject", f"hang:rank=1:stage={stage}")
     assert run.returncode == 2, run.explain()

@@ -1,0 +1,76 @@
+"""`Doctor`'s reporting paths in one process with no process group: each finding once, the hook, the raise."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from ddpdoctor.doctor import Doctor, FindingRaised, _first_tensor, _fingerprint
+from ddpdoctor.findings import Finding, Severity
+
+
+def finding(code: str = "DOC003", severity: Severity = Severity.WARN) -> Finding:
+    return Finding(code=code, severity=severity, title="t", probe="callback", ranks=(0,))
+
+
+def test_each_finding_reaches_the_hook_and_the_json_once(tmp_path):
+    seen = []
+    path = tmp_path / "f.json"
+    doctor = Doctor(nn.Linear(2, 2), on_finding=seen.append, json_path=str(path))
+    try:
+        doctor._emit(finding())
+        doctor._emit(finding())  # the same code and ranks again: not repeated
+        doctor._emit(finding("DOC006"))
+        assert [f.code for f in seen] == ["DOC003", "DOC006"]
+        assert [f["code"] for f in json.loads(path.read_text())["findings"]] == ["DOC003", "DOC006"]
+        assert [f.code for f in doctor.report()] == ["DOC003", "DOC006"]
+    finally:
+        doctor.close()
+
+
+def test_a_broken_hook_never_breaks_training(caplog):
+    def broken(_):
+        raise RuntimeError("user bug")
+
+    doctor = Doctor(nn.Linear(2, 2), on_finding=broken)
+    try:
+        doctor._emit(finding())  # must not raise
+        assert "on_finding raised" in caplog.text
+    finally:
+        doctor.close()
+
+
+def test_raise_on_finding_raises_for_warnings_only():
+    doctor = Doctor(nn.Linear(2, 2), raise_on_finding=True)
+    try:
+        doctor._emit(finding("STR005", Severity.INFO))
+        with pytest.raises(FindingRaised, match="DOC003"):
+            doctor._emit(finding())
+    finally:
+        doctor.close()
+
+
+def test_steps_without_a_process_group_are_timed_and_never_gathered():
+    doctor = Doctor(nn.Linear(4, 2), every=2)
+    try:
+        for _ in range(5):
+            with doctor.step(torch.zeros(3, 4)):
+                pass
+        assert doctor._steps == 5 and doctor._columns["samples"] == [3.0] * 5
+    finally:
+        doctor.close()
+
+
+def test_on_hang_must_be_known():
+    with pytest.raises(ValueError, match="on_hang"):
+        Doctor(nn.Linear(2, 2), on_hang="ignore")
+
+
+def test_batch_fingerprints_tell_batches_apart_and_find_the_first_tensor():
+    a, b = torch.arange(64.0).reshape(8, 8), torch.arange(64.0).reshape(8, 8) + 1
+    assert _fingerprint((a, "labels")) == _fingerprint([a]) != _fingerprint({"x": b})
+    assert 0 < _fingerprint(a) < 2**53  # exact in the float64 row it travels in
+    assert _first_tensor({"meta": "x", "inputs": [a]}) is a and _fingerprint("text") == 0
