@@ -181,3 +181,29 @@ def run_hand_set_ranks(tmp_path: Path, world_size: int, per_rank_env: dict[int, 
 
 def probe_section(report: dict[str, Any], name: str) -> dict[str, Any]:
     return next(p for p in report["probes"] if p["name"] == name)
+
+
+def run_script_ranks(script: Path, args: list[str], ports: dict[int, int], timeout_s: float = 60,
+                     extra_env: Optional[dict[str, str]] = None, cwd: Optional[Path] = None) -> list[tuple[int, str]]:
+    """A user's training script started once per rank with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT set (`ports`: each rank's MASTER_PORT), as torchrun or srun would; (exit code, stderr) per rank.
+
+    Every process is gone afterwards (killed at the timeout): asserted, as for our own runs."""
+    tag = uuid.uuid4().hex
+    procs = [subprocess.Popen([sys.executable, str(script), *args], cwd=cwd,
+                              env=_env(tag, {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(len(ports)),
+                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[r]),
+                                             **(extra_env or {})}),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in sorted(ports)]
+    try:
+        results = []
+        for p in procs:
+            _, err = p.communicate(timeout=timeout_s)
+            results.append((p.returncode, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    left = tagged_processes(tag)
+    assert not left, f"processes left behind: {[p.pid for p in left]}"
+    return results

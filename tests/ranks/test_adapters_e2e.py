@@ -7,35 +7,22 @@ Skipped, with the reason, where the frameworks are not installed (`pip install -
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-from .harness import _env, free_port, tagged_processes
+from .harness import free_port, run_script_ranks
 
 pytestmark = pytest.mark.ranks
 FIT = Path(__file__).with_name("adapter_fit.py")
 
 
 def fit(tmp_path: Path, framework: str) -> tuple[list, dict]:
-    tag, port = uuid.uuid4().hex, free_port()
     report = tmp_path / f"{framework}.json"
-    procs = [subprocess.Popen([sys.executable, str(FIT), framework, "--json", str(report)], cwd=tmp_path,
-                              env=_env(tag, {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                             "ADAPTER_SLOW": "1"}),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    try:
-        errs = [p.communicate(timeout=120)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], errs
-    assert not tagged_processes(tag)
+    port = free_port()
+    results = run_script_ranks(FIT, [framework, "--json", str(report)], {0: port, 1: port}, timeout_s=120,
+                               extra_env={"ADAPTER_SLOW": "1"}, cwd=tmp_path)
+    assert [rc for rc, _ in results] == [0, 0], [e for _, e in results]
     summaries = {r: json.loads(Path(f"{report}.summary{r}").read_text()) for r in range(2)}
     return json.loads(report.read_text())["findings"], summaries
 

@@ -8,42 +8,24 @@ not interfere, to keep the suite's time). A correct loop gives no finding.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-from .harness import _env, free_port, tagged_processes
+from .harness import free_port, run_script_ranks
 
 pytestmark = pytest.mark.ranks
 LOOP = Path(__file__).with_name("doctor_loop.py")
 
 
 def run_loop(tmp_path: Path, case: str, world: int = 2, timeout_s: float = 60, **flags: str) -> dict:
-    tag, port = uuid.uuid4().hex, free_port()
     report = tmp_path / f"{case.replace(',', '-')}.json"
-    procs = []
-    for rank in range(world):
-        env = _env(tag, {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-        extra = [f"--{k}={v}" for k, v in flags.items()]
-        procs.append(subprocess.Popen([sys.executable, str(LOOP), "--case", case, "--json", str(report), *extra],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = {}
-    try:
-        for rank, proc in enumerate(procs):
-            out, err = proc.communicate(timeout=timeout_s)
-            outputs[rank] = (proc.returncode, err)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    assert not tagged_processes(tag)  # the port is the loop's own store's, not ours
+    port = free_port()
+    args = ["--case", case, "--json", str(report), *(f"--{k}={v}" for k, v in flags.items())]
+    results = run_script_ranks(LOOP, args, {r: port for r in range(world)}, timeout_s)
     files = {0: report} | {r: Path(f"{report}.rank{r}") for r in range(1, world)}
     found = {r: json.loads(p.read_text())["findings"] for r, p in files.items() if p.exists()}
-    return {"exit": {r: o[0] for r, o in outputs.items()}, "stderr": {r: o[1] for r, o in outputs.items()},
+    return {"exit": {r: rc for r, (rc, _) in enumerate(results)}, "stderr": {r: e for r, (_, e) in enumerate(results)},
             "findings": found}
 
 

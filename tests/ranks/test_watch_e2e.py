@@ -6,39 +6,25 @@ Ranks started with hand-set RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, as to
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-from .harness import _env, free_port, tagged_processes
+from .harness import free_port, run_script_ranks
 
 pytestmark = pytest.mark.ranks
 JOB = Path(__file__).with_name("watch_job.py")
 
 
-def start(tmp_path: Path, case: str, ports: dict[int, int], world: int = 3) -> dict:
-    tag = uuid.uuid4().hex
+def start(tmp_path: Path, case: str, ports: dict[int, int]) -> dict:
     report = tmp_path / "watch.json"
-    procs = [subprocess.Popen([sys.executable, str(JOB), "--case", case, "--json", str(report)],
-                              env=_env(tag, {"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[r])}),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
-    try:
-        errs = [p.communicate(timeout=60)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert not tagged_processes(tag)
+    results = run_script_ranks(JOB, ["--case", case, "--json", str(report)], ports)
     found = {}
-    for r in range(world):
+    for r in ports:
         path = Path(f"{report}.rank{r}")
         if path.exists():
             found[r] = json.loads(path.read_text())["findings"][0]
-    return {"exit": [p.returncode for p in procs], "stderr": errs, "findings": found}
+    return {"exit": [rc for rc, _ in results], "stderr": [e for _, e in results], "findings": found}
 
 
 def test_a_rank_stuck_before_init_and_one_given_another_port_are_each_named(tmp_path):
