@@ -186,7 +186,8 @@ class Doctor:
         self._watchdog = threading.Thread(target=self._watch, name="ddpdoctor-step-watchdog", daemon=True)
         self._stop = threading.Event()
         self._watchdog.start()
-        atexit.register(self._at_exit)
+        self._closed = False
+        atexit.register(self.close)
 
     # -- the loop's side --------------------------------------------------------
     @contextlib.contextmanager
@@ -223,11 +224,12 @@ class Doctor:
         return list(self.findings)
 
     def close(self) -> None:
+        """Stop watching and write the final summary (once; also at interpreter exit if never called)."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
-
-    def _at_exit(self) -> None:
-        """The final report: no collective (the process group may be gone), only what is known here."""
-        self.close()
+        atexit.unregister(self.close)
         if self.rank != 0 and not self.findings:
             return
         worst = max((f.severity for f in self.findings), default=Severity.OK)

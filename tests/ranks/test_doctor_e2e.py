@@ -39,6 +39,7 @@ def test_a_correct_loop_gives_no_finding(tmp_path):
     result = run_loop(tmp_path, "healthy", world=3, epochs="11")  # 88 steps: stragglers judged at step 80
     assert result["exit"] == {0: 0, 1: 0, 2: 0}, result["stderr"]
     assert result["findings"] == {}, result["findings"]
+    assert "ddpdoctor: rank 0, 88 steps: no findings" in result["stderr"][0]  # the final report
 
 
 def test_a_slower_rank_and_a_missing_set_epoch_are_each_named(tmp_path):
