@@ -15,6 +15,7 @@ import threading
 from typing import Any, Optional
 
 from ddpdoctor import nvml
+from ddpdoctor.findings import rank_ranges
 
 INTERVAL_S = 0.1
 
@@ -105,6 +106,7 @@ class RankSampler:
         out.update(
             samples=len(self._series["host_cpu_pct"]),
             cpus_usable=len(affinity) or None,
+            cpu_affinity=rank_ranges(affinity) if affinity else None,  # which CPUs, as `taskset -c` writes them
             host_cpus=self._psutil.cpu_count(logical=True),
             load_avg_1m=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
             swapped_bytes_during_run=(swapped - self._swap_start) if swapped is not None and

@@ -249,6 +249,7 @@ def _host_evidence(facts: Facts, rank: int) -> dict[str, Any]:
     out = {"host_cpu_pct_median": (s.get("host_cpu_pct") or {}).get("median"),
            "process_cpu_pct_median": (s.get("process_cpu_pct") or {}).get("median"),
            "load_avg_1m": s.get("load_avg_1m"), "cpus_usable": s.get("cpus_usable"),
+           "cpu_affinity": s.get("cpu_affinity"),
            "memory_available_pct_min": (s.get("memory_available_pct") or {}).get("min"),
            "clock_event_reasons": s.get("clock_event_reasons") or None,
            "sm_clock_mhz_median": (s.get("sm_clock_mhz") or {}).get("median")}

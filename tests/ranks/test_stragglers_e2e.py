@@ -32,6 +32,8 @@ def test_slow_compute_and_slow_data_are_each_named_with_their_cause(tmp_path):
     assert facts["1"]["injected_ms"] > 0 and facts["0"]["injected_ms"] == 0
     assert len(facts["0"]["steps"]["step_ms"]) >= 40 and len(facts["0"]["solo_ms"]) >= 5
     assert facts["0"]["clock"]["source"] == "rank 0" and facts["3"]["clock"]["offset_ms"] == 0.0
+    sampled = facts["2"]["sampled"]
+    assert sampled["samples"] >= 5 and sampled["host_cpu_pct"]["median"] > 0 and sampled["cpu_affinity"]
     assert "comm wait" in run.stdout and "stragglers" in run.stdout
     assert_nothing_left(run)
 
