@@ -15,7 +15,8 @@ peak memory. Rank 0 judges (`online_checks`, and the `stragglers` probe's scores
 same columns) and reports each new finding once: to the `ddpdoctor` logger, to a JSON file,
 and to `on_finding`. A step that outlives its deadline is reported by every rank's own
 watchdog thread with its Python stacks. Nothing raises into the training loop unless
-`raise_on_finding` asks for it.
+`raise_on_finding` asks for it, and then on every rank at the same step (all ranks judge
+the same gathered table), so no rank is left waiting in the next all-reduce.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Optional
 
 from ddpdoctor.findings import Finding, Severity
@@ -47,19 +49,33 @@ class FindingRaised(RuntimeError):
 
 
 def _fingerprint(batch: Any) -> int:
-    """52 bits of a SHA-1 over a strided sample of the batch's first tensor (exact in a float64).
+    """52 bits of a SHA-1 over strided samples of the batch's first tensors (exact in a float64).
 
-    Only on check steps: on a GPU reading the batch is a device-to-host copy."""
-    tensor = _first_tensor(batch)
-    if tensor is None:
-        return 0
-    flat = tensor.detach().reshape(-1)
-    stride = max(1, flat.numel() // 4096)
+    Several tensors, so a constant first one (a mask, say) does not make two ranks' batches
+    look the same. Only on check steps: on a GPU reading the batch is a device-to-host copy."""
     import torch
 
-    sample = flat[::stride][:4096].to("cpu", torch.float64).contiguous()
-    digest = hashlib.sha1(sample.numpy().tobytes()).digest()
-    return int.from_bytes(digest[:7], "big") >> 4 or 1
+    digest = hashlib.sha1()
+    for tensor in _tensors(batch)[:4]:
+        flat = tensor.detach().reshape(-1)
+        stride = max(1, flat.numel() // 4096)
+        sample = flat[::stride][:4096].to("cpu", torch.float64).contiguous()
+        digest.update(bytes(sample.view(torch.uint8).tolist()))  # no numpy needed
+    if digest.digest() == hashlib.sha1().digest():  # no tensor in the batch
+        return 0
+    return int.from_bytes(digest.digest()[:7], "big") >> 4 or 1
+
+
+def _tensors(batch: Any) -> list[Any]:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return [batch] if batch.layout == torch.strided and batch.numel() else []
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return [t for item in batch for t in _tensors(item)]
+    return []
 
 
 def _first_tensor(batch: Any) -> Any:
@@ -67,7 +83,7 @@ def _first_tensor(batch: Any) -> Any:
 
     if isinstance(batch, torch.Tensor):
         return batch
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):  # dicts, and Hugging Face's BatchEncoding (a UserDict)
         batch = list(batch.values())
     if isinstance(batch, (list, tuple)):
         for item in batch:
@@ -80,8 +96,9 @@ def _first_tensor(batch: Any) -> Any:
 class _WaitTimer:
     """DDP comm hook state: an ordinary all-reduce, with the wait for the last bucket timed."""
 
-    def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
+    def __init__(self, group: Any, size: int) -> None:
+        self.group = group  # DDP's own process group: a subgroup's gradients stay in the subgroup
+        self.size = size
         self.last_launch = 0.0
         self.last_done = 0.0
 
@@ -96,13 +113,24 @@ def _wait_hook(state, bucket):  # type: ignore[no-untyped-def]
 
     state.last_launch = time.perf_counter()
     buffer = bucket.buffer()
-    buffer.div_(state.world_size)
+    buffer.div_(state.size)
 
     def done(fut: Any) -> Any:
         state.last_done = time.perf_counter()
         return fut.value()[0]
 
-    return dist.all_reduce(buffer, async_op=True).get_future().then(done)
+    return dist.all_reduce(buffer, group=state.group, async_op=True).get_future().then(done)
+
+
+def _is_wrapped(model: Any, ddp_class: Any) -> bool:
+    """DDP, or another data-parallel wrapper that averages gradients (FSDP, DeepSpeed), or
+    torch.compile of one of them: not DOC004."""
+    inner = getattr(model, "_orig_mod", model)  # torch.compile(DDP(m))
+    if isinstance(inner, ddp_class):
+        return True
+    name = type(inner).__name__
+    # FSDP1's wrapper, FSDP2's fully_shard (it renames the class "FSDP<name>"), a DeepSpeed engine.
+    return "FullyShardedDataParallel" in name or name.startswith("FSDP") or "DeepSpeed" in name
 
 
 def _unsharded_sampler(loader: Any, sampler: Any) -> Optional[str]:
@@ -113,8 +141,8 @@ def _unsharded_sampler(loader: Any, sampler: Any) -> Optional[str]:
     if loader is None or sampler is None:
         return None
     names = [type(x).__name__ for x in (loader, sampler, getattr(loader, "batch_sampler", None)) if x is not None]
-    if any("Distributed" in n or "Shard" in n for n in names):
-        return None
+    if any("Distributed" in n or "Shard" in n or "Dispatcher" in n or n.startswith("_Infinite") for n in names):
+        return None  # sharded, dispatched by Accelerate, or an IterableDataset (which shards itself)
     return type(sampler).__name__
 
 
@@ -154,6 +182,8 @@ class Doctor:
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.findings: list[Finding] = []
         self._seen: set[tuple[str, tuple[int, ...]]] = set()
+        self._lock = threading.Lock()
+        self._same_batch_checks = 0  # consecutive checks where every rank had the same batch
         self._history = History(keep=max(4, -(-ONLINE_MIN_STEPS // self.every)))
         self._steps = 0
         self._columns: dict[str, list[float]] = {"step": [], "data": [], "wait": [], "samples": []}
@@ -164,11 +194,15 @@ class Doctor:
         self._timer: Optional[_WaitTimer] = None
         # Without a process group there are no checks to read the events: CPU clocks only.
         self._cuda = self.device.type == "cuda" and self.distributed
+        # NCCL gathers CUDA tensors on the rank's current device; other backends take CPU tensors.
+        nccl = self.distributed and dist.get_backend() == "nccl"
+        self._gather_device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         self._events: list[tuple[Any, Any]] = []
         self._event_begin: Any = None
-        is_ddp = isinstance(model, DistributedDataParallel)
+        is_ddp = _is_wrapped(model, DistributedDataParallel)
         if is_ddp and measure_comm and self.distributed:
-            timer = _WaitTimer(self.world_size)
+            group = getattr(model, "process_group", None)
+            timer = _WaitTimer(group, dist.get_world_size(group) if group is not None else self.world_size)
             try:
                 model.register_comm_hook(timer, _wait_hook)
                 self._timer = timer
@@ -193,7 +227,13 @@ class Doctor:
     @contextlib.contextmanager
     def step(self, batch: Any = None) -> Iterator[None]:
         self.step_begin(batch)
-        yield
+        try:
+            yield
+        except BaseException:
+            # The loop's own error ends the step: no check (a collective other ranks may not
+            # reach), and no hang report for a step that is over.
+            self._began = 0.0
+            raise
         self.step_end()
 
     def step_begin(self, batch: Any = None) -> None:
@@ -206,7 +246,7 @@ class Doctor:
 
     def step_end(self) -> None:
         now = time.perf_counter()
-        began, self._began = self._began, 0.0
+        began = self._began
         self._columns["step"].append((now - began) * 1e3)
         if self._cuda:
             # GPU work runs behind the CPU: events on the stream, read only at the next check.
@@ -216,7 +256,8 @@ class Doctor:
         self._columns["samples"].append(float(tensor.shape[0]) if tensor is not None and tensor.dim() else 1.0)
         self._steps += 1
         if self.distributed and (self._steps == 1 or self._steps % self.every == 0):
-            self._check()
+            self._check()  # still inside the step for the watchdog: a stuck gather is a stuck step
+        self._began = 0.0
         self._last_end = time.perf_counter()
 
     def report(self) -> list[Finding]:
@@ -249,23 +290,47 @@ class Doctor:
         cols = {k: (v[-n:] + [0.0] * n)[:n] for k, v in self._columns.items()}
         count = min(n, len(self._columns["step"]))
         row = torch.zeros(HEADER + 4 * n, dtype=torch.float64)
-        row[:HEADER] = torch.tensor([self.rank, self._steps, self._loader_len(), float(self._stale_epoch()),
-                                     self._peak_mem(), float(_fingerprint(self._batch)) if self._batch is not None
-                                     else 0.0, float(self._timer is not None), float(count)], dtype=torch.float64)
+        row[:HEADER] = torch.tensor([self.rank, self._steps, *self._local_facts(), float(self._timer is not None),
+                                     float(count)], dtype=torch.float64)
         for i, key in enumerate(("step", "data", "wait", "samples")):
             row[HEADER + i * n:HEADER + (i + 1) * n] = torch.tensor(cols[key], dtype=torch.float64)
-        row = row.to(self.device)
-        gathered = torch.empty(self.world_size * row.numel(), dtype=torch.float64, device=self.device)
+        row = row.to(self._gather_device)
+        gathered = torch.empty(self.world_size * row.numel(), dtype=torch.float64, device=self._gather_device)
         # torch 2.13 renamed all_gather_into_tensor (and warns on the old name); older torch has only that.
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         gather(gathered, row)
         if self._steps > 1:  # what was sent is not sent again (step 1's check is for the data and setup)
             for key in self._columns:
                 self._columns[key] = []
-        if self.rank != 0:
+        # Every rank judges the same table the same way, so a raise (when asked for) happens on
+        # every rank at the same step; only rank 0 reports.
+        try:
+            found = self._judge(self._rows(gathered.cpu().reshape(self.world_size, -1), n))
+        except Exception as exc:  # a bug of ours must not end the user's job
+            log.warning("ddpdoctor: judging failed on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
             return
-        rows = self._rows(gathered.cpu().reshape(self.world_size, -1), n)
-        self._judge(rows)
+        new = [f for f in found if (f.code, f.ranks) not in self._seen]
+        for finding in new:
+            if self.rank == 0:
+                self._emit(finding, may_raise=False)
+            else:
+                self._seen.add((finding.code, finding.ranks))
+        if self.raise_on_finding and any(f.severity >= Severity.WARN for f in new):
+            worst = max(new, key=lambda f: f.severity)
+            raise FindingRaised(f"{worst.code}: {worst.title}")
+
+    def _local_facts(self) -> list[float]:
+        """Loader length, stale epoch, peak memory, batch fingerprint: placeholders where one fails,
+        because a rank that raised here would never join the gather its peers wait in."""
+        out = []
+        for read, default in ((self._loader_len, -1.0), (lambda: float(self._stale_epoch()), 0.0),
+                              (self._peak_mem, 0.0),
+                              (lambda: float(_fingerprint(self._batch)) if self._batch is not None else 0.0, 0.0)):
+            try:
+                out.append(float(read()))
+            except Exception:
+                out.append(default)
+        return out
 
     def _rows(self, table: Any, n: int) -> dict[int, RankWindow]:
         rows = {}
@@ -279,11 +344,15 @@ class Doctor:
                                          stale_epoch=bool(stale), peak_mem_bytes=int(peak), wait_measured=bool(measured))
         return rows
 
-    def _judge(self, rows: dict[int, RankWindow]) -> None:
+    def _judge(self, rows: dict[int, RankWindow]) -> list[Finding]:
         from ddpdoctor.probes.base import RunView
         from ddpdoctor.probes.straggler_scores import diagnose_stragglers
 
         found = data_findings(rows)
+        same = any(f.code == "DOC001" for f in found)
+        self._same_batch_checks = self._same_batch_checks + 1 if same else 0
+        if same and self._same_batch_checks < 2:  # one coincidence is not a missing sampler
+            found = [f for f in found if f.code != "DOC001"]
         if len(next(iter(rows.values())).step_ms) > 1:
             self._history.add(rows)
             found += memory_growth(self._history)
@@ -295,8 +364,7 @@ class Doctor:
             found += [f for f in diagnose_stragglers(facts, run) if f.severity >= Severity.WARN
                       and (f.code != "STR001" or f.evidence.get("cost_ms_per_step", 0.0)
                            >= MIN_COST_SHARE * f.evidence.get("median_step_ms", 0.0))]
-        for finding in found:
-            self._emit(finding)
+        return found
 
     def _host_of(self, rank: int) -> str:
         if rank not in self._hosts and self._store is not None:
@@ -312,7 +380,7 @@ class Doctor:
         import torch
 
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def _device_times(self) -> None:
@@ -350,12 +418,18 @@ class Doctor:
         return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
     # -- reporting ---------------------------------------------------------------
-    def _emit(self, finding: Finding) -> None:
-        key = (finding.code, finding.ranks)
-        if key in self._seen:
-            return
-        self._seen.add(key)
-        self.findings.append(finding)
+    def _emit(self, finding: Finding, may_raise: bool = True) -> None:
+        with self._lock:  # the watchdog thread reports too
+            key = (finding.code, finding.ranks)
+            if key in self._seen:
+                return
+            self._seen.add(key)
+            self.findings.append(finding)
+            self._report(finding)
+        if may_raise and self.raise_on_finding and finding.severity >= Severity.WARN:
+            raise FindingRaised(f"{finding.code}: {finding.title}")
+
+    def _report(self, finding: Finding) -> None:
         log.warning("ddpdoctor %s %s: %s (ranks %s)", finding.severity.label, finding.code, finding.title,
                     ",".join(map(str, finding.ranks)))
         if self.json_path:
@@ -365,8 +439,6 @@ class Doctor:
                 self.on_finding(finding)
             except Exception:  # a broken hook must not break training
                 log.exception("ddpdoctor: on_finding raised")
-        if self.raise_on_finding and finding.severity >= Severity.WARN:
-            raise FindingRaised(f"{finding.code}: {finding.title}")
 
     def _write_json(self) -> None:
         from ddpdoctor.report import atomic_write_json
@@ -407,9 +479,6 @@ class Doctor:
         )
         sys.stderr.write(f"ddpdoctor: rank {self.rank}: {finding.title}\n" + "".join(stack[-12:]))
         sys.stderr.flush()
-        try:
-            self._emit(finding)
-        except FindingRaised:
-            pass  # the watchdog thread cannot raise into the loop
+        self._emit(finding, may_raise=False)  # the watchdog thread cannot raise into the loop
         if self.on_hang == "exit":
             os._exit(124)

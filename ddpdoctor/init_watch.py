@@ -222,10 +222,16 @@ def _client(addr: str, port: int) -> Any:
             pass
     except OSError:
         return None
+    # Never import torch here: the main thread may be importing it right now, and a second
+    # importer can be handed a half-initialised module. Wait until the script has it.
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not hasattr(dist, "TCPStore") or not hasattr(dist, "PrefixStore"):
+        return None
     try:
-        import torch.distributed as dist
-
-        return dist.TCPStore(addr, port, None, False, datetime.timedelta(seconds=5), wait_for_workers=False)
+        store = dist.TCPStore(addr, port, None, False, datetime.timedelta(seconds=5), wait_for_workers=False)
+        # torchrun's agent store outlives restarts: a restarted job must not see the last attempt's marks.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return dist.PrefixStore(f"attempt{attempt}", store)
     except Exception:
         return None
 

@@ -99,8 +99,8 @@ def data_findings(rows: dict[int, RankWindow]) -> list[Finding]:
             ranks=tuple(fewer), nodes=_nodes(rows, fewer), evidence={"batches_per_epoch_by_rank": lengths},
             why=("The ranks with fewer batches leave the loop while the others enter another step's gradient "
                  "all-reduce, which then waits forever (or until the NCCL watchdog's timeout)."),
-            fix=("Shard with DistributedSampler (it pads every rank to the same count) and drop_last=True, or wrap the "
-                 "loop in model.join() (torch.distributed.algorithms.Join) for uneven inputs."),
+            fix=("Shard with DistributedSampler (it pads every rank to the same count) and drop_last=True. "
+                 "(model.join() for uneven inputs does not cover the ddpdoctor callback's own gather: balance the data.)"),
         ))
     stale = sorted(r for r in ranks if rows[r].stale_epoch)
     if stale:

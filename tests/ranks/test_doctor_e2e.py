@@ -58,10 +58,10 @@ def test_uneven_batches_are_named_before_the_end_of_the_epoch_hangs(tmp_path):
 
 
 def test_no_distributed_sampler_then_a_rank_stuck_mid_training(tmp_path):
-    result = run_loop(tmp_path, "nosampler,hang", timeout_s=40)
+    result = run_loop(tmp_path, "nosampler,hang", timeout_s=40, every="5")  # checks at steps 1, 5, 10
     assert set(result["exit"].values()) == {124}, result["stderr"]
     found = codes(result)
-    # Every rank trained on the same batch: named at the first check, before the hang.
+    # Every rank trained on the same batch: named at the second check in a row (step 5), before the hang.
     assert found["DOC001"]["severity"] == "critical" and found["DOC001"]["ranks"] == [0, 1], found
     assert "DOC008" in found  # the sampler type said so before the first step
     # Then rank 1 sleeps in its step: every rank's own watchdog reports itself, with its stack.

@@ -74,3 +74,30 @@ def test_batch_fingerprints_tell_batches_apart_and_find_the_first_tensor():
     assert _fingerprint((a, "labels")) == _fingerprint([a]) != _fingerprint({"x": b})
     assert 0 < _fingerprint(a) < 2**53  # exact in the float64 row it travels in
     assert _first_tensor({"meta": "x", "inputs": [a]}) is a and _fingerprint("text") == 0
+
+
+def test_other_data_parallel_wrappers_are_not_called_unwrapped():
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ddpdoctor.doctor import _is_wrapped, _unsharded_sampler
+
+    class FSDPLinear(nn.Linear):  # what FSDP2's fully_shard makes of an nn.Linear
+        pass
+
+    class Compiled(nn.Module):  # torch.compile's wrapper keeps the original as _orig_mod
+        def __init__(self, inner):
+            super().__init__()
+            self._orig_mod = inner
+
+    assert _is_wrapped(FSDPLinear(2, 2), DistributedDataParallel)
+    assert _is_wrapped(Compiled(FSDPLinear(2, 2)), DistributedDataParallel)
+    assert not _is_wrapped(nn.Linear(2, 2), DistributedDataParallel)
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
+    assert _unsharded_sampler(loader, loader.sampler) == "SequentialSampler"
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    streamed = torch.utils.data.DataLoader(Stream(), batch_size=2)
+    assert _unsharded_sampler(streamed, streamed.sampler) is None  # an IterableDataset shards itself
