@@ -80,9 +80,15 @@ def hf_fit(report: str) -> None:
 
 
 def _summary(report: str, doctor) -> None:  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
     with open(f"{report}.summary{os.environ['RANK']}", "w") as f:
         json.dump({"steps": doctor._steps, "comm_measured": doctor._timer is not None,
                    "findings": [x.code for x in doctor.report()]}, f)
+    if dist.is_initialized():
+        # Rank 0 hosts the store: nobody leaves while another still uses it (gloo aborts otherwise).
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
