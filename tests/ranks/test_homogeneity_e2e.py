@@ -47,12 +47,14 @@ def test_healthy_ranks_agree_and_no_secret_reaches_the_report(tmp_path):
 
 
 def test_a_really_slower_rank_is_caught_by_its_measured_speed(tmp_path):
-    run = run_check(tmp_path, "--nproc", "2", "--probes", "homogeneity", "--inject", "slow:rank=1:factor=2")
+    # Factor 4: this VM's two vCPUs can differ by half for a whole run (rank 0 measured 48 instead of
+    # 91 GFLOP/s once), which factor 2 could not be told from; a quarter of the speed still can.
+    run = run_check(tmp_path, "--nproc", "2", "--probes", "homogeneity", "--inject", "slow:rank=1:factor=4")
     assert run.returncode == 1, run.explain()
     slow = _codes(run.report, "HOM006")
     assert len(slow) == 1 and slow[0]["ranks"] == [1] and slow[0]["severity"] == "warn", run.explain()
     speeds = slow[0]["evidence"]["throughput_GFLOP_per_s_by_rank"]
-    assert speeds["1"] < 0.7 * speeds["0"]  # factor 2: about half
+    assert speeds["1"] < 0.7 * speeds["0"]  # factor 4: a quarter, or half against a slow vCPU
     assert slow[0]["evidence"]["threshold_pct"] == 40.0  # two unpinned ranks on one host
     assert "HOM000" not in {f["code"] for f in run.findings()}
     assert_nothing_left(run)
