@@ -84,7 +84,6 @@ class RankScore:
     vs_own_best_pct: float  # its median window vs its own best window
     solo_ms: Optional[float]
     window_pct: list[float] = field(default_factory=list)
-    per_sample_pct: float = 0.0  # its work per sample against its peers': slow hardware, not more data
 
     def row(self) -> dict[str, Any]:
         return {"step_ms": round(self.step_ms, 2), "compute_ms": round(self.compute_ms, 2),
@@ -170,8 +169,7 @@ def score(facts: Facts, run: RunView) -> Optional[Scores]:
             optimizer_ms=_median(col[r]["optimizer_ms"]), comm_wait_ms=_median(col[r]["comm_wait_ms"]),
             samples=typical_samples[r], score_pct=_median(pct), flagged_windows=sum(p >= threshold for p in pct),
             windows=windows, late_ms=late, vs_own_best_pct=100.0 * (_median(win[r]) / min(win[r]) - 1.0),
-            solo_ms=_low(solo) if solo else None, window_pct=[round(p, 1) for p in pct],
-            per_sample_pct=_median(pct))
+            solo_ms=_low(solo) if solo else None, window_pct=[round(p, 1) for p in pct])
     phases = {r: {"data": col[r]["data_ms"], "optimizer": col[r]["optimizer_ms"], "work": work[r],
                   "compute": [a + b for a, b in zip(col[r]["forward_ms"], col[r]["backward_ms"])]} for r in ranks}
     return Scores(out, n, size, threshold, clocks_known, kind, phases)
@@ -402,7 +400,7 @@ def _imbalance(facts: Facts, scores: Scores, run: RunView) -> list[Finding]:
         cost = _cost_ms(scores, heavy) if heavy else 0.0
         step = _median([s.step_ms for s in scores.ranks.values()])
         waits = f"; the others wait {cost:.1f} ms a step for it" if heavy and cost >= 0.05 * step else ""
-        slower = [r for r in odd if scores.ranks[r].per_sample_pct >= scores.threshold_pct]
+        slower = [r for r in odd if scores.ranks[r].score_pct >= scores.threshold_pct]
         per_sample = (f"Per sample, rank {rank_ranges(slower)} is also slower than its peers: check it for a slow "
                       "device once the data is balanced." if slower else
                       "Per sample it works at least as fast as its peers: this is the data split, not the hardware.")
@@ -412,7 +410,7 @@ def _imbalance(facts: Facts, scores: Scores, run: RunView) -> list[Finding]:
                    f"rank {typical:g}{waits}"),
             ranks=tuple(odd), nodes=run.nodes_of(odd),
             evidence={"samples_per_step": {r: int(v) if float(v).is_integer() else v for r, v in samples.items()},
-                      "work_per_sample_vs_peers_pct": {r: round(scores.ranks[r].per_sample_pct, 1) for r in odd},
+                      "work_per_sample_vs_peers_pct": {r: round(scores.ranks[r].score_pct, 1) for r in odd},
                       "per_rank": _table(scores)},
             why=(f"{per_sample} DDP waits for the rank with the most work at every step, and ranks with uneven "
                  "batch counts hang at the end of an epoch (the others wait in an all-reduce it never calls)."),
