@@ -128,21 +128,27 @@ def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
     head.append(f"  {diagnosis.inputs.world_size} ranks on {len(nodes)} node{'s' if len(nodes) != 1 else ''}"
                 f" ({', '.join(nodes[:4])}{', ...' if len(nodes) > 4 else ''})  from {files} file{'s' if files != 1 else ''}")
     console.print(head)
+    for name, facts in diagnosis.inputs.facts.items():
+        _details(name, facts, console)
     render_findings(diagnosis.findings, console)
     console.print(Text(f"exit {code} ({_VERDICT[code]})", style="dim"))
 
 
-def _probe_details(report: Report, console: Console) -> None:
-    """A probe with more to show than findings (the bandwidth table) shows it above them."""
+def _details(name: str, facts: Mapping[Any, Any], console: Console) -> None:
+    """A probe with more to show than findings (a bandwidth table, a topology matrix) shows it above them."""
     from ddpdoctor.probes import get_probe
 
+    details = getattr(get_probe(name), "render_details", None)
+    if details is not None and facts:
+        try:
+            details(facts, console)
+        except Exception as exc:  # a rendering bug must not hide the findings
+            console.print(Text(f"({name}: details could not be shown: {type(exc).__name__}: {exc})"))
+
+
+def _probe_details(report: Report, console: Console) -> None:
     for section in report.probes:
-        details = getattr(get_probe(section.name), "render_details", None)
-        if details is not None and section.facts:
-            try:
-                details(section.facts, console)
-            except Exception as exc:  # a rendering bug must not hide the findings
-                console.print(Text(f"({section.name}: details could not be shown: {type(exc).__name__}: {exc})"))
+        _details(section.name, section.facts, console)
 
 
 def render_report(report: Report, console: Console) -> None:

@@ -53,7 +53,28 @@ def take_snapshot(measure: bool = True) -> dict[str, Any]:
         entries.append(facts)
     return {"schema": SCHEMA, "ddpdoctor_version": __version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": host, "measured": measure, "probes": {"homogeneity": entries}}
+            "host": host, "measured": measure,
+            "probes": {"homogeneity": entries, "topology": _topology_entries(host, devices, measure)}}
+
+
+def _topology_entries(host: str, devices: list[Any], measure: bool) -> list[dict[str, Any]]:
+    """The topology probe's facts as ranks 0..n-1 of this node read them; no CPU placement,
+    since this process is not a rank (its affinity says nothing about how a job binds ranks)."""
+    from ddpdoctor.host_layout import numa_nodes
+    from ddpdoctor.probes.topology import read_node, read_rank
+    from ddpdoctor.topology_reading import read_link_under_load
+
+    numa = numa_nodes()
+    entries = []
+    for local_rank, device in enumerate(devices):
+        facts = read_rank(device, local_rank, host, local_rank, numa)
+        facts["placement"] = {"unknown": "a snapshot is not a rank: CPU binding is the job's"}
+        if local_rank == 0:
+            facts["node"] = read_node(numa, "127.0.0.1", 0, host)
+        if measure:
+            facts["load"] = read_link_under_load(device, facts["gpu_uuid"])
+        entries.append(facts)
+    return entries
 
 
 @dataclass

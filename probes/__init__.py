@@ -11,13 +11,15 @@ from .gpu_count import GpuCount
 from .homogeneity import Homogeneity
 from .init_hang import InitHang
 from .stragglers import Stragglers
+from .topology import Topology
 
-_PROBES: dict[str, Probe] = {p.name: p for p in (InitHang(), DdpSmoke(), GpuCount(), Homogeneity(), AllReduce(),
-                                                  Stragglers())}
+_PROBES: dict[str, Probe] = {p.name: p for p in (InitHang(), DdpSmoke(), GpuCount(), Topology(), Homogeneity(),
+                                                  AllReduce(), Stragglers())}
 # init-hang first: its facts are read before the rendezvous, and its stage only adds timings.
 # gpu-count next: it publishes its device facts before the shared DDP workload runs,
 # so a device-mapping fault that breaks the workload is still diagnosed.
-DEFAULT_PROBES: tuple[str, ...] = ("init-hang", "gpu-count", "homogeneity", "ddp-smoke")
+# topology before the workload: its reading is quick, and a link fault it finds explains a slow step.
+DEFAULT_PROBES: tuple[str, ...] = ("init-hang", "gpu-count", "topology", "homogeneity", "ddp-smoke")
 
 
 def all_probes() -> dict[str, Probe]:

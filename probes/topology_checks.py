@@ -1,0 +1,418 @@
+"""Judging a topology: pure functions from recorded facts to findings.
+
+Facts come per rank; the node's GPUs, pairs, NUMA layout and NICs come from one rank per
+node (the node's local rank 0), so every check first builds a `NodeView` per host. The
+rules and their sources are in docs/probes/topology.md.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional
+
+from ddpdoctor.findings import Finding, Severity, rank_ranges
+from ddpdoctor.host_layout import linux_bus_id, parse_cpulist
+from ddpdoctor.link_model import (Expectation, Hop, level_rank, network_expectation, pcie_gbps,
+                                  ring_expectation)
+
+from .base import RunView
+
+NAME = "topology"
+Facts = Mapping[int, Mapping[str, Any]]
+
+
+@dataclass
+class NodeView:
+    host: str
+    ranks: list[int]
+    node: Optional[Mapping[str, Any]]  # the leader's node facts; None when no leader reported
+    rank_gpu: dict[int, int] = field(default_factory=dict)  # rank -> NVML index of its GPU
+
+    @property
+    def gpus(self) -> list[Mapping[str, Any]]:
+        topo = (self.node or {}).get("gpus") or {}
+        return [g for g in topo.get("gpus", []) if "unknown" not in g] if isinstance(topo, Mapping) else []
+
+    @property
+    def job_gpus(self) -> list[int]:
+        return sorted(set(self.rank_gpu.values()))
+
+    def gpu(self, index: int) -> Mapping[str, Any]:
+        return next(g for g in self.gpus if g.get("index") == index)
+
+    def pair(self, a: int, b: int) -> Mapping[str, Any]:
+        lo, hi = min(a, b), max(a, b)
+        pairs = ((self.node or {}).get("gpus") or {}).get("pairs", [])
+        return next((p for p in pairs if p.get("a") == lo and p.get("b") == hi), {})
+
+
+def node_views(facts: Facts, run: RunView) -> list[NodeView]:
+    views: dict[str, NodeView] = {}
+    for rank in sorted(facts):
+        f = facts[rank]
+        host = str(f.get("host") or run.hosts.get(rank) or "?")
+        view = views.setdefault(host, NodeView(host, [], None))
+        view.ranks.append(rank)
+        if isinstance(f.get("node"), Mapping) and view.node is None:
+            view.node = f["node"]
+    for view in views.values():
+        by_uuid = {g.get("uuid"): g.get("index") for g in view.gpus}
+        for rank in view.ranks:
+            uuid = facts[rank].get("gpu_uuid")
+            if uuid in by_uuid:
+                view.rank_gpu[rank] = by_uuid[uuid]
+    return list(views.values())
+
+
+def _finding(code: str, severity: Severity, title: str, ranks: Iterable[int], nodes: Iterable[str],
+             evidence: dict[str, Any], why: str, fix: str) -> Finding:
+    return Finding(code=code, severity=severity, title=title, probe=NAME, ranks=tuple(sorted(set(ranks))),
+                   nodes=tuple(dict.fromkeys(nodes)), evidence=evidence, why=why, fix=fix)
+
+
+def _ranks_on(view: NodeView, index: int) -> list[int]:
+    return [r for r, g in view.rank_gpu.items() if g == index]
+
+
+# -- NVLink ----------------------------------------------------------------------------
+
+def active_links(gpu: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [link for link in gpu.get("nvlinks") or [] if link.get("active")]
+
+
+def nvlinks_between(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
+    """Direct links from a to b; through NVSwitch, as many as the GPU with fewer switch links has."""
+    direct = sum(1 for link in active_links(a) if link.get("remote_type") == "gpu"
+                 and link.get("remote_bus_id") == b.get("pci_bus_id"))
+    if direct:
+        return direct
+    switched_a = sum(1 for link in active_links(a) if link.get("remote_type") == "switch")
+    switched_b = sum(1 for link in active_links(b) if link.get("remote_type") == "switch")
+    return min(switched_a, switched_b)
+
+
+def _nvlink_version(gpu: Mapping[str, Any]) -> Optional[int]:
+    versions = [link.get("version") for link in active_links(gpu) if isinstance(link.get("version"), int)]
+    return max(versions) if versions else None
+
+
+def cell(view: NodeView, a: int, b: int) -> str:
+    """The `nvidia-smi topo -m` cell for GPUs a and b."""
+    if a == b:
+        return "X"
+    links = nvlinks_between(view.gpu(a), view.gpu(b))
+    if links:
+        return f"NV{links}"
+    level = view.pair(a, b).get("level")
+    return level if isinstance(level, str) else "?"
+
+
+def nvlink_findings(view: NodeView) -> list[Finding]:
+    """A GPU with fewer active NVLinks than the other GPUs of its model on the node."""
+    findings = []
+    by_model: dict[Any, list[Mapping[str, Any]]] = {}
+    for gpu in view.gpus:
+        if gpu.get("nvlinks"):  # only GPUs whose links NVML reports at all
+            by_model.setdefault(gpu.get("name"), []).append(gpu)
+    for model, gpus in by_model.items():
+        counts = {g["index"]: len(active_links(g)) for g in gpus}
+        usual = Counter(counts.values()).most_common(1)[0][0] if len(gpus) > 1 else max(len(g["nvlinks"]) for g in gpus)
+        for gpu in gpus:
+            have = counts[gpu["index"]]
+            if have >= usual or usual == 0:
+                continue
+            down = [link["link"] for link in gpu["nvlinks"] if not link.get("active")]
+            ranks = _ranks_on(view, gpu["index"])
+            none_left = have == 0
+            findings.append(_finding(
+                "TOP002", Severity.CRITICAL if none_left else Severity.WARN,
+                f"GPU {gpu['index']} on {view.host}: {'every NVLink is down' if none_left else f'{have} of {usual} NVLinks active'}",
+                ranks, [view.host],
+                {"gpu": gpu["index"], "model": model, "pci_bus_id": gpu.get("pci_bus_id"), "active_links": have,
+                 "links_on_its_peers": usual, "inactive_links": down, "ranks_on_it": ranks},
+                why=("NCCL routes around a missing NVLink: with some links down this GPU's traffic shares fewer "
+                     "links, with all down it falls back to PCIe and host memory, several times slower; every "
+                     "all-reduce of the job waits for it."),
+                fix=("`nvidia-smi nvlink -s -i {i}` shows each link's state and `nvidia-smi nvlink -e -i {i}` its "
+                     "errors. On NVSwitch systems check that the fabric manager runs (`systemctl status "
+                     "nvidia-fabricmanager`). A GPU reset or a reboot retrains the links; if a link stays down, drain "
+                     "the node and open a hardware ticket.").format(i=gpu["index"])))
+    return findings
+
+
+# -- PCIe --------------------------------------------------------------------------------
+
+def pcie_findings(view: NodeView, facts: Facts) -> list[Finding]:
+    findings = []
+    for rank in view.ranks:
+        load = facts[rank].get("load")
+        if not isinstance(load, Mapping) or not isinstance(load.get("pcie"), Mapping):
+            continue
+        link = load["pcie"]
+        gen, width, max_gen, max_width = (link.get(k) for k in ("gen", "width", "max_gen", "max_width"))
+        gpu = view.rank_gpu.get(rank)
+        where = f"GPU {gpu} on {view.host}" if gpu is not None else f"rank {rank}'s GPU on {view.host}"
+        bus = view.gpu(gpu).get("pci_bus_id") if gpu is not None else None
+        evidence = {"gpu": gpu, "rank": rank, "pci_bus_id": bus, "link_under_load": f"Gen{gen} x{width}",
+                    "link_max": f"Gen{max_gen} x{max_width}", "host_to_device_gbps": load.get("h2d_gbps"),
+                    "device_to_host_gbps": load.get("d2h_gbps"),
+                    "link_gbps_now": pcie_gbps(gen, width), "link_gbps_at_max": pcie_gbps(max_gen, max_width)}
+        low_gen = all(isinstance(v, int) for v in (gen, max_gen)) and gen < max_gen
+        low_width = all(isinstance(v, int) for v in (width, max_width)) and width < max_width
+        if low_gen or low_width:
+            what = " and ".join(s for s, on in ((f"x{width} of x{max_width}", low_width),
+                                                 (f"Gen{gen} of Gen{max_gen}", low_gen)) if on)
+            findings.append(_finding(
+                "TOP001", Severity.WARN, f"PCIe link of {where} runs at {what} under load", [rank], [view.host],
+                evidence,
+                why=("The link trained below what the GPU and its slot support, so every copy between host and GPU, "
+                     "and any all-reduce that goes over PCIe, has less bandwidth. Read while the GPU was busy, so "
+                     "this is not the power saving of an idle link."),
+                fix=("Compare `nvidia-smi -q -d PCIE` (Link Width / Generation, Current vs Max) and `lspci -vv -s "
+                     f"{linux_bus_id(bus) if bus else '<bus id>'} | grep -E 'LnkCap|LnkSta'` (\"LnkSta ... (downgraded)\"). Reseat the GPU or its "
+                     "riser, use a slot wired x16, and check the BIOS for a forced link speed or bifurcation; if it "
+                     "persists, drain the node and open a hardware ticket.")))
+        replays = load.get("replays_during_load")
+        if isinstance(replays, int) and replays > 0:
+            findings.append(_finding(
+                "TOP008", Severity.WARN, f"PCIe link of {where} retransmitted {replays} times under load",
+                [rank], [view.host], dict(evidence, replays_during_load=replays),
+                why=("Replays are link-level retransmissions after errors: a marginal link (riser, slot, signal "
+                     "integrity) that costs bandwidth and may get worse. A healthy link replays rarely, if ever, "
+                     "in a quarter of a second."),
+                fix=("Watch `nvidia-smi -q -d PCIE` (Replays Since Reset) while training; node health checkers fail "
+                     "a GPU at 80 replays over their test. Reseat the GPU or riser; drain the node if it keeps "
+                     "counting.")))
+        gpu_max = link.get("gpu_max_gen")
+        if isinstance(gpu_max, int) and isinstance(max_gen, int) and gpu_max > max_gen:
+            findings.append(_finding(
+                "TOP010", Severity.INFO, f"{where} supports PCIe Gen{gpu_max}, its slot only Gen{max_gen}",
+                [rank], [view.host], dict(evidence, gpu_max_gen=gpu_max, slot_max_gen=max_gen),
+                why="The slot (or the CPU's root port) caps the link below the GPU's own generation.",
+                fix="Nothing to repair; a newer platform or slot would double host-to-GPU bandwidth per generation."))
+    return findings
+
+
+# -- pairs: asymmetry and peer-to-peer ---------------------------------------------------
+
+def asymmetry_findings(view: NodeView) -> list[Finding]:
+    """A job GPU whose closest peer is across host bridges or sockets while the others' is closer.
+
+    A GPU with NVLinks down is left to TOP002, which names the cause of the same symptom.
+    """
+    gpus = view.job_gpus
+    if len(gpus) < 3:  # with two GPUs there is one pair: nothing to be asymmetric about
+        return []
+    best = {g: min((cell(view, g, o) for o in gpus if o != g), key=level_rank) for g in gpus}
+    usual = Counter(level_rank(c) for c in best.values()).most_common(1)[0][0]
+    findings = []
+    for gpu, level in best.items():
+        links = view.gpu(gpu).get("nvlinks") or []
+        if level_rank(level) <= usual or level_rank(level) < level_rank("NODE") or len(active_links(view.gpu(gpu))) < len(links):
+            continue
+        usual_level = next(c for c in best.values() if level_rank(c) == usual)
+        ranks = _ranks_on(view, gpu)
+        findings.append(_finding(
+            "TOP003", Severity.WARN,
+            f"GPU {gpu} on {view.host} reaches the other GPUs only through {level}; the others have {usual_level}",
+            ranks, [view.host],
+            {"gpu": gpu, "closest_peer_path": level, "others_closest_path": usual_level,
+             "row": {str(o): cell(view, gpu, o) for o in gpus if o != gpu}, "ranks_on_it": ranks},
+            why=("Every ring or tree through this GPU crosses a slower path (the CPU's host bridge or the socket "
+                 "interconnect) than the others use, so the whole all-reduce runs at that path's speed."),
+            fix=("Run on GPUs that share a switch or socket (choose them with CUDA_VISIBLE_DEVICES; in Slurm, "
+                 "`--gpus-per-node` with `--gpu-bind=closest`), or ask the admins whether this GPU's NVLink or "
+                 "slot is as designed (`nvidia-smi topo -m`).")))
+    return findings
+
+
+P2P_CAPABLE = ("PIX", "PXB")
+
+
+def p2p_findings(view: NodeView) -> list[Finding]:
+    """Pairs close enough for peer-to-peer that still do not have it (ACS, IOMMU, a VM)."""
+    bad = []
+    gpus = view.job_gpus
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1:]:
+            pair = view.pair(a, b)
+            where = cell(view, a, b)
+            status = pair.get("p2p_read")
+            nvml_blocks = (where.startswith("NV") or where in P2P_CAPABLE) and isinstance(status, str) \
+                and status not in ("OK", "GNS")
+            cuda_blocks = pair.get("torch_peer") is False and status == "OK"
+            if nvml_blocks or cuda_blocks:
+                bad.append({"gpus": f"{a}-{b}", "path": where, "nvml_p2p_read": status,
+                            "nvml_p2p_nvlink": pair.get("p2p_nvlink"), "torch_can_access_peer": pair.get("torch_peer")})
+    if not bad:
+        return []
+    involved = {int(x) for p in bad for x in p["gpus"].split("-")}
+    ranks = [r for g in involved for r in _ranks_on(view, g)]
+    return [_finding(
+        "TOP004", Severity.WARN,
+        f"GPU peer-to-peer is unavailable between {len(bad)} GPU pair{'s' if len(bad) != 1 else ''} on {view.host} "
+        "that the topology allows", ranks, [view.host], {"pairs": bad[:16], "pairs_total": len(bad)},
+        why=("These GPUs sit behind one PCIe switch (or share NVLink), so their data could go GPU to GPU; without "
+             "P2P, NCCL stages every byte in host memory (\"via SHM\" instead of \"via P2P/IPC\" in NCCL_DEBUG=INFO "
+             "output), at a fraction of the bandwidth. The usual causes are PCIe ACS enabled on the switch, an "
+             "IOMMU in translation mode, a VM without P2P passthrough, or NCCL_P2P_DISABLE."),
+        fix=("Check `nvidia-smi topo -p2p r` (it should say OK). Disable ACS on the PCIe switches (BIOS, or "
+             "`setpci` at boot) and boot with `iommu=pt` (or the IOMMU off), as NCCL's troubleshooting guide "
+             "describes; in a VM, enable P2P in the hypervisor. Make sure NCCL_P2P_DISABLE is not set."))]
+
+
+# -- CPU placement ------------------------------------------------------------------------
+
+def affinity_findings(view: NodeView, facts: Facts) -> list[Finding]:
+    numa = (view.node or {}).get("numa")
+    if not isinstance(numa, Mapping) or "unknown" in numa or len(numa) < 2 or not view.rank_gpu:
+        return []  # one NUMA node: every CPU is local to every GPU
+    host_cpus = set().union(*(parse_cpulist(c) for c in numa.values()))
+    remote, spread, unpinned = [], [], []
+    for rank, index in sorted(view.rank_gpu.items()):
+        placement = facts[rank].get("placement") or {}
+        local = view.gpu(index).get("cpu_affinity")
+        if not isinstance(placement.get("cpus"), str) or not isinstance(local, str) or not local:
+            continue
+        mine, near = parse_cpulist(placement["cpus"]), parse_cpulist(local)
+        row = {"rank": rank, "gpu": index, "gpu_numa_node": view.gpu(index).get("numa_node"),
+               "rank_cpus": placement["cpus"], "rank_numa_nodes": placement.get("numa_nodes"), "gpu_local_cpus": local}
+        if mine >= host_cpus:
+            unpinned.append(row)
+        elif not mine & near:
+            remote.append(row)
+        elif not mine <= near:
+            spread.append(row)
+    findings = []
+    if remote or spread:
+        rows = remote + spread
+        findings.append(_finding(
+            "TOP005", Severity.WARN,
+            f"Rank {rank_ranges(r['rank'] for r in rows)} on {view.host} "
+            f"{'runs on CPUs of another NUMA node than its GPU' if remote else 'runs partly on CPUs far from its GPU'}",
+            [r["rank"] for r in rows], [view.host], {"ranks": rows[:16], "ranks_total": len(rows)},
+            why=("Data loading, kernel launches and host-to-GPU copies of such a rank cross the socket "
+                 "interconnect, and its pinned memory lives on the far node: slower steps, and the one rank "
+                 "everyone else waits for."),
+            fix=("Bind each rank to its GPU's NUMA node: in Slurm `srun --cpu-bind=cores --gpu-bind=closest`; "
+                 "by hand `numactl --cpunodebind=N --membind=N` per rank; or remove a wrong `taskset`/cgroup "
+                 "cpuset. `nvidia-smi topo -m` shows each GPU's CPU Affinity and NUMA Affinity.")))
+    if unpinned:
+        findings.append(_finding(
+            "TOP006", Severity.INFO,
+            f"Rank {rank_ranges(r['rank'] for r in unpinned)} on {view.host} may run on any CPU of "
+            f"{len(numa)} NUMA nodes", [r["rank"] for r in unpinned], [view.host],
+            {"ranks": unpinned[:16], "ranks_total": len(unpinned)},
+            why=("Not an error: the scheduler may keep each rank near its GPU, or may not. Binding makes step "
+                 "times steadier on multi-socket hosts."),
+            fix=("Optional: `srun --cpu-bind=cores --gpu-bind=closest`, or `numactl --cpunodebind=N --membind=N` "
+                 "with N the GPU's NUMA node from `nvidia-smi topo -m`.")))
+    return findings
+
+
+# -- the bandwidth this topology allows ---------------------------------------------------
+
+def _loaded_pcie(view: NodeView, facts: Facts, index: int, at_max: bool) -> Optional[float]:
+    """A GPU's PCIe GB/s: as measured under load by a rank on it, else (or `at_max`) its max."""
+    gpu = view.gpu(index)
+    idle = gpu.get("pcie_idle") or {}
+    if not at_max:
+        for rank in _ranks_on(view, index):
+            link = ((facts[rank].get("load") or {}).get("pcie") or {})
+            if isinstance(link.get("gen"), int) and isinstance(link.get("width"), int):
+                return pcie_gbps(link["gen"], link["width"])
+    gen, width = idle.get("max_gen"), idle.get("max_width")
+    return pcie_gbps(gen, width) if isinstance(gen, int) and isinstance(width, int) else None
+
+
+def ring_hops(view: NodeView, facts: Facts, at_max: bool = False) -> list[Hop]:
+    """The job's GPUs on this node as a ring in PCI order, which is how they sit on the switches."""
+    gpus = view.job_gpus
+    if len(gpus) < 2:
+        return []
+    hops = []
+    for a, b in zip(gpus, gpus[1:] + gpus[:1]):
+        if len(gpus) == 2 and hops:
+            break  # two GPUs: one pair
+        ga, gb = view.gpu(a), view.gpu(b)
+        links = nvlinks_between(ga, gb)
+        pcie = [_loaded_pcie(view, facts, g, at_max) for g in (a, b)]
+        status = view.pair(a, b).get("p2p_read")
+        hops.append(Hop(a, b, cell(view, a, b), links, _nvlink_version(ga) if links else None,
+                        min(pcie) if all(p is not None for p in pcie) else None,
+                        p2p=status in ("OK", None) or isinstance(status, Mapping)))
+    return hops
+
+
+def _network_mbps(view: NodeView) -> list[int]:
+    nics = [n for n in ((view.node or {}).get("nics") or []) if isinstance(n, Mapping) and not n.get("virtual")
+            and n.get("up") and n.get("speed_mbps")]
+    rdma = [n for n in nics if n.get("rdma")]
+    chosen = rdma or sorted(nics, key=lambda n: -n["speed_mbps"])[:1]
+    return [int(n["speed_mbps"]) for n in chosen]
+
+
+def expectation(views: list[NodeView], facts: Facts, at_max: bool = False) -> Expectation:
+    """The job's all-reduce bound: its slowest node's ring, and the network when it spans nodes."""
+    bounds = []
+    for view in views:
+        if view.node is None or not view.gpus:
+            return Expectation(None, f"{view.host} has no GPU topology")
+        ring = ring_expectation(ring_hops(view, facts, at_max))
+        bounds.append((ring, view.host))
+        if len(views) > 1:
+            bounds.append((network_expectation(_network_mbps(view)), view.host))
+    limited = [(e, h) for e, h in bounds if e.busbw_gbps is not None]
+    unknown = [(e, h) for e, h in bounds if e.busbw_gbps is None and not e.bottleneck.startswith("one GPU")]
+    if unknown:
+        e, host = unknown[0]
+        return Expectation(None, f"{e.bottleneck} on {host}")
+    if not limited:
+        return Expectation(None, "one GPU per node and one node: the all-reduce moves no data between GPUs")
+    e, host = min(limited, key=lambda item: item[0].busbw_gbps)
+    return Expectation(e.busbw_gbps, f"{e.bottleneck} on {host}", e.hop)
+
+
+def expectation_finding(views: list[NodeView], facts: Facts) -> list[Finding]:
+    if sum(len(v.job_gpus) for v in views) < 2:
+        return []  # one GPU in all: the all-reduce moves nothing between GPUs
+    now, at_max = expectation(views, facts), expectation(views, facts, at_max=True)
+    evidence = {"expected_busbw_gbps": now.busbw_gbps, "bottleneck": now.bottleneck,
+                "expected_busbw_gbps_at_full_link_speed": at_max.busbw_gbps,
+                "slowest_hop_gpus": list(now.hop) if now.hop else None,
+                "model": "slowest ring hop x efficiency (docs/probes/topology.md)"}
+    title = (f"This topology allows about {now.busbw_gbps:g} GB/s all-reduce bus bandwidth ({now.bottleneck})"
+             if now.busbw_gbps is not None else f"All-reduce bandwidth not modelled: {now.bottleneck}")
+    return [_finding("TOP007", Severity.INFO, title, [], [v.host for v in views], evidence,
+                     why=("What `ddpdoctor allreduce-bench` (or nccl-tests) should come close to on large messages; "
+                          "a measurement far below it points at the machine."),
+                     fix="")]
+
+
+def no_gpu_findings(views: list[NodeView]) -> list[Finding]:
+    """Nodes without GPUs NVML can see: the probe still recorded CPU placement and NICs."""
+    bare = [v for v in views if v.node is not None and not v.gpus]
+    if not bare:
+        return []
+    reasons = {v.host: str(((v.node or {}).get("gpus") or {}).get("unknown") or "NVML sees no GPU") for v in bare}
+    return [_finding("TOP009", Severity.INFO,
+                     f"No GPU topology on {len(bare)} node{'s' if len(bare) != 1 else ''}: CPU placement and NICs only",
+                     [r for v in bare for r in v.ranks], list(reasons), {"why_no_gpus": reasons},
+                     why="Without NVML there are no GPU links to judge; ranks run on CPU (gloo).", fix="")]
+
+
+def diagnose_topology(facts: Mapping[Any, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    facts = {int(k): v for k, v in facts.items()}  # a report read back from JSON has string keys
+    views = node_views(facts, run)
+    findings = no_gpu_findings(views)
+    for view in views:
+        if view.node is None:
+            continue  # its local rank 0 did not report: the run's findings say why
+        findings += nvlink_findings(view)
+        findings += pcie_findings(view, facts)
+        findings += asymmetry_findings(view)
+        findings += p2p_findings(view)
+        findings += affinity_findings(view, facts)
+    findings += expectation_finding(views, facts)
+    return findings
