@@ -152,9 +152,11 @@ __all__ = ["Run", "run_check", "run_command", "assert_nothing_left", "free_port"
 
 def run_hand_set_ranks(tmp_path: Path, world_size: int, per_rank_env: dict[int, dict[str, str]],
                        *args: str, timeout_s: float = 90, command: str = "check",
+                       prefix: Optional[dict[int, list[str]]] = None,
                        ) -> tuple[list[subprocess.CompletedProcess], Optional[dict[str, Any]], str]:
     """Start ranks with RANK/WORLD_SIZE set by hand (as a job script might), each with its own env.
 
+    `prefix`: a command to start a rank through (e.g. `taskset -c 1`, as srun --cpu-bind would).
     Returns each rank's completed process, rank 0's JSON report, and the run's tag.
     """
     tag = uuid.uuid4().hex
@@ -164,7 +166,8 @@ def run_hand_set_ranks(tmp_path: Path, world_size: int, per_rank_env: dict[int, 
     for rank, extra in sorted(per_rank_env.items()):
         env = _env(tag, {"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
                          "MASTER_PORT": str(port), **extra})
-        procs.append((subprocess.Popen([sys.executable, "-m", "ddpdoctor", command, "--json", str(report_path), *args],
+        procs.append((subprocess.Popen([*(prefix or {}).get(rank, []), sys.executable, "-m", "ddpdoctor", command,
+                                        "--json", str(report_path), *args],
                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), rank))
     done = []
     for proc, rank in procs:

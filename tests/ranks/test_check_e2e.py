@@ -39,12 +39,14 @@ def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
     assert report["verdict"] == "ok" and report["exit_code"] == 0
     assert run.severities() <= {"ok", "info"}, run.explain()
     # 4 single-thread ranks on 2 cores time-share: their speeds are not compared (HOM013), not flagged.
-    expected = ["DDP001", "GPU000", "HOM000"] + (["HOM013"] if nproc > (os.cpu_count() or 1) else []) + ["INIT000"]
+    expected = (["DDP001", "GPU000", "HOM000"] + (["HOM013"] if nproc > (os.cpu_count() or 1) else [])
+                + ["INIT000", "TOP009"])
     assert sorted(f["code"] for f in run.findings()) == expected, run.explain()
     assert all(r["state"] == "ok" for r in report["ranks"])
     smoke = probe_section(report, "ddp-smoke")
     assert smoke["name"] == "ddp-smoke" and smoke["status"] == "ok"
-    assert [p["status"] for p in report["probes"]] == ["ok", "ok", "ok", "ok"]
+    assert [(p["name"], p["status"]) for p in report["probes"]] == [
+        ("init-hang", "ok"), ("gpu-count", "ok"), ("topology", "ok"), ("homogeneity", "ok"), ("ddp-smoke", "ok")]
     init = probe_section(report, "init-hang")["facts"]
     assert all(f["resolved"] == ["127.0.0.1"] and f["route"]["source"] == "127.0.0.1" and f["init_s"] > 0
                for f in init.values())
