@@ -13,13 +13,14 @@ from .init_hang import InitHang
 from .stragglers import Stragglers
 from .topology import Topology
 
-_PROBES: dict[str, Probe] = {p.name: p for p in (InitHang(), DdpSmoke(), GpuCount(), Topology(), Homogeneity(),
+_PROBES: dict[str, Probe] = {p.name: p for p in (InitHang(), DdpSmoke(), Topology(), GpuCount(), Homogeneity(),
                                                   AllReduce(), Stragglers())}
 # init-hang first: its facts are read before the rendezvous, and its stage only adds timings.
-# gpu-count next: it publishes its device facts before the shared DDP workload runs,
-# so a device-mapping fault that breaks the workload is still diagnosed.
-# topology before the workload: its reading is quick, and a link fault it finds explains a slow step.
-DEFAULT_PROBES: tuple[str, ...] = ("init-hang", "gpu-count", "topology", "homogeneity", "ddp-smoke")
+# topology next: it is quick, needs no training, and a link fault it finds may be what makes
+# the workload fail or crawl, so it must be in the report when the workload hangs.
+# gpu-count next: it publishes its device facts before the shared DDP workload runs (in its
+# collect), so a device-mapping fault that breaks the workload is still diagnosed.
+DEFAULT_PROBES: tuple[str, ...] = ("init-hang", "topology", "gpu-count", "homogeneity", "ddp-smoke")
 
 
 def all_probes() -> dict[str, Probe]:

@@ -46,7 +46,7 @@ def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
     smoke = probe_section(report, "ddp-smoke")
     assert smoke["name"] == "ddp-smoke" and smoke["status"] == "ok"
     assert [(p["name"], p["status"]) for p in report["probes"]] == [
-        ("init-hang", "ok"), ("gpu-count", "ok"), ("topology", "ok"), ("homogeneity", "ok"), ("ddp-smoke", "ok")]
+        ("init-hang", "ok"), ("topology", "ok"), ("gpu-count", "ok"), ("homogeneity", "ok"), ("ddp-smoke", "ok")]
     init = probe_section(report, "init-hang")["facts"]
     assert all(f["resolved"] == ["127.0.0.1"] and f["route"]["source"] == "127.0.0.1" and f["init_s"] > 0
                for f in init.values())
