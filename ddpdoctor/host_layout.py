@@ -56,6 +56,15 @@ def numa_nodes(root: str = SYS) -> dict[str, Any]:
     return nodes
 
 
+def cpu_slots(root: str = SYS) -> int:
+    """How many CPU numbers exist (possible, not just online): the size of an affinity mask."""
+    text = _read(os.path.join(root, "devices/system/cpu/possible"))
+    try:
+        return max(parse_cpulist(text)) + 1 if text else os.cpu_count() or 1
+    except ValueError:
+        return os.cpu_count() or 1
+
+
 def process_placement(nodes: Any) -> dict[str, Any]:
     """The CPUs this process may run on, and which NUMA nodes they belong to."""
     try:
@@ -106,7 +115,7 @@ def nics(root: str = SYS) -> Any:
     except OSError as exc:
         return {"unknown": f"{base} unreadable ({exc.strerror or exc})"}
     rdma = _rdma_devices(root)
-    out = []
+    out: list[dict[str, Any]] = []
     for name in names:
         path = os.path.join(base, name)
         speed = _read(os.path.join(path, "speed"))
@@ -120,6 +129,12 @@ def nics(root: str = SYS) -> Any:
             "numa_node": pci_numa_node(pci, root) if pci else None,
             "rdma": sorted(dev for dev, dev_pci in rdma.items() if pci and dev_pci == pci),
         })
+    paired = {dev for card in out for dev in card["rdma"]}
+    for dev, pci in sorted(rdma.items()):
+        if dev not in paired:  # InfiniBand without IPoIB has no network interface: still NCCL's network
+            out.append({"name": dev, "up": _ib_active(root, dev), "speed_mbps": _ib_rate_mbps(root, dev),
+                        "virtual": False, "pci_bus_id": pci, "numa_node": pci_numa_node(pci, root) if pci else None,
+                        "rdma": [dev]})
     return out
 
 
@@ -130,3 +145,24 @@ def _rdma_devices(root: str) -> dict[str, Optional[str]]:
     except OSError:
         return {}
     return {name: _pci_address_of(os.path.join(base, name, "device")) for name in names}
+
+
+def _ports(root: str, dev: str) -> list[str]:
+    base = os.path.join(root, "class/infiniband", dev, "ports")
+    try:
+        return [os.path.join(base, p) for p in sorted(os.listdir(base))]
+    except OSError:
+        return []
+
+
+def _ib_rate_mbps(root: str, dev: str) -> Optional[int]:
+    """`400 Gb/sec (4X NDR)` in ports/N/rate → 400000; the first port that says."""
+    for port in _ports(root, dev):
+        match = re.match(r"\s*(\d+(?:\.\d+)?)\s*Gb/sec", _read(os.path.join(port, "rate")) or "")
+        if match:
+            return int(float(match.group(1)) * 1000)
+    return None
+
+
+def _ib_active(root: str, dev: str) -> bool:
+    return any("ACTIVE" in (_read(os.path.join(port, "state")) or "") for port in _ports(root, dev))

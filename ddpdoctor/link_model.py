@@ -11,14 +11,17 @@ measurement far below it points at the machine, not at the workload.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 # GT/s per lane and the line code: Gen1-2 8b/10b, Gen3-5 128b/130b, Gen6 FLIT (242 of 256 bytes carry data).
 _PCIE_GTS = {1: (2.5, 0.8), 2: (5.0, 0.8), 3: (8.0, 128 / 130), 4: (16.0, 128 / 130), 5: (32.0, 128 / 130),
              6: (64.0, 242 / 256)}
-# GB/s per link per direction by NVLink version: P100 (1), V100 (2), A100 (3), H100/H200 (4), B200 (5).
-# A100: 12 links = 300 GB/s per direction; H100: 18 links = 450 (hardware-facts.md).
-_NVLINK_LINK_GBPS = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+# nvmlDeviceGetNvLinkVersion returns an nvmlNvlinkVersion_t code, not the version: 1 = 1.0, 2 = 2.0,
+# 3 = 2.2, 4 = 3.0, 5 = 3.1, 6 = 4.0, 7 = 5.0 (nvml.h; an A100 answers 5, hwloc#658).
+# Per code: the version, and GB/s per link per direction: P100 (1.0) 20, V100 (2.x) 25, A100 (3.x) 25,
+# H100/H200 (4.0) 25, B200 (5.0) 50. A100: 12 links = 300 GB/s per direction; H100: 18 = 450.
+NVLINK_VERSIONS = {1: ("1.0", 20.0), 2: ("2.0", 25.0), 3: ("2.2", 25.0), 4: ("3.0", 25.0), 5: ("3.1", 25.0),
+                   6: ("4.0", 25.0), 7: ("5.0", 50.0)}
 
 # Measured busbw / the hop's theoretical bandwidth, from published nccl-tests all-reduce runs:
 # 8xH100 NV18 ring ~370 of 450 GB/s (0.82), 8xA100 NV12 ~230 of 300 (0.77): 0.8 for NVLink.
@@ -29,16 +32,20 @@ EFFICIENCY = {"nvlink": 0.8, "p2p": 0.8, "shm": 0.5, "sys": 0.4, "net": 0.9}
 LEVEL_ORDER = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 
-def pcie_gbps(gen: Optional[int], width: Optional[int]) -> Optional[float]:
-    """Theoretical GB/s per direction of a PCIe link: Gen4 x16 = 31.5."""
-    if gen not in _PCIE_GTS or not width:
+def pcie_gbps(gen: Any, width: Any) -> Optional[float]:
+    """Theoretical GB/s per direction of a PCIe link: Gen4 x16 = 31.5; None for anything not read."""
+    if not isinstance(gen, int) or gen not in _PCIE_GTS or not isinstance(width, int) or width <= 0:
         return None
     gts, code = _PCIE_GTS[gen]
     return round(gts * code * width / 8, 2)
 
 
-def nvlink_gbps(version: Optional[int], links: int) -> Optional[float]:
-    per = _NVLINK_LINK_GBPS.get(version or 0)
+def nvlink_label(code: Any) -> str:
+    return f"NVLink {NVLINK_VERSIONS[code][0]}" if code in NVLINK_VERSIONS else f"NVLink (NVML version code {code})"
+
+
+def nvlink_gbps(code: Any, links: int) -> Optional[float]:
+    per = NVLINK_VERSIONS[code][1] if code in NVLINK_VERSIONS else None
     return round(per * links, 2) if per and links > 0 else None
 
 
@@ -56,7 +63,7 @@ class Hop:
     b: int
     level: str  # NV18, PIX, PXB, PHB, NODE, SYS
     nvlinks: int = 0
-    nvlink_version: Optional[int] = None
+    nvlink_version: Optional[int] = None  # NVML's nvmlNvlinkVersion_t code
     pcie_gbps: Optional[float] = None  # the slower of the two GPUs' PCIe links
     p2p: bool = True  # NVML's P2P read status is OK
 
@@ -65,7 +72,7 @@ def hop_gbps(hop: Hop) -> tuple[Optional[float], str]:
     """The busbw this hop allows and the kind of path that sets it."""
     if hop.nvlinks > 0:
         peak = nvlink_gbps(hop.nvlink_version, hop.nvlinks)
-        return (round(peak * EFFICIENCY["nvlink"], 1) if peak else None), f"NVLink{hop.nvlink_version or '?'} x{hop.nvlinks}"
+        return (round(peak * EFFICIENCY["nvlink"], 1) if peak else None), f"{nvlink_label(hop.nvlink_version)} x{hop.nvlinks}"
     if hop.pcie_gbps is None:
         return None, f"{hop.level} (PCIe link unknown)"
     if hop.level in ("PIX", "PXB") and hop.p2p:

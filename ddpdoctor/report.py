@@ -11,7 +11,6 @@ import os
 import platform
 import sys
 import tempfile
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -117,6 +116,7 @@ class Report:
 def build_report(record: RunRecord, backend: str = "", device: str = "",
                  command: Optional[list[str]] = None) -> Report:
     from ddpdoctor.probes import RunView, get_probe
+    from ddpdoctor.probes.base import diagnose_safely
 
     view = RunView(world_size=record.world_size,
                    hosts={r: record.host(r) for r in record.hellos},
@@ -124,13 +124,7 @@ def build_report(record: RunRecord, backend: str = "", device: str = "",
     sections = []
     for name in record.probes:
         facts = record.results.get(name, {})
-        try:
-            findings = get_probe(name).diagnose(facts, view) if facts else []
-        except Exception as exc:  # a diagnosis bug must not lose the measurements
-            findings = [Finding(code="RUN011", severity=Severity.WARN, probe=name,
-                                title=f"The {name} diagnosis failed: {type(exc).__name__}: {exc}",
-                                evidence={"traceback": traceback.format_exc().splitlines()[-6:]},
-                                fix="Report this bug to ddpdoctor with the JSON report attached.")]
+        findings = diagnose_safely(get_probe(name), facts, view)
         status = "ok" if len(facts) == record.world_size else ("incomplete" if facts else "not-run")
         sections.append(ProbeSection(name, status, findings, facts))
     return Report(record, diagnose_run(record), sections, backend, device, list(command or sys.argv))

@@ -205,11 +205,12 @@ class Diagnosis:
 
 def diagnose_inputs(inputs: Inputs) -> Diagnosis:
     from ddpdoctor.probes import RunView, get_probe
+    from ddpdoctor.probes.base import diagnose_safely
 
     view = RunView(world_size=inputs.world_size, hosts=inputs.hosts, settings=inputs.settings)
     findings: list[Finding] = []
     for name, facts in inputs.facts.items():
-        findings += get_probe(name).diagnose(facts, view)
+        findings += diagnose_safely(get_probe(name), facts, view)
     return Diagnosis(inputs, findings)
 
 

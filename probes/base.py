@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Severity
 
 if TYPE_CHECKING:
     from ddpdoctor.context import RankContext
@@ -37,3 +38,17 @@ class Probe(Protocol):
 
     def diagnose(self, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
         """All ranks' facts (absent ranks are missing keys) to findings."""
+
+
+def diagnose_safely(probe: Probe, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    """A probe's findings, or one RUN011 saying its diagnosis failed: a judging bug (or a file with
+    facts it did not expect) must never lose the measurements or the other probes' findings."""
+    if not facts:
+        return []
+    try:
+        return probe.diagnose(facts, run)
+    except Exception as exc:
+        return [Finding(code="RUN011", severity=Severity.WARN, probe=probe.name,
+                        title=f"The {probe.name} diagnosis failed: {type(exc).__name__}: {exc}",
+                        evidence={"traceback": traceback.format_exc().splitlines()[-6:]},
+                        fix="Report this bug to ddpdoctor with the JSON report attached.")]

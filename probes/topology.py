@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from ddpdoctor import net_facts
 from ddpdoctor.findings import Finding
-from ddpdoctor.host_layout import nics, numa_nodes, process_placement
+from ddpdoctor.host_layout import cpu_slots, nics, numa_nodes, process_placement
 from ddpdoctor.step_timing import gpu_uuid
 from ddpdoctor.topology_reading import read_gpu_topology, read_link_under_load
 
@@ -38,7 +38,7 @@ def read_node(numa: Any, master_addr: str, master_port: int, hostname: str) -> d
     by_env = net_facts.ifname_facts(dict(os.environ), ifaces)
     return {
         "numa": numa,
-        "gpus": read_gpu_topology(os.cpu_count() or 1),
+        "gpus": read_gpu_topology(cpu_slots()),
         "nics": cards,
         "transport": {
             "env": {k: os.environ[k] for k in TRANSPORT_ENV if k in os.environ},
@@ -72,7 +72,10 @@ class Topology:
         # What was read stays diagnosable if the load below fails or hangs.
         ctx.channel.set(f"result/{NAME}/{ctx.rank}", facts)
         with ctx.stage("topology_load"):
-            facts["load"] = read_link_under_load(ctx.device, facts["gpu_uuid"])
+            try:
+                facts["load"] = read_link_under_load(ctx.device, facts["gpu_uuid"])
+            except Exception as exc:  # no pinned memory, CUDA out of memory: a fact, not the end of the rank
+                facts["load"] = {"unknown": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"}
         return facts
 
     # -- diagnose (pure) --------------------------------------------------------

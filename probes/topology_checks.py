@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from ddpdoctor.findings import Finding, Severity, rank_ranges
 from ddpdoctor.host_layout import linux_bus_id, parse_cpulist
-from ddpdoctor.link_model import (Expectation, Hop, level_rank, network_expectation, pcie_gbps,
+from ddpdoctor.link_model import (LEVEL_ORDER, Expectation, Hop, level_rank, network_expectation, pcie_gbps,
                                   ring_expectation)
 
 from .base import RunView
@@ -31,8 +31,11 @@ class NodeView:
 
     @property
     def gpus(self) -> list[Mapping[str, Any]]:
-        topo = (self.node or {}).get("gpus") or {}
-        return [g for g in topo.get("gpus", []) if "unknown" not in g] if isinstance(topo, Mapping) else []
+        """The GPUs NVML could read, each with an int index (facts from a file may be anything)."""
+        topo = (self.node or {}).get("gpus")
+        listed = topo.get("gpus") if isinstance(topo, Mapping) else None
+        return [g for g in listed if isinstance(g, Mapping) and isinstance(g.get("index"), int) and "unknown" not in g] \
+            if isinstance(listed, list) else []
 
     @property
     def job_gpus(self) -> list[int]:
@@ -43,13 +46,15 @@ class NodeView:
 
     def pair(self, a: int, b: int) -> Mapping[str, Any]:
         lo, hi = min(a, b), max(a, b)
-        pairs = ((self.node or {}).get("gpus") or {}).get("pairs", [])
-        return next((p for p in pairs if p.get("a") == lo and p.get("b") == hi), {})
+        topo = (self.node or {}).get("gpus")
+        pairs = topo.get("pairs") if isinstance(topo, Mapping) else None
+        return next((p for p in pairs if isinstance(p, Mapping) and p.get("a") == lo and p.get("b") == hi), {}) \
+            if isinstance(pairs, list) else {}
 
 
 def node_views(facts: Facts, run: RunView) -> list[NodeView]:
     views: dict[str, NodeView] = {}
-    for rank in sorted(facts):
+    for rank in sorted(r for r in facts if isinstance(facts[r], Mapping)):
         f = facts[rank]
         host = str(f.get("host") or run.hosts.get(rank) or "?")
         view = views.setdefault(host, NodeView(host, [], None))
@@ -57,12 +62,17 @@ def node_views(facts: Facts, run: RunView) -> list[NodeView]:
         if isinstance(f.get("node"), Mapping) and view.node is None:
             view.node = f["node"]
     for view in views.values():
-        by_uuid = {g.get("uuid"): g.get("index") for g in view.gpus}
+        by_uuid = {g["uuid"]: g["index"] for g in view.gpus if isinstance(g.get("uuid"), str)}
         for rank in view.ranks:
             uuid = facts[rank].get("gpu_uuid")
-            if uuid in by_uuid:
+            if isinstance(uuid, str) and uuid in by_uuid:
                 view.rank_gpu[rank] = by_uuid[uuid]
     return list(views.values())
+
+
+def _m(value: Any) -> Mapping[str, Any]:
+    """Facts read back from a file may hold anything where a mapping belongs."""
+    return value if isinstance(value, Mapping) else {}
 
 
 def _finding(code: str, severity: Severity, title: str, ranks: Iterable[int], nodes: Iterable[str],
@@ -77,8 +87,17 @@ def _ranks_on(view: NodeView, index: int) -> list[int]:
 
 # -- NVLink ----------------------------------------------------------------------------
 
+def links(gpu: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    listed = gpu.get("nvlinks")
+    return [link for link in listed if isinstance(link, Mapping)] if isinstance(listed, list) else []
+
+
 def active_links(gpu: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return [link for link in gpu.get("nvlinks") or [] if link.get("active")]
+    return [link for link in links(gpu) if link.get("active") is True]
+
+
+def switched(gpu: Mapping[str, Any]) -> bool:
+    return any(link.get("remote_type") == "switch" for link in links(gpu))
 
 
 def nvlinks_between(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
@@ -109,35 +128,54 @@ def cell(view: NodeView, a: int, b: int) -> str:
 
 
 def nvlink_findings(view: NodeView) -> list[Finding]:
-    """A GPU with fewer active NVLinks than the other GPUs of its model on the node."""
+    """A GPU with fewer active NVLinks than the best-connected GPU of its model on the node.
+
+    The reference is the most any same-model GPU has, so the order of the GPUs does not
+    matter. Bridged boards (NVLink bridges between pairs of PCIe cards) may lack a bridge on
+    purpose: a bridged GPU with no active link is information, not a fault. On NVSwitch
+    systems every GPU must be on the fabric. A GPU no rank of the job uses is information too.
+    """
     findings = []
     by_model: dict[Any, list[Mapping[str, Any]]] = {}
     for gpu in view.gpus:
-        if gpu.get("nvlinks"):  # only GPUs whose links NVML reports at all
-            by_model.setdefault(gpu.get("name"), []).append(gpu)
+        if links(gpu):  # only GPUs whose links NVML reports at all
+            by_model.setdefault(str(gpu.get("name")), []).append(gpu)
     for model, gpus in by_model.items():
+        if len(gpus) < 2:
+            continue  # nothing to compare with: a lone bridge-capable card reports its links inactive
         counts = {g["index"]: len(active_links(g)) for g in gpus}
-        usual = Counter(counts.values()).most_common(1)[0][0] if len(gpus) > 1 else max(len(g["nvlinks"]) for g in gpus)
+        best = max(counts.values())
+        fabric = any(switched(g) for g in gpus)
         for gpu in gpus:
             have = counts[gpu["index"]]
-            if have >= usual or usual == 0:
+            if have >= best:
                 continue
-            down = [link["link"] for link in gpu["nvlinks"] if not link.get("active")]
+            down = [link.get("link") for link in links(gpu) if link.get("active") is not True]
             ranks = _ranks_on(view, gpu["index"])
             none_left = have == 0
+            if none_left and not fabric:
+                severity = Severity.INFO  # no bridge fitted, or a bridge that is down: NVML cannot tell
+            elif not ranks and view.rank_gpu:
+                severity = Severity.INFO  # the job does not use this GPU
+            else:
+                severity = Severity.CRITICAL if none_left else Severity.WARN
             findings.append(_finding(
-                "TOP002", Severity.CRITICAL if none_left else Severity.WARN,
-                f"GPU {gpu['index']} on {view.host}: {'every NVLink is down' if none_left else f'{have} of {usual} NVLinks active'}",
+                "TOP002", severity,
+                f"GPU {gpu['index']} on {view.host}: "
+                f"{'no NVLink active' if none_left else f'{have} of {best} NVLinks active'}"
+                f"{'' if fabric or not none_left else ' (no bridge fitted, or a bridge down)'}",
                 ranks, [view.host],
                 {"gpu": gpu["index"], "model": model, "pci_bus_id": gpu.get("pci_bus_id"), "active_links": have,
-                 "links_on_its_peers": usual, "inactive_links": down, "ranks_on_it": ranks},
+                 "links_on_its_best_peer": best, "inactive_links": down, "ranks_on_it": ranks,
+                 "nvswitch": fabric},
                 why=("NCCL routes around a missing NVLink: with some links down this GPU's traffic shares fewer "
                      "links, with all down it falls back to PCIe and host memory, several times slower; every "
                      "all-reduce of the job waits for it."),
                 fix=("`nvidia-smi nvlink -s -i {i}` shows each link's state and `nvidia-smi nvlink -e -i {i}` its "
                      "errors. On NVSwitch systems check that the fabric manager runs (`systemctl status "
-                     "nvidia-fabricmanager`). A GPU reset or a reboot retrains the links; if a link stays down, drain "
-                     "the node and open a hardware ticket.").format(i=gpu["index"])))
+                     "nvidia-fabricmanager`); with bridged boards, that the bridge is seated. A GPU reset or a reboot "
+                     "retrains the links; if a link stays down, drain the node and open a hardware ticket."
+                     ).format(i=gpu["index"])))
     return findings
 
 
@@ -154,6 +192,7 @@ def pcie_findings(view: NodeView, facts: Facts) -> list[Finding]:
         gpu = view.rank_gpu.get(rank)
         where = f"GPU {gpu} on {view.host}" if gpu is not None else f"rank {rank}'s GPU on {view.host}"
         bus = view.gpu(gpu).get("pci_bus_id") if gpu is not None else None
+        bus = bus if isinstance(bus, str) else None
         evidence = {"gpu": gpu, "rank": rank, "pci_bus_id": bus, "link_under_load": f"Gen{gen} x{width}",
                     "link_max": f"Gen{max_gen} x{max_width}", "host_to_device_gbps": load.get("h2d_gbps"),
                     "device_to_host_gbps": load.get("d2h_gbps"),
@@ -204,12 +243,16 @@ def asymmetry_findings(view: NodeView) -> list[Finding]:
     gpus = view.job_gpus
     if len(gpus) < 3:  # with two GPUs there is one pair: nothing to be asymmetric about
         return []
-    best = {g: min((cell(view, g, o) for o in gpus if o != g), key=level_rank) for g in gpus}
+    rows = {g: [c for c in (cell(view, g, o) for o in gpus if o != g) if level_rank(c) < len(LEVEL_ORDER)]
+            for g in gpus}
+    best = {g: min(row, key=level_rank) for g, row in rows.items() if row}  # a path NVML did not give is no path
+    if len(best) < 3:
+        return []
     usual = Counter(level_rank(c) for c in best.values()).most_common(1)[0][0]
     findings = []
     for gpu, level in best.items():
-        links = view.gpu(gpu).get("nvlinks") or []
-        if level_rank(level) <= usual or level_rank(level) < level_rank("NODE") or len(active_links(view.gpu(gpu))) < len(links):
+        if level_rank(level) <= usual or level_rank(level) < level_rank("NODE") \
+                or len(active_links(view.gpu(gpu))) < len(links(view.gpu(gpu))):
             continue
         usual_level = next(c for c in best.values() if level_rank(c) == usual)
         ranks = _ranks_on(view, gpu)
@@ -264,33 +307,39 @@ def p2p_findings(view: NodeView) -> list[Finding]:
 
 # -- CPU placement ------------------------------------------------------------------------
 
+def _cpus(text: Any) -> Optional[set[int]]:
+    try:
+        return parse_cpulist(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
 def affinity_findings(view: NodeView, facts: Facts) -> list[Finding]:
-    numa = (view.node or {}).get("numa")
+    numa = _m(view.node).get("numa")
     if not isinstance(numa, Mapping) or "unknown" in numa or len(numa) < 2 or not view.rank_gpu:
         return []  # one NUMA node: every CPU is local to every GPU
-    host_cpus = set().union(*(parse_cpulist(c) for c in numa.values()))
-    remote, spread, unpinned = [], [], []
+    if any(_cpus(c) is None for c in numa.values()):
+        return []
+    remote, unpinned = [], []
     for rank, index in sorted(view.rank_gpu.items()):
-        placement = facts[rank].get("placement") or {}
-        local = view.gpu(index).get("cpu_affinity")
-        if not isinstance(placement.get("cpus"), str) or not isinstance(local, str) or not local:
+        placement = facts[rank].get("placement")
+        placement = placement if isinstance(placement, Mapping) else {}
+        mine, near = _cpus(placement.get("cpus")), _cpus(view.gpu(index).get("cpu_affinity"))
+        if not mine or not near:
             continue
-        mine, near = parse_cpulist(placement["cpus"]), parse_cpulist(local)
         row = {"rank": rank, "gpu": index, "gpu_numa_node": view.gpu(index).get("numa_node"),
-               "rank_cpus": placement["cpus"], "rank_numa_nodes": placement.get("numa_nodes"), "gpu_local_cpus": local}
-        if mine >= host_cpus:
-            unpinned.append(row)
-        elif not mine & near:
-            remote.append(row)
+               "rank_cpus": placement["cpus"], "rank_numa_nodes": placement.get("numa_nodes"),
+               "gpu_local_cpus": view.gpu(index).get("cpu_affinity")}
+        if not mine & near:
+            remote.append(row)  # not one CPU local to its GPU: the fault
         elif not mine <= near:
-            spread.append(row)
+            unpinned.append(row)  # its GPU's CPUs and others: every node, or a socket in NPS4, or a cgroup
     findings = []
-    if remote or spread:
-        rows = remote + spread
+    if remote:
+        rows = remote
         findings.append(_finding(
             "TOP005", Severity.WARN,
-            f"Rank {rank_ranges(r['rank'] for r in rows)} on {view.host} "
-            f"{'runs on CPUs of another NUMA node than its GPU' if remote else 'runs partly on CPUs far from its GPU'}",
+            f"Rank {rank_ranges(r['rank'] for r in rows)} on {view.host} runs on CPUs of another NUMA node than its GPU",
             [r["rank"] for r in rows], [view.host], {"ranks": rows[:16], "ranks_total": len(rows)},
             why=("Data loading, kernel launches and host-to-GPU copies of such a rank cross the socket "
                  "interconnect, and its pinned memory lives on the far node: slower steps, and the one rank "
@@ -301,8 +350,8 @@ def affinity_findings(view: NodeView, facts: Facts) -> list[Finding]:
     if unpinned:
         findings.append(_finding(
             "TOP006", Severity.INFO,
-            f"Rank {rank_ranges(r['rank'] for r in unpinned)} on {view.host} may run on any CPU of "
-            f"{len(numa)} NUMA nodes", [r["rank"] for r in unpinned], [view.host],
+            f"Rank {rank_ranges(r['rank'] for r in unpinned)} on {view.host} may run on CPUs of other NUMA nodes "
+            "than its GPU's", [r["rank"] for r in unpinned], [view.host],
             {"ranks": unpinned[:16], "ranks_total": len(unpinned)},
             why=("Not an error: the scheduler may keep each rank near its GPU, or may not. Binding makes step "
                  "times steadier on multi-socket hosts."),
@@ -315,15 +364,15 @@ def affinity_findings(view: NodeView, facts: Facts) -> list[Finding]:
 
 def _loaded_pcie(view: NodeView, facts: Facts, index: int, at_max: bool) -> Optional[float]:
     """A GPU's PCIe GB/s: as measured under load by a rank on it, else (or `at_max`) its max."""
-    gpu = view.gpu(index)
-    idle = gpu.get("pcie_idle") or {}
+    idle = view.gpu(index).get("pcie_idle")
+    idle = idle if isinstance(idle, Mapping) else {}
     if not at_max:
         for rank in _ranks_on(view, index):
-            link = ((facts[rank].get("load") or {}).get("pcie") or {})
-            if isinstance(link.get("gen"), int) and isinstance(link.get("width"), int):
-                return pcie_gbps(link["gen"], link["width"])
-    gen, width = idle.get("max_gen"), idle.get("max_width")
-    return pcie_gbps(gen, width) if isinstance(gen, int) and isinstance(width, int) else None
+            load = facts[rank].get("load")
+            link = load.get("pcie") if isinstance(load, Mapping) else None
+            if isinstance(link, Mapping) and pcie_gbps(link.get("gen"), link.get("width")) is not None:
+                return pcie_gbps(link.get("gen"), link.get("width"))
+    return pcie_gbps(idle.get("max_gen"), idle.get("max_width"))
 
 
 def ring_hops(view: NodeView, facts: Facts, at_max: bool = False) -> list[Hop]:
@@ -346,8 +395,9 @@ def ring_hops(view: NodeView, facts: Facts, at_max: bool = False) -> list[Hop]:
 
 
 def _network_mbps(view: NodeView) -> list[int]:
-    nics = [n for n in ((view.node or {}).get("nics") or []) if isinstance(n, Mapping) and not n.get("virtual")
-            and n.get("up") and n.get("speed_mbps")]
+    listed = _m(view.node).get("nics")
+    nics = [n for n in (listed if isinstance(listed, list) else []) if isinstance(n, Mapping)
+            and not n.get("virtual") and n.get("up") and isinstance(n.get("speed_mbps"), int)]
     rdma = [n for n in nics if n.get("rdma")]
     chosen = rdma or sorted(nics, key=lambda n: -n["speed_mbps"])[:1]
     return [int(n["speed_mbps"]) for n in chosen]
@@ -395,7 +445,7 @@ def no_gpu_findings(views: list[NodeView]) -> list[Finding]:
     bare = [v for v in views if v.node is not None and not v.gpus]
     if not bare:
         return []
-    reasons = {v.host: str(((v.node or {}).get("gpus") or {}).get("unknown") or "NVML sees no GPU") for v in bare}
+    reasons = {v.host: str(_m(_m(v.node).get("gpus")).get("unknown") or "NVML sees no GPU") for v in bare}
     return [_finding("TOP009", Severity.INFO,
                      f"No GPU topology on {len(bare)} node{'s' if len(bare) != 1 else ''}: CPU placement and NICs only",
                      [r for v in bare for r in v.ranks], list(reasons), {"why_no_gpus": reasons},

@@ -28,21 +28,26 @@ def _marks(findings: list[Any], host: str) -> tuple[set[int], set[tuple[int, int
         if isinstance(f.evidence.get("gpu"), int):
             gpus.add(f.evidence["gpu"])
         for pair in f.evidence.get("pairs") or []:
-            a, b = (int(x) for x in str(pair.get("gpus", "")).split("-"))
-            pairs.update({(a, b), (b, a)})
+            a, _, b = str(pair.get("gpus", "")).partition("-")
+            if a.isdigit() and b.isdigit():
+                pairs.update({(int(a), int(b)), (int(b), int(a))})
         for row in f.evidence.get("ranks") or []:
             if isinstance(row, Mapping) and isinstance(row.get("gpu"), int) and f.code == "TOP005":
                 gpus.add(row["gpu"])
     return gpus, pairs
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _link(view: NodeView, facts: Mapping[int, Mapping[str, Any]], index: int) -> str:
     for rank in view.ranks:
         if view.rank_gpu.get(rank) == index:
-            link = ((facts[rank].get("load") or {}).get("pcie") or {})
+            link = _mapping(_mapping(facts[rank].get("load")).get("pcie"))
             if "gen" in link:
                 return f"Gen{link.get('gen')} x{link.get('width')} / Gen{link.get('max_gen')} x{link.get('max_width')}"
-    idle = view.gpu(index).get("pcie_idle") or {}
+    idle = _mapping(view.gpu(index).get("pcie_idle"))
     return f"idle, max Gen{idle.get('max_gen')} x{idle.get('max_width')}"
 
 
@@ -70,23 +75,33 @@ def _matrix(view: NodeView, facts: Mapping[int, Mapping[str, Any]], findings: li
     console.print(table)
 
 
+def _nic(card: Mapping[str, Any]) -> str:
+    speed = card.get("speed_mbps")
+    rdma = card.get("rdma")
+    return (f"{card.get('name')} {'up' if card.get('up') else 'down'}"
+            f"{f' {speed / 1000:g} Gb/s' if isinstance(speed, (int, float)) else ''}"
+            f"{' RDMA ' + '/'.join(str(d) for d in rdma) if isinstance(rdma, list) and rdma else ''}")
+
+
 def _cpu_line(view: NodeView, facts: Mapping[int, Mapping[str, Any]]) -> Text:
     node = view.node or {}
-    why = str((node.get("gpus") or {}).get("unknown") or "no GPU")
+    gpus = node.get("gpus")
+    why = str(gpus.get("unknown") if isinstance(gpus, Mapping) and gpus.get("unknown") else "no GPU")
     places = []
     for rank in view.ranks[:4]:
-        placement = facts[rank].get("placement") or {}
-        if isinstance(placement.get("cpus"), str):
-            nodes = ",".join(str(n) for n in placement.get("numa_nodes") or []) or "?"
-            places.append(f"rank {rank} on CPUs {placement['cpus']} (NUMA {nodes})")
-    cards = [n for n in node.get("nics") or [] if isinstance(n, Mapping) and not n.get("virtual")]
-    nic_text = ", ".join(f"{n['name']} {'up' if n.get('up') else 'down'}"
-                         f"{' ' + format(n['speed_mbps'] / 1000, 'g') + ' Gb/s' if n.get('speed_mbps') else ''}"
-                         f"{' RDMA ' + '/'.join(n['rdma']) if n.get('rdma') else ''}" for n in cards) or "none"
-    transport = node.get("transport") or {}
-    gloo = transport.get("gloo_interface") or transport.get("gloo_default_interface") or []
-    return Text(f"topology  {view.host}: no GPU topology ({why}); {'; '.join(places + [''])}NICs: {nic_text}; "
-                f"NCCL net {transport.get('nccl_net', '?')}, gloo on {', '.join(gloo) or '?'}", style="dim")
+        placement = facts[rank].get("placement")
+        if isinstance(placement, Mapping) and isinstance(placement.get("cpus"), str):
+            nodes = placement.get("numa_nodes")
+            numa = ",".join(str(n) for n in nodes) if isinstance(nodes, list) and nodes else "?"
+            places.append(f"rank {rank} on CPUs {placement['cpus']} (NUMA {numa})")
+    listed = node.get("nics")
+    cards = [n for n in (listed if isinstance(listed, list) else []) if isinstance(n, Mapping) and not n.get("virtual")]
+    transport = node.get("transport") if isinstance(node.get("transport"), Mapping) else {}
+    gloo = transport.get("gloo_interface") or transport.get("gloo_default_interface")
+    gloo_text = ", ".join(str(g) for g in gloo) if isinstance(gloo, list) and gloo else "?"
+    return Text(f"topology  {view.host}: no GPU topology ({why}); {'; '.join(places + [''])}"
+                f"NICs: {', '.join(_nic(c) for c in cards) or 'none'}; "
+                f"NCCL net {transport.get('nccl_net', '?')}, gloo on {gloo_text}", style="dim")
 
 
 def render_matrices(facts: Mapping[Any, Mapping[str, Any]], console: Any) -> None:

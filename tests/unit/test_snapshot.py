@@ -77,7 +77,11 @@ def test_snapshot_without_measuring_reads_one_cpu_entry():
     created = datetime.datetime.fromisoformat(snap["created"])
     assert created.tzinfo is not None
     assert abs((datetime.datetime.now(datetime.timezone.utc) - created).total_seconds()) < 120
-    assert list(snap["probes"]) == ["homogeneity"]
+    assert list(snap["probes"]) == ["homogeneity", "topology"]
+    [topo] = snap["probes"]["topology"]
+    # The node's facts, as its local rank 0 reads them; no placement: a snapshot is not a rank.
+    assert topo["node"]["numa"] and isinstance(topo["node"]["nics"], list) and "unknown" in topo["placement"]
+    assert (topo["rank"], topo["device"], topo["load"]) == (0, "cpu", None)
     [entry] = snap["probes"]["homogeneity"]
     assert entry["device"] == "cpu" and entry["gpu"] is None and "measured" not in entry
     assert (entry["rank"], entry["local_rank"], entry["local_world_size"], entry["world_size"]) == (0, 0, 1, 1)
@@ -115,7 +119,7 @@ def test_written_snapshot_loads_back_as_the_same_facts(measured, tmp_path):
     assert text.endswith("\n") and json.loads(text) == measured
     inputs = load_inputs([path])
     assert inputs.files == [path] and inputs.world_size == 1
-    assert inputs.facts == {"homogeneity": {0: measured["probes"]["homogeneity"][0]}}
+    assert inputs.facts == {name: {0: measured["probes"][name][0]} for name in ("homogeneity", "topology")}
     assert inputs.hosts == {0: measured["host"]}
 
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import random
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from ddpdoctor.findings import Finding, Severity
@@ -37,7 +40,7 @@ def load(*names: str) -> dict[int, dict[str, Any]]:
 
 
 def judge(facts: dict[int, dict[str, Any]]) -> list[Finding]:
-    hosts = {r: f["host"] for r, f in facts.items()}
+    hosts = {r: f["host"] for r, f in facts.items() if isinstance(f, dict) and isinstance(f.get("host"), str)}
     return diagnose_topology(facts, RunView(world_size=len(facts), hosts=hosts))
 
 
@@ -71,8 +74,8 @@ def test_modeled_files_are_what_the_committed_generator_builds() -> None:
 
 
 @pytest.mark.parametrize("name, expected_gbps, bottleneck", [
-    (H100, 360.0, "NVLink4 x18"),  # 18 x 25 GB/s x 0.8; nccl-tests measures ~370 on 8xH100 rings
-    (A100, 240.0, "NVLink3 x12"),  # 12 x 25 x 0.8; ~230 measured on 8xA100
+    (H100, 360.0, "NVLink 4.0 x18"),  # 18 x 25 GB/s x 0.8; nccl-tests measures ~370 on 8xH100 rings
+    (A100, 240.0, "NVLink 3.1 x12"),  # 12 x 25 x 0.8; ~230 measured on 8xA100
     (WORKSTATION, 15.8, "host memory (PHB)"),  # Gen4 x16 31.5 x 0.5
     (PCIE_SERVER, 6.3, "host memory across sockets (SYS)"),  # Gen3 x16 15.75 x 0.4
     (RTX4090, 12.6, "host memory across sockets (SYS)"),  # Gen4 x16 x 0.4
@@ -138,6 +141,49 @@ def test_nvlinks_down_are_named_critical_when_all_and_warn_when_some() -> None:
     assert top007.evidence["bottleneck"].startswith("host memory")  # GPU 3's hop falls back to PCIe
 
 
+def test_nvlink_judging_does_not_depend_on_gpu_order() -> None:
+    for faulty in (0, 1):  # two GPUs: the faulty one is named whichever index it has
+        facts = variant(H100, lambda f: _links_down(f, faulty, 3))
+        [top002] = alarms(judge(facts))
+        assert top002.evidence["gpu"] == faulty and top002.evidence["active_links"] == 15
+
+
+def _bridged(facts: dict[int, dict[str, Any]], pairs: list[tuple[int, int]], inactive: list[int]) -> None:
+    """RTX A6000s with 4-link NVLink bridges between the pairs given; the others report 4 inactive links."""
+    board = {g["index"]: g for g in gpus(facts)}
+    for a, b in pairs:
+        for x, y in ((a, b), (b, a)):
+            board[x]["nvlinks"] = [{"link": i, "active": True, "version": 5, "remote_bus_id": board[y]["pci_bus_id"],
+                                    "remote_type": "gpu"} for i in range(4)]
+    for g in inactive:
+        board[g]["nvlinks"] = [{"link": i, "active": False, "version": {"unknown": "Not Supported"},
+                                "remote_bus_id": {"unknown": "Not Supported"}, "remote_type": {"unknown": "x"}}
+                               for i in range(4)]
+
+
+def test_bridged_boards_without_a_bridge_are_information_and_a_broken_bridge_link_a_warning() -> None:
+    findings = judge(variant(WORKSTATION, lambda f: _bridged(f, [(0, 1)], [2, 3])))
+    assert alarms(findings) == []
+    assert sorted(f.evidence["gpu"] for f in findings if f.code == "TOP002") == [2, 3]
+    view = node_views(variant(WORKSTATION, lambda f: _bridged(f, [(0, 1)], [2, 3])), RunView(world_size=4))[0]
+    assert cell(view, 0, 1) == "NV4" and cell(view, 2, 3) == "PHB"
+
+    def one_link_down(facts: dict[int, dict[str, Any]]) -> None:
+        _bridged(facts, [(0, 1), (2, 3)], [])
+        gpus(facts)[3]["nvlinks"][2]["active"] = False
+    [top002] = alarms(judge(variant(WORKSTATION, one_link_down)))
+    assert (top002.severity, top002.ranks, top002.evidence["inactive_links"]) == (Severity.WARN, (3,), [2])
+
+
+def test_a_lone_bridge_capable_gpu_and_a_gpu_the_job_does_not_use_raise_no_alarm() -> None:
+    lone = variant(SINGLE, lambda f: gpus(f)[0].update(nvlinks=[{"link": i, "active": False} for i in range(4)]))
+    assert judge(lone) == []
+    unused = variant(H100, lambda f: _links_down(f, 7, 18))
+    del unused[7]  # a 7-rank job that leaves GPU 7 out
+    [top002] = [f for f in judge(unused) if f.code == "TOP002"]
+    assert top002.severity == Severity.INFO and top002.ranks == ()
+
+
 def test_a_gpu_reached_only_across_the_socket_is_named() -> None:
     def move_gpu7(facts: dict[int, dict[str, Any]]) -> None:
         for other in (4, 5, 6):  # GPU 7 on a root port of the other socket, away from its old switch mate
@@ -177,6 +223,20 @@ def test_ranks_pinned_to_the_far_socket_are_named_and_unpinned_ones_are_informat
     assert top005.evidence["ranks"][0]["gpu_local_cpus"] == "20-39,60-79"
     [top006] = [f for f in findings if f.code == "TOP006"]
     assert top006.severity == Severity.INFO and top006.ranks == (6, 7)
+
+
+def test_a_cpuset_over_both_sockets_minus_housekeeping_cores_is_not_a_warning() -> None:
+    facts = variant(PCIE_SERVER, lambda f: [f[r]["placement"].update(cpus="2-39,42-79") for r in range(8)])
+    findings = judge(facts)
+    assert alarms(findings) == []
+    assert [f.ranks for f in findings if f.code == "TOP006"] == [tuple(range(8))]
+
+
+def test_a_path_nvml_did_not_give_is_not_named_as_the_slow_one() -> None:
+    def unknown_row(facts: dict[int, dict[str, Any]]) -> None:
+        for other in range(7):
+            pair(facts, other, 7)["level"] = {"unknown": "nvmlDeviceGetTopologyCommonAncestor: Unknown Error"}
+    assert alarms(judge(variant(PCIE_SERVER, unknown_row))) == []
 
 
 def test_affinity_is_not_judged_on_a_one_numa_node_host() -> None:
@@ -238,6 +298,30 @@ def test_the_matrix_shows_the_links_and_marks_nothing_when_healthy() -> None:
     assert "31m" not in healthy.export_text(styles=True)
 
 
+BAD_VALUES = [None, {"unknown": "Not Supported"}, "x", -1, 3.5, [], {}, True, "0-", "7-2", "0-1,4"]
+
+
+def _corrupt(value: Any, rng: random.Random, rate: float) -> Any:
+    """Replace some parts with what a file may hold instead: nothing, "unknown", wrong types."""
+    if rng.random() < rate:
+        return rng.choice(BAD_VALUES)
+    if isinstance(value, dict):
+        return {k: _corrupt(v, rng, rate) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_corrupt(v, rng, rate) for v in value]
+    return value
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.01, 0.05, 0.2]),
+       st.sampled_from([H100, WORKSTATION_X8, PCIE_SERVER, RTX4090]))
+def test_diagnose_and_render_never_raise_on_corrupted_facts(seed: int, rate: float, name: str) -> None:
+    rng = random.Random(seed)
+    facts = {r: _corrupt(f, rng, rate) for r, f in load(name).items()}
+    judge(facts)
+    render_matrices(facts, Console(record=True, width=160))
+
+
 # -- the model -------------------------------------------------------------------------------
 
 def test_pcie_bandwidth_is_the_published_figure() -> None:
@@ -252,3 +336,10 @@ def test_the_slowest_hop_bounds_the_ring() -> None:
     assert expectation.busbw_gbps == pytest.approx(6.3) and expectation.hop == (1, 2)
     assert hop_gbps(Hop(0, 1, "PIX", pcie_gbps=15.75, p2p=False))[1] == "host memory (PIX, no P2P)"
     assert ring_expectation([Hop(0, 1, "PHB")]).busbw_gbps is None  # unknown link: not modelled, not guessed
+
+
+def test_nvlink_versions_are_nvml_codes_not_generations() -> None:
+    assert hop_gbps(Hop(0, 1, "NV18", 18, 6)) == (360.0, "NVLink 4.0 x18")  # H100 answers 6
+    assert hop_gbps(Hop(0, 1, "NV12", 12, 5)) == (240.0, "NVLink 3.1 x12")  # A100 answers 5, not NVLink5
+    assert hop_gbps(Hop(0, 1, "NV18", 18, 7))[0] == 720.0  # NVLink 5.0: 50 GB/s per link
+    assert hop_gbps(Hop(0, 1, "NV18", 18, 8))[0] is None  # a code this model does not know: not guessed

@@ -51,6 +51,16 @@ def sysfs(tmp_path: Path) -> Path:
     (ib / "device").symlink_to(nic_dir)
     (tmp_path / "class/infiniband").mkdir(parents=True)
     (tmp_path / "class/infiniband/mlx5_0").symlink_to(ib)
+    # An InfiniBand HCA without IPoIB: no network interface, only its port's rate and state.
+    hca_dir = tmp_path / "devices/pci0000:3a/0000:3a:00.0/0000:3c:00.0"
+    _write(hca_dir / "numa_node", "1")
+    (tmp_path / "bus/pci/devices/0000:3c:00.0").symlink_to(hca_dir)
+    hca = hca_dir / "infiniband/mlx5_1"
+    _write(hca / "ports/1/rate", "400 Gb/sec (4X NDR)")
+    _write(hca / "ports/1/state", "4: ACTIVE")
+    (hca / "device").symlink_to(hca_dir)
+    (tmp_path / "class/infiniband/mlx5_1").symlink_to(hca)
+    _write(tmp_path / "devices/system/cpu/possible", "0-255")
     return tmp_path
 
 
@@ -66,6 +76,9 @@ def test_nics_carry_speed_pci_place_numa_node_and_rdma_device(sysfs: Path) -> No
     assert by_name["eth0"]["speed_mbps"] is None and by_name["eth0"]["pci_bus_id"] == "0000:00:03.0"
     assert by_name["eth0"]["rdma"] == [] and by_name["lo"]["virtual"] and by_name["docker0"]["up"] is False
     assert host_layout.pci_numa_node("00000000:3B:00.0", str(sysfs)) == 1  # NVML's 8-digit domain form
+    assert by_name["mlx5_1"] == {"name": "mlx5_1", "up": True, "speed_mbps": 400000, "virtual": False,
+                                 "pci_bus_id": "0000:3c:00.0", "numa_node": 1, "rdma": ["mlx5_1"]}
+    assert host_layout.cpu_slots(str(sysfs)) == 256  # possible CPUs, not only the online ones
 
 
 def test_this_process_placement_is_its_real_affinity() -> None:
@@ -105,11 +118,11 @@ def fake_pynvml() -> types.SimpleNamespace:
         nvmlDeviceGetCurrPcieLinkGeneration=lambda h: 1, nvmlDeviceGetMaxPcieLinkGeneration=lambda h: 4,
         nvmlDeviceGetGpuMaxPcieLinkGeneration=lambda h: 4, nvmlDeviceGetCurrPcieLinkWidth=lambda h: 16,
         nvmlDeviceGetMaxPcieLinkWidth=lambda h: 16, nvmlDeviceGetPcieReplayCounter=lambda h: 0,
-        nvmlDeviceGetNvLinkState=link_state, nvmlDeviceGetNvLinkVersion=lambda h, link: 3,
+        nvmlDeviceGetNvLinkState=link_state, nvmlDeviceGetNvLinkVersion=lambda h, link: 5,  # NVLink 3.1's code
         nvmlDeviceGetNvLinkRemotePciInfo=remote, nvmlDeviceGetNvLinkRemoteDeviceType=lambda h, link: 0,
         nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 20,
         nvmlDeviceGetP2PStatus=lambda a, b, index: {0: 0, 1: 0, 2: 4}[index],
-        NVML_FEATURE_ENABLED=1, NVML_NVLINK_MAX_LINKS=18, NVML_P2P_CAPS_INDEX_READ=(0,),  # as nvidia-ml-py 13 has it
+        NVML_FEATURE_ENABLED=1, NVML_NVLINK_MAX_LINKS=36, NVML_P2P_CAPS_INDEX_READ=(0,),  # as nvidia-ml-py 13 has them
         NVML_P2P_CAPS_INDEX_WRITE=1, NVML_P2P_CAPS_INDEX_NVLINK=2,
     )
 
@@ -126,7 +139,7 @@ def test_gpu_topology_is_rebuilt_from_nvml(fake_nvml: None) -> None:
     assert first["cpu_affinity"] == "80-95" and first["numa_node"] == 1  # bits 16-31 of the second 64-bit word
     assert [link["link"] for link in first["nvlinks"]] == list(range(12))  # stops where NVML says no such link
     assert sum(link["active"] for link in first["nvlinks"]) == 4
-    assert first["nvlinks"][0] == {"link": 0, "active": True, "version": 3, "remote_bus_id": "00000000:0F:00.0",
+    assert first["nvlinks"][0] == {"link": 0, "active": True, "version": 5, "remote_bus_id": "00000000:0F:00.0",
                                    "remote_type": "gpu"}
     assert first["pcie_idle"] == {"gen": 1, "max_gen": 4, "gpu_max_gen": 4, "width": 16, "max_width": 16,
                                   "replay_counter": 0}
