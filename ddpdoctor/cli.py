@@ -57,6 +57,38 @@ def _size(text: str) -> int:
 
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of world sizes, e.g. 1,2,4") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give world sizes of 1 or more, e.g. 1,2,4")
+    return sizes
+
+
+def _targets(text: str) -> tuple[tuple[int, float], ...]:
+    points = []
+    for part in text.split(","):
+        n, sep, pct = part.partition(":")
+        try:
+            point = (int(n), float(pct))
+        except ValueError:
+            point = (0, -1.0)
+        if not sep or point[0] < 2 or not 1 <= point[1] <= 100:
+            raise argparse.ArgumentTypeError(f"{part!r} in {text!r}: give RANKS:PERCENT pairs, e.g. 2:95,8:80")
+        points.append(point)
+    return tuple(sorted(points))
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
+                        help="train your own model instead of the built-in one: FUNCTION() returns a torch.nn.Module "
+                             "(module path or path/to/file.py; see docs/scaling.md)")
+    parser.add_argument("--batch", default=None, metavar="MODULE:FUNCTION",
+                        help="with --model: FUNCTION(batch_size) returns (inputs, targets)")
+
+
 def _add_run_args(parser: argparse.ArgumentParser) -> None:
     """What every command that starts ranks takes."""
     parser.add_argument("--nproc", type=_positive_int, help="local ranks to spawn (default: visible GPUs, else 2)")
@@ -88,6 +120,26 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--slow-threshold", type=_percent, default=None, metavar="PCT",
                        help="flag a rank this many percent slower than its peers (homogeneity: default 10 on "
                             "GPUs, 20 on CPU ranks; stragglers: 8 on GPUs, 10 on CPU ranks)")
+    _add_model_args(check)
+    scaling = sub.add_parser("scaling", help="measure speedup and efficiency at 1, 2, 4, ... ranks, and why it is lost",
+                             description="Train the same per-rank batch on the first 1, 2, 4, ... of the launched "
+                                         "ranks (weak scaling): samples/s, speedup and efficiency per size against "
+                                         "a target, the time each size loses split into communication, stragglers, "
+                                         "data and slower compute, and DDP settings measured on this model.")
+    _add_run_args(scaling)
+    _add_model_args(scaling)
+    scaling.add_argument("--sizes", type=_sizes, default=None, metavar="N,N,...",
+                         help="world sizes to measure (default 1, 2, 4, ... and all ranks)")
+    scaling.add_argument("--seconds", type=_bounded(float, "a number of seconds", 0.1, 600), default=2.0, metavar="S",
+                         help="training time per size (default 2; --steps fixes the step count instead)")
+    scaling.add_argument("--steps", type=_positive_int, default=None, help="timed steps per size (default: from --seconds)")
+    scaling.add_argument("--batch-size", type=_bounded(int, "a whole number", 1, 1 << 20), default=32,
+                         metavar="B", help="samples per rank per step, the same at every size (default 32)")
+    scaling.add_argument("--no-knobs", action="store_true", help="do not time DDP settings at the largest size")
+    scaling.add_argument("--lr", type=_bounded(float, "a learning rate", 1e-12, 1e6), default=None,
+                         help="the learning rate tuned for one rank: the report says what it becomes at N ranks")
+    scaling.add_argument("--min-efficiency", type=_targets, default=None, metavar="N:PCT,...",
+                         help="efficiency targets by world size (default 2:95,8:80; linear in log2 between)")
     bench = sub.add_parser("allreduce-bench", help="measure collective bandwidth (algbw/busbw as nccl-tests) and find slow links",
                            description="Sweep message sizes through torch.distributed on every rank, as nccl-tests "
                                        "does: time per call (slowest rank), algbw and busbw from the median, every "
@@ -165,11 +217,37 @@ def _config(args: argparse.Namespace):
                   json_path=args.json_path, inject=parse_faults(spec), port=args.port, live=not args.no_live)
     if args.command == "allreduce-bench":
         return CheckConfig(probes=("allreduce",), command="allreduce-bench", bench=_bench_config(args), **common)
+    model = _model_spec(args)
+    if args.command == "scaling":
+        from ddpdoctor.config import DEFAULT_EFFICIENCY_TARGETS, ScalingConfig
+
+        scaling = ScalingConfig(sizes=args.sizes or (), seconds_per_size=args.seconds, batch=args.batch_size,
+                                knobs=not args.no_knobs, lr=args.lr,
+                                targets=args.min_efficiency or DEFAULT_EFFICIENCY_TARGETS)
+        return CheckConfig(probes=("scaling",), command="scaling", steps=args.steps, scaling=scaling, model=model,
+                           **common)
     # Inside check the allreduce probe is a quick look (the same sweep, fewer iterations);
     # `allreduce-bench` is the full measurement.
     return CheckConfig(probes=probes.select(args.probes), steps=args.steps, straggler_s=args.straggler_seconds,
-                       slow_threshold_pct=args.slow_threshold,
+                       slow_threshold_pct=args.slow_threshold, model=model,
                        bench=BenchConfig(warmup=2, iters=5), **common)
+
+
+def _model_spec(args: argparse.Namespace) -> Any:
+    """--model/--batch resolved now: a wrong path is one line before any rank starts, and the
+    launcher (not every rank) also builds the model once and runs a batch through it."""
+    from ddpdoctor import launch_env
+    from ddpdoctor.user_model import ModelSpec, resolve, validate
+
+    spec = ModelSpec(model=args.model, batch=args.batch)
+    if spec.model is None and spec.batch is None:
+        return spec
+    if spec.model is None or spec.batch is None or launch_env.detect(os.environ) is None:
+        validate(spec)  # also says that the two go together
+    else:  # a rank under torchrun or srun: import only; building the model is the rank's work
+        resolve(spec.model, "--model")
+        resolve(spec.batch, "--batch")
+    return spec
 
 
 def _check_plot_path(path: str) -> None:
@@ -286,7 +364,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(args_list)
-        if args.command in ("check", "allreduce-bench"):
+        if args.command in ("check", "allreduce-bench", "scaling"):
             return _check(args, args_list)
         if args.command == "probes":
             return _list_probes()

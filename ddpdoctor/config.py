@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ddpdoctor.inject import Fault
+from ddpdoctor.user_model import ModelSpec
 
 DEFAULT_TIMEOUT_S = 30.0
+# The targets a scaling efficiency is held to: ~95% at 2 ranks is good, ~80% at 8 acceptable
+# (common practice; docs/scaling.md). Between the points the target falls linearly in log2(n).
+DEFAULT_EFFICIENCY_TARGETS: tuple[tuple[int, float], ...] = ((2, 95.0), (8, 80.0))
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """`ddpdoctor scaling`: which sizes, how long each, what to advise."""
+
+    sizes: tuple[int, ...] = ()  # (): 1, 2, 4, ... and all ranks
+    seconds_per_size: float = 2.0
+    batch: int = 32  # per rank, the same at every size (weak scaling)
+    knobs: bool = True  # also time DDP settings at the largest size
+    lr: Optional[float] = None  # the learning rate tuned for one rank, for the scaling advice
+    targets: tuple[tuple[int, float], ...] = DEFAULT_EFFICIENCY_TARGETS
 
 
 @dataclass(frozen=True)
@@ -48,13 +64,19 @@ class CheckConfig:
     live: bool = True
     # homogeneity: a rank this much slower than its peers is flagged; None: 10% on GPU, 20% on CPU
     slow_threshold_pct: Optional[float] = None
-    command: str = "check"  # or "allreduce-bench": the same ranks, another report
+    command: str = "check"  # or "allreduce-bench", "scaling": the same ranks, another report
     bench: BenchConfig = field(default_factory=BenchConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    model: ModelSpec = field(default_factory=ModelSpec)  # the user's model (--model/--batch), or the built-in
 
     @property
-    def settings(self) -> dict[str, float]:
+    def settings(self) -> dict[str, Any]:
         """What the diagnoses need of the config, recorded in the report."""
-        out: dict[str, float] = {}
+        out: dict[str, Any] = {}
+        if self.command == "scaling":
+            out["efficiency_targets"] = [list(t) for t in self.scaling.targets]
+            if self.scaling.lr is not None:
+                out["lr"] = self.scaling.lr
         if self.slow_threshold_pct is not None:
             out["slow_threshold_pct"] = self.slow_threshold_pct
         if self.bench.min_busbw_gbps is not None:

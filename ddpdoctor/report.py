@@ -44,7 +44,7 @@ class Report:
     def title(self) -> str:
         """The command that made it: `check` or `allreduce-bench` (command[1], after the program)."""
         sub = self.command[1] if len(self.command) > 1 else "check"
-        return sub if sub in ("check", "allreduce-bench") else "check"
+        return sub if sub in ("check", "allreduce-bench", "scaling") else "check"
 
     @property
     def findings(self) -> list[Finding]:

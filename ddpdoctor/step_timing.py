@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from ddpdoctor.context import RankContext
 from ddpdoctor.slow_compute import SlowCompute
+from ddpdoctor.user_model import UserWorkload, batch_size_of, forward, loss_of, to_device
 from ddpdoctor.workload import build_model, model_dims, peak_mem, sync
 
 BATCH = 32
@@ -162,30 +163,37 @@ def run_steps(ctx: RankContext) -> StepSeries:
     clock = _Clock(device)
     series = StepSeries(batch_size=batch)
 
+    user = None if ctx.cfg.model.builtin else UserWorkload(ctx.cfg.model)
     with ctx.stage("straggler_ddp"):
         _reset_peak_mem(device)  # this run's peak, not an earlier probe's
-        model = build_model(device, 4321 + ctx.rank)
+        model = build_model(device, 4321 + ctx.rank) if user is None else user.model(device, 4321 + ctx.rank)
         slow.install(model)
         with ctx.collective("ddp_construct_broadcast"):
             ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         hook = _ArrivalHook(clock, ctx.world_size)
         ddp.register_comm_hook(hook, _arrival_hook)
-        generator = torch.Generator().manual_seed(43)
         # 16 batches per rank, cycled by epochs: memory stays flat however many steps run.
-        samples = max(BATCH, batch) * 16 * ctx.world_size
-        data = TensorDataset(torch.randn(samples, n_in, generator=generator),
-                             torch.randint(0, n_out, (samples,), generator=generator))
-        sampler = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=11)
-        loader = DataLoader(data, batch_size=batch, sampler=sampler, num_workers=0, drop_last=True)
+        if user is None:
+            generator = torch.Generator().manual_seed(43)
+            samples = max(BATCH, batch) * 16 * ctx.world_size
+            data = TensorDataset(torch.randn(samples, n_in, generator=generator),
+                                 torch.randint(0, n_out, (samples,), generator=generator))
+            sampler: Any = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=11)
+            loader: Any = DataLoader(data, batch_size=batch, sampler=sampler, num_workers=0, drop_last=True)
+            loss_fn: Any = nn.CrossEntropyLoss()
+        else:
+            sampler = None
+            loader = [user.batch(batch, 1000 * ctx.rank + i) for i in range(16)]
+            loss_fn = loss_of
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-        loss_fn = nn.CrossEntropyLoss()
         series.parameters = sum(p.numel() for p in model.parameters())
 
     epoch = {"n": 0}
 
     def batches() -> Any:
         while True:
-            sampler.set_epoch(epoch["n"])
+            if sampler is not None:
+                sampler.set_epoch(epoch["n"])
             epoch["n"] += 1
             yield from loader
 
@@ -197,9 +205,9 @@ def run_steps(ctx: RankContext) -> StepSeries:
         inputs, targets = next(stream)
         if data_delay_s:
             time.sleep(data_delay_s)  # an injected loader stall
-        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        inputs, targets = to_device(inputs, device), to_device(targets, device)
         t_data = clock.mark()
-        loss = loss_fn(ddp(inputs), targets)
+        loss = loss_fn(forward(ddp, inputs), targets)
         t_forward = clock.mark()
         loss.backward()
         t_backward = clock.mark()
@@ -213,7 +221,7 @@ def run_steps(ctx: RankContext) -> StepSeries:
         last = clock.since_start_s(hook.last) * 1e3 if hook.last is not None else at["backward"]
         slow.observe_backward((last - at["forward"]) / 1e3)
         if record:
-            series.add(clock.start_wall + first / 1e3, int(inputs.shape[0]), data_ms=at["data"],
+            series.add(clock.start_wall + first / 1e3, batch_size_of(inputs), data_ms=at["data"],
                        forward_ms=at["forward"] - at["data"], backward_ms=last - at["forward"],
                        comm_wait_ms=at["backward"] - last, optimizer_ms=at["end"] - at["backward"],
                        step_ms=at["end"])
@@ -238,9 +246,9 @@ def run_steps(ctx: RankContext) -> StepSeries:
         for _ in range(solo):
             clock.start()
             inputs, targets = next(stream)
-            inputs, targets = inputs.to(device), targets.to(device)
+            inputs, targets = to_device(inputs, device), to_device(targets, device)
             t0 = clock.mark()
-            loss = loss_fn(model(inputs), targets)
+            loss = loss_fn(forward(model, inputs), targets)
             t1 = clock.mark()
             loss.backward()
             t2 = clock.mark()

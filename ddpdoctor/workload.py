@@ -14,6 +14,7 @@ from typing import Any
 
 from ddpdoctor.context import RankContext
 from ddpdoctor.slow_compute import SlowCompute
+from ddpdoctor.user_model import UserWorkload, forward, loss_of, to_device
 
 CACHE_KEY = "workload"
 
@@ -131,21 +132,27 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
     slow = SlowCompute(ctx.injector.slow_factor(), device)
     data_delay_s = ctx.injector.data_delay_s()
 
+    user = None if ctx.cfg.model.builtin else UserWorkload(ctx.cfg.model)
     with ctx.stage("ddp"):
-        model = build_model(device, 1234 + ctx.rank)
+        model = build_model(device, 1234 + ctx.rank) if user is None else user.model(device, 1234 + ctx.rank)
         slow.install(model)
         with ctx.collective("ddp_construct_broadcast"):
             ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         timer = _CommTimer(ctx.world_size)
         ddp.register_comm_hook(timer, _timed_allreduce_hook)
-        generator = torch.Generator().manual_seed(42)
-        samples = batch * ctx.world_size * total_steps
-        data = TensorDataset(torch.randn(samples, n_in, generator=generator),
-                             torch.randint(0, n_out, (samples,), generator=generator))
-        sampler = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=7)
-        loader = DataLoader(data, batch_size=batch, sampler=sampler, num_workers=0, drop_last=True)
+        if user is None:
+            generator = torch.Generator().manual_seed(42)
+            samples = batch * ctx.world_size * total_steps
+            data = TensorDataset(torch.randn(samples, n_in, generator=generator),
+                                 torch.randint(0, n_out, (samples,), generator=generator))
+            sampler = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=7)
+            loader: Any = DataLoader(data, batch_size=batch, sampler=sampler, num_workers=0, drop_last=True)
+            loss_fn: Any = nn.CrossEntropyLoss()
+        else:  # the user's batches, one per step, drawn with a per-rank seed as a sampler would shard
+            sampler = None
+            loader = [user.batch(batch, 1000 * ctx.rank + i) for i in range(total_steps)]
+            loss_fn = loss_of
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-        loss_fn = nn.CrossEntropyLoss()
         params = sum(p.numel() for p in model.parameters())
         result = WorkloadResult(device=str(device), backend=ctx.backend, parameters=params,
                                 gradient_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
@@ -156,17 +163,18 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
                 next(model.parameters()).add_(1e-3)
 
     with ctx.stage("train"):
-        sampler.set_epoch(0)
+        if sampler is not None:
+            sampler.set_epoch(0)
         batches = iter(loader)
         for step in range(total_steps):
             t0 = time.perf_counter()
             inputs, targets = next(batches)
             if data_delay_s:
                 time.sleep(data_delay_s)  # an injected loader stall
-            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            inputs, targets = to_device(inputs, device), to_device(targets, device)
             sync(device)
             t1 = time.perf_counter()
-            loss = loss_fn(ddp(inputs), targets)
+            loss = loss_fn(forward(ddp, inputs), targets)
             sync(device)
             t2 = time.perf_counter()
             if step == 0 and ctx.injector.desyncs():

@@ -7,6 +7,7 @@ from ddpdoctor.errors import UsageError
 from .allreduce import AllReduce
 from .base import Probe, RunView
 from .ddp_smoke import DdpSmoke
+from .scaling import Scaling
 from .gpu_count import GpuCount
 from .homogeneity import Homogeneity
 from .init_hang import InitHang
@@ -14,7 +15,7 @@ from .stragglers import Stragglers
 from .topology import Topology
 
 _PROBES: dict[str, Probe] = {p.name: p for p in (InitHang(), DdpSmoke(), Topology(), GpuCount(), Homogeneity(),
-                                                  AllReduce(), Stragglers())}
+                                                  AllReduce(), Stragglers(), Scaling())}
 # init-hang first: its facts are read before the rendezvous, and its stage only adds timings.
 # topology next: it is quick, needs no training, and a link fault it finds may be what makes
 # the workload fail or crawl, so it must be in the report when the workload hangs.

@@ -1,0 +1,258 @@
+"""Measuring weak scaling on the launched ranks: the same per-rank batch at 1, 2, 4, ... ranks.
+
+Each size trains on the first n ranks (a process group of its own) while the others wait
+at a barrier, so sizes never overlap and every size sees the same machine. At each size a
+rank records, per step: data, forward, backward (which includes the wait for the gradient
+all-reduce) and optimizer time, and, in steps under `no_sync()`, backward without any
+all-reduce: the difference is the communication that computation did not hide. At the
+largest size it also trains with other DDP settings (bucket size, gradient_as_bucket_view,
+gradient accumulation), so their effect is measured on this model, not guessed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Optional
+
+from ddpdoctor.context import RankContext
+from ddpdoctor.slow_compute import SlowCompute
+from ddpdoctor.user_model import forward
+from ddpdoctor.workload import build_model, model_dims, sync
+
+WARMUP = 3
+MIN_STEPS, MAX_STEPS = 20, 400
+BATCHES = 16  # distinct batches per rank, cycled: memory stays flat
+CAPS_MB = (1.0, 5.0, 25.0, 100.0)  # DDP's default bucket is 25 MB
+ACCUMULATE = 4
+TRAIN_LR = 0.01  # what the steps train with; the user's own LR is only for the advice
+DEFAULT_KNOB = "defaults (bucket_cap_mb=25)"
+
+
+def default_sizes(world: int) -> list[int]:
+    sizes = [1]
+    while sizes[-1] * 2 < world:
+        sizes.append(sizes[-1] * 2)
+    return sizes + ([world] if world > 1 else [])
+
+
+class Parts:
+    """The model, batches and loss a rank trains: the built-in MLP or the user's (`--model`)."""
+
+    def __init__(self, ctx: RankContext, batch: int) -> None:
+        import torch
+        from torch import nn
+
+        from ddpdoctor.user_model import UserWorkload, batch_size_of, loss_of
+
+        self.device = ctx.device
+        self.batch = batch
+        spec = ctx.cfg.model
+        if spec.builtin:
+            n_in, _, n_out = model_dims(self.device.type)
+            generator = torch.Generator().manual_seed(100 + ctx.rank)
+            self.batches = [(torch.randn(batch, n_in, generator=generator),
+                             torch.randint(0, n_out, (batch,), generator=generator)) for _ in range(BATCHES)]
+            self._model: Callable[[int], Any] = lambda seed: build_model(self.device, seed)
+            loss_fn = nn.CrossEntropyLoss()
+            self.loss: Callable[[Any, Any], Any] = lambda out, targets: loss_fn(out, targets)
+        else:
+            user = UserWorkload(spec)
+            self.batches = [user.batch(batch, 1000 * ctx.rank + i) for i in range(BATCHES)]
+            self._model = lambda seed: user.model(self.device, seed)
+            self.loss = loss_of
+        self.samples = batch_size_of(self.batches[0][0])
+
+    def model(self) -> Any:
+        return self._model(1234)
+
+    def batch_at(self, step: int) -> tuple[Any, Any]:
+        from ddpdoctor.user_model import to_device
+
+        inputs, targets = self.batches[step % len(self.batches)]
+        return to_device(inputs, self.device), to_device(targets, self.device)
+
+
+class _Steps:
+    """Per-step columns in ms; medians for the facts."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list[float]] = {}
+
+    def add(self, **ms: float) -> None:
+        for key, value in ms.items():
+            self.columns.setdefault(key, []).append(round(value, 4))
+
+    def medians(self) -> dict[str, float]:
+        return {key: round(statistics.median(values), 4) for key, values in self.columns.items() if values}
+
+
+def _train(ctx: RankContext, parts: Parts, model: Any, optimizer: Any, steps: int, no_sync: Optional[Any],
+           slow: SlowCompute, data_delay_s: float, accumulate: int = 1) -> _Steps:
+    """`steps` timed steps (after a warm-up); with `no_sync`, also a no-communication step after each other."""
+    out = _Steps()
+    device = parts.device
+    for step in range(WARMUP + steps):
+        for micro in range(accumulate):
+            t0 = time.perf_counter()
+            inputs, targets = parts.batch_at(step * accumulate + micro)
+            if data_delay_s:
+                time.sleep(data_delay_s)
+            sync(device)
+            t1 = time.perf_counter()
+            quiet = no_sync is not None and micro < accumulate - 1
+            with (no_sync() if quiet else _nothing()):
+                loss = parts.loss(forward(model, inputs), targets)
+                sync(device)
+                t2 = time.perf_counter()
+                loss.backward()
+                sync(device)
+            t3 = time.perf_counter()
+            if micro == accumulate - 1:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                sync(device)
+            t4 = time.perf_counter()
+            if step >= WARMUP:
+                out.add(data_ms=(t1 - t0) * 1e3, forward_ms=(t2 - t1) * 1e3, backward_ms=(t3 - t2) * 1e3,
+                        optimizer_ms=(t4 - t3) * 1e3, step_ms=(t4 - t0) * 1e3)
+        if no_sync is not None and accumulate == 1 and step >= WARMUP and step % 2 == 0:
+            # The same step with DDP's all-reduce switched off: backward as pure computation.
+            inputs, targets = parts.batch_at(step)
+            with no_sync():
+                t0 = time.perf_counter()
+                loss = parts.loss(forward(model, inputs), targets)
+                sync(device)
+                t1 = time.perf_counter()
+                loss.backward()
+                sync(device)
+                t2 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)  # drop the local gradient: weights stay in step
+            slow.observe_backward(t2 - t1)
+            out.add(forward_alone_ms=(t1 - t0) * 1e3, backward_alone_ms=(t2 - t1) * 1e3)
+        ctx.progress()
+    out.columns.setdefault("spun_ms", []).append(round(slow.take_spun_ms(), 3))
+    return out
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _ddp(model: Any, group: Any, device: Any, **options: Any) -> Any:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, process_group=group,
+                                   device_ids=[device.index] if device.type == "cuda" else None, **options)
+
+
+def _agree_steps(ctx: RankContext, step_s: Optional[float]) -> int:
+    """Rank 0 timed one rank alone; every size trains as many steps as fit its seconds."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.cfg.steps is not None:
+        return ctx.cfg.steps
+    want = 0
+    if step_s is not None:
+        want = int(min(MAX_STEPS, max(MIN_STEPS, ctx.cfg.scaling.seconds_per_size / max(step_s, 1e-6))))
+    agreed = torch.tensor([want], dtype=torch.int64, device=ctx.device if ctx.backend == "nccl" else "cpu")
+    with ctx.collective("scaling_steps"):
+        dist.broadcast(agreed, src=0)
+    return int(agreed.item())
+
+
+def _one_size(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, **ddp_options: Any) -> dict[str, Any]:
+    import torch
+
+    slow = SlowCompute(ctx.injector.slow_factor(), parts.device)
+    model = parts.model()
+    slow.install(model)
+    if n == 1:
+        optimizer = torch.optim.SGD(model.parameters(), lr=TRAIN_LR, momentum=0.9)
+        timed = _train(ctx, parts, model, optimizer, steps, None, slow, ctx.injector.data_delay_s())
+    else:
+        with ctx.collective("ddp_construct_broadcast", size=n):
+            ddp = _ddp(model, group, parts.device, **ddp_options)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=TRAIN_LR, momentum=0.9)
+        with ctx.collective("ddp_gradient_allreduce", size=n):
+            timed = _train(ctx, parts, ddp, optimizer, steps, ddp.no_sync, slow, ctx.injector.data_delay_s())
+    return {"steps": steps, **timed.medians(), "step_ms_all": timed.columns.get("step_ms", [])}
+
+
+def measure(ctx: RankContext) -> dict[str, Any]:
+    """This rank's part of every size, and of the DDP settings tried at the largest."""
+    import torch.distributed as dist
+
+    cfg = ctx.cfg.scaling
+    sizes = [n for n in (cfg.sizes or default_sizes(ctx.world_size)) if n <= ctx.world_size]
+    parts = Parts(ctx, cfg.batch)
+    groups = {n: dist.new_group(list(range(n))) for n in sizes if n > 1}  # every rank creates every group
+    facts: dict[str, Any] = {"sizes": {}, "knobs": {}, "batch_size": parts.samples}
+    step_s: Optional[float] = None
+    if ctx.rank == 0 and 1 in sizes:
+        with ctx.stage("scaling_calibrate"):
+            probe = _one_size(ctx, parts, 1, None, 5)
+            step_s = probe["step_ms"] / 1e3
+    steps = _agree_steps(ctx, step_s)
+    for n in sizes:
+        with ctx.stage(f"scaling_{n}", inject_as="train"):
+            if ctx.rank < n:
+                facts["sizes"][str(n)] = _one_size(ctx, parts, n, groups.get(n), steps)
+            with ctx.collective("scaling_barrier", size=n):
+                dist.barrier()
+    largest = max(sizes)
+    if largest > 1 and cfg.knobs:
+        grad_mb = sum(p.numel() * p.element_size() for p in parts.model().parameters()) / 2**20
+        for name, options in knob_settings(grad_mb):
+            with ctx.stage("scaling_knob", inject_as=""):
+                if ctx.rank < largest:
+                    result = _one_knob(ctx, parts, largest, groups[largest], max(MIN_STEPS, steps // 4), options)
+                    facts["knobs"][name] = result
+                with ctx.collective("scaling_barrier", knob=name):
+                    dist.barrier()
+    model = parts.model()
+    facts["parameters"] = sum(p.numel() for p in model.parameters())
+    facts["gradient_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return facts
+
+
+def knob_settings(grad_mb: float) -> list[tuple[str, dict[str, Any]]]:
+    """The DDP settings worth timing for gradients of this size: distinct bucket counts only."""
+    import math
+
+    settings: list[tuple[str, dict[str, Any]]] = [(DEFAULT_KNOB, {})]
+    seen = {max(1, math.ceil(grad_mb / 25.0))}
+    for cap in CAPS_MB:
+        buckets = max(1, math.ceil(grad_mb / cap))
+        if buckets in seen:
+            continue  # the same buckets as a setting already timed: nothing new to learn
+        seen.add(buckets)
+        settings.append((f"bucket_cap_mb={cap:g}", {"bucket_cap_mb": cap}))
+    settings.append(("gradient_as_bucket_view=True", {"gradient_as_bucket_view": True}))
+    settings.append((f"no_sync accumulation x{ACCUMULATE}", {"accumulate": ACCUMULATE}))
+    return settings
+
+
+def _one_knob(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, options: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    options = dict(options)
+    accumulate = int(options.pop("accumulate", 1))
+    slow = SlowCompute(ctx.injector.slow_factor(), parts.device)
+    model = parts.model()
+    slow.install(model)
+    with ctx.collective("ddp_construct_broadcast", size=n):
+        ddp = _ddp(model, group, parts.device, **options)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=TRAIN_LR, momentum=0.9)
+    with ctx.collective("ddp_gradient_allreduce", size=n):
+        timed = _train(ctx, parts, ddp, optimizer, steps, ddp.no_sync, slow, ctx.injector.data_delay_s(),
+                       accumulate=accumulate)
+    medians = timed.medians()
+    # Per micro-batch: with accumulation a "step" here is one micro-batch, all-reduced once in `accumulate`.
+    return {"step_ms": medians["step_ms"], "accumulate": accumulate,
+            "ms_per_batch": round(statistics.fmean(timed.columns["step_ms"]), 4)}

@@ -1,0 +1,70 @@
+"""`--model` and `--batch`: every wrong path or shape is one line and exit 3, before any rank starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor import cli
+from ddpdoctor.findings import EXIT_UNKNOWN
+from ddpdoctor.user_model import ModelSpec, validate
+
+TINY = str(Path(__file__).resolve().parents[1] / "ranks" / "tiny_model.py")
+
+
+@pytest.fixture(autouse=True)
+def standalone(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model", "no_such_module_here:f", "--batch", f"{TINY}:make_batch"], "cannot import 'no_such_module_here'"),
+    (["--model", f"{TINY}:make_model"], "--model and --batch go together"),
+    (["--model", f"{TINY}:not_a_model", "--batch", f"{TINY}:make_batch"], "returned a value of type str"),
+    (["--model", f"{TINY}:make_model", "--batch", f"{TINY}:wrong_batch"], "returned one tensor of shape (2, 5)"),
+    (["--model", f"{TINY}:nope", "--batch", f"{TINY}:make_batch"], "has no 'nope'"),
+    (["--model", "missing/file.py:f", "--batch", f"{TINY}:make_batch"], "no such file missing/file.py"),
+    (["--model", f"{TINY}:CLASSES", "--batch", f"{TINY}:make_batch"], "CLASSES is a value of type int"),
+    (["--model", "text-without-colon", "--batch", f"{TINY}:make_batch"], "give module:function"),
+])
+@pytest.mark.parametrize("command", ["check", "scaling"])
+def test_a_wrong_model_or_batch_is_one_line_and_exit_3(capsys, command, args, words) -> None:
+    assert cli.main([command, *args]) == EXIT_UNKNOWN
+    err = capsys.readouterr().err
+    assert err.startswith("ddpdoctor: error: ") and words in err and err.count("\n") == 1, err
+
+
+def test_a_model_that_fails_on_the_batch_says_so(tmp_path: Path, capsys) -> None:
+    module = tmp_path / "mismatch.py"
+    module.write_text("import torch\n"
+                      "def make_model():\n    return torch.nn.Linear(4, 2)\n"
+                      "def make_batch(n):\n    return torch.randn(n, 3), torch.randint(0, 2, (n,))\n")
+    assert cli.main(["scaling", "--model", f"{module}:make_model", "--batch", f"{module}:make_batch"]) == EXIT_UNKNOWN
+    err = capsys.readouterr().err
+    assert "on a batch from --batch" in err and "RuntimeError" in err and err.count("\n") == 1
+
+
+def test_a_good_model_is_measured_once_on_the_cpu() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(TINY).parent))
+    import tiny_model
+
+    found = validate(ModelSpec(model=f"{TINY}:make_model", batch=f"{TINY}:make_batch"))
+    assert found == {"parameters": tiny_model.parameter_count(), "gradient_bytes": 4 * tiny_model.parameter_count()}
+    assert validate(ModelSpec()) == {}
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["scaling", "--sizes", "0,2"], "world sizes of 1 or more"),
+    (["scaling", "--sizes", "a"], "not a list of world sizes"),
+    (["scaling", "--min-efficiency", "2:95,1:50"], "RANKS:PERCENT"),
+    (["scaling", "--min-efficiency", "4:120"], "RANKS:PERCENT"),
+    (["scaling", "--seconds", "0"], "out of range"),
+])
+def test_bad_scaling_flags_are_one_line(capsys, argv, words) -> None:
+    assert cli.main(argv) == EXIT_UNKNOWN
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
