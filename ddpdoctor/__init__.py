@@ -12,10 +12,10 @@ def __getattr__(name: str):  # `ddpdoctor.Doctor` without importing torch for th
         from ddpdoctor import doctor
 
         return getattr(doctor, name)
-    if name == "adapters":
+    if name in ("adapters", "api"):
         import importlib
 
-        return importlib.import_module("ddpdoctor.adapters")
+        return importlib.import_module(f"ddpdoctor.{name}")
     if name == "watch":
         from ddpdoctor.init_watch import watch
 

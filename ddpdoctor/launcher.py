@@ -1,20 +1,18 @@
 """The standalone launcher: `ddpdoctor check` with no rank variables spawns local ranks.
 
-Spawning and killing use torch's own elastic multiprocessing (`start_processes`: each
-rank in its own session, logs to files, SIGTERM then SIGKILL on close). What it lacks,
-and what is written here: a store that outlives the ranks and listens on loopback only,
+Spawning and killing are plain subprocesses (`rank_processes`: each rank in its own
+session, logs to files, SIGTERM then SIGKILL on close), started before the launcher
+imports torch. Also here: a store that outlives the ranks and listens on loopback only,
 deadlines for ranks that hang rather than exit, stacks of stuck ranks before they are
 killed, a live view, and a report that is written whatever happened.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import shutil
 import time
@@ -22,6 +20,7 @@ import uuid
 from typing import Any, Optional
 
 from ddpdoctor.channel import Channel
+from ddpdoctor.rank_processes import RankProcesses
 from ddpdoctor.config import CheckConfig
 from ddpdoctor.errors import UsageError
 from ddpdoctor.inject import check_ranks
@@ -31,13 +30,28 @@ from ddpdoctor.run_record import ExitInfo, RunRecord, read_record, signal_name
 STOP_GRACE_S = 3.0  # SIGTERM → SIGKILL
 
 
+GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm, WSL
+
+
+def no_gpu_here() -> bool:
+    """Certainly no GPU torch could use: no NVIDIA, ROCm or WSL device file. Then the launcher
+    decides CPU ranks without importing torch, and the ranks start 2 s sooner."""
+    import glob
+
+    return not any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES)
+
+
 def default_nproc() -> int:
+    if no_gpu_here():
+        return 2
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() and torch.cuda.device_count() > 0 else 2
 
 
 def resolve_backend(cfg: CheckConfig, nproc: int) -> tuple[str, str]:
+    if cfg.device != "cuda" and cfg.backend != "nccl" and no_gpu_here():
+        return "gloo", "cpu"  # torch's own checks follow once it is imported (check_torch_distributed)
     import torch
     import torch.distributed as dist
 
@@ -60,9 +74,17 @@ def resolve_backend(cfg: CheckConfig, nproc: int) -> tuple[str, str]:
         if gpus < nproc:
             raise UsageError(f"--backend nccl with {nproc} ranks needs {nproc} GPUs, torch sees {gpus}: "
                              f"use --nproc {gpus} or --backend gloo")
+    check_torch_distributed(backend)
+    return backend, device
+
+
+def check_torch_distributed(backend: str) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise UsageError("this torch build has no torch.distributed: install a standard PyTorch wheel")
     if backend == "gloo" and not dist.is_gloo_available():
         raise UsageError("this torch build has no gloo backend: install a standard PyTorch wheel")
-    return backend, device
 
 
 def _listen(port: Optional[int]) -> tuple[socket.socket, int]:
@@ -97,6 +119,10 @@ class _Interrupted(Exception):
         self.name = name
 
 
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise _Interrupted(signal.Signals(signum).name)
+
+
 def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int:
     from ddpdoctor.render import LiveView, make_console, render_report
     from ddpdoctor.report import build_report, write_outputs
@@ -104,14 +130,7 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
     nproc = cfg.nproc if cfg.nproc is not None else default_nproc()
     check_ranks(cfg.inject, nproc)
     backend, device = resolve_backend(cfg, nproc)
-    sock, port = _listen(cfg.port)
-    listen_fd = sock.detach()  # the store owns the socket from here on
-    channel = Channel.connect("127.0.0.1", port, cfg.timeout_s, is_master=True, listen_fd=listen_fd)
-
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    sock, port = _listen(cfg.port)  # bound and listening: ranks that connect early wait in its backlog
     run_id = uuid.uuid4().hex[:12]
     log_root = tempfile.mkdtemp(prefix="ddpdoctor-")
     threads = max(1, (os.cpu_count() or 1) // nproc)
@@ -133,30 +152,36 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
                        settings=cfg.settings,
                        default_host=socket.gethostname())
     console = make_console()
-    pcontext = None
+    ranks: Optional[RankProcesses] = None
+    channel: Optional[Channel] = None
     try:
-        # Torch's handlers (SIGTERM/SIGINT → SignalException) are installed by start().
-        pcontext = start_processes(
-            name="ddpdoctor", entrypoint=sys.executable,
-            args={r: ("-m", "ddpdoctor", *argv) for r in range(nproc)}, envs=envs,
-            logs_specs=DefaultLogsSpecs(log_dir=log_root, redirects=Std.ALL))
         try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, _raise_interrupted)
+            ranks = RankProcesses(list(argv), envs, log_root)
+            # While the ranks import torch, so does the launcher: the store it hosts needs it.
+            if backend == "gloo" and device == "cpu":
+                check_torch_distributed(backend)
+            channel = Channel.connect("127.0.0.1", port, cfg.timeout_s, is_master=True, listen_fd=sock.detach())
             with LiveView(console, nproc, cfg.live) as view:
-                _supervise(pcontext, channel, record, cfg, view)
-        except SignalException as exc:
-            record.interrupted = signal.Signals(exc.sigval).name
+                _supervise(ranks, channel, record, cfg, view)
+        except _Interrupted as exc:
+            record.interrupted = exc.name
         except KeyboardInterrupt:
             record.interrupted = "SIGINT"
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup and the report short
-        if pcontext is not None:
-            _stop_all(pcontext, record,
+        if ranks is not None:
+            _stop_all(ranks, record,
                       f"interrupted by {record.interrupted}" if record.interrupted else "ddpdoctor is exiting")
-            for rank, path in pcontext.stderrs.items():
+            for rank, path in ranks.stderrs.items():
                 if rank in record.exits:
                     record.exits[rank].log_tail = _tail(path)
-        read_record(channel, record)
+        if channel is not None:
+            read_record(channel, record)
+        else:
+            sock.close()
         shutil.rmtree(log_root, ignore_errors=True)
     report = build_report(record, backend, device, command)
     write_outputs(report, cfg)
@@ -177,17 +202,13 @@ def _loopback_ifname() -> str:
     return "lo"
 
 
-def _procs(pcontext: Any) -> dict[int, Any]:
-    return {rank: handler.proc for rank, handler in pcontext.subprocess_handlers.items()}
-
-
-def _stop_all(pcontext: Any, record: RunRecord, reason: str) -> None:
-    procs = _procs(pcontext)
+def _stop_all(ranks: RankProcesses, record: RunRecord, reason: str) -> None:
+    procs = ranks.procs
     now = time.time()
     for rank, proc in procs.items():
         if proc.poll() is None and rank not in record.exits:
             record.exits[rank] = ExitInfo(code=None, t=now, killed_by_us=reason)
-    pcontext.close(death_sig=signal.SIGTERM, timeout=int(STOP_GRACE_S))
+    ranks.close(grace_s=STOP_GRACE_S)
     for rank, proc in procs.items():
         info = record.exits.setdefault(rank, ExitInfo(code=proc.poll(), t=time.time()))
         if info.code is None:
@@ -203,9 +224,9 @@ def _request_stacks(proc: Any) -> None:
         pass
 
 
-def _supervise(pcontext: Any, channel: Channel, record: RunRecord, cfg: CheckConfig, view: Any) -> None:
+def _supervise(ranks: RankProcesses, channel: Channel, record: RunRecord, cfg: CheckConfig, view: Any) -> None:
     """Poll until every rank has exited; end the ones that are stuck, with their stacks."""
-    procs = _procs(pcontext)
+    procs = ranks.procs
     first_failure: Optional[float] = None
     # Once a rank has died the run cannot complete: give the others a moment to publish
     # what they were doing (their heartbeats already say where they wait), then stop them.

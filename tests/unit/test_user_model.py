@@ -68,3 +68,21 @@ def test_bad_scaling_flags_are_one_line(capsys, argv, words) -> None:
     assert cli.main(argv) == EXIT_UNKNOWN
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
+
+
+def test_the_api_passes_functions_to_the_ranks_by_name(monkeypatch) -> None:
+    from ddpdoctor import api
+    from ddpdoctor.errors import UsageError
+
+    assert api.factory_spec(validate, "model") == "ddpdoctor.user_model:validate"
+    assert api.factory_spec("m:f", "model") == "m:f" and api.factory_spec(None, "model") is None
+
+    def nested() -> None:
+        return None
+
+    for bad in (lambda: None, nested):
+        with pytest.raises(UsageError, match="defined at module level"):
+            api.factory_spec(bad, "model")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(UsageError, match="this process is a rank already"):
+        api.check(nproc=2)
