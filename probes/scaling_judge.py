@@ -53,6 +53,7 @@ class SizeResult:
     loss_ms: dict[str, float] = field(default_factory=dict)
     slow_rank: Optional[int] = None  # by computation
     slow_data_rank: Optional[int] = None
+    shared_cpus: Optional[str] = None  # "4 ranks share 2 CPUs on vm": the host, not DDP, sets the pace
 
     @property
     def cause(self) -> Optional[str]:
@@ -65,7 +66,8 @@ class SizeResult:
         return {"ranks": self.n, "step_ms": round(self.step_ms, 3), "samples_per_s": round(self.samples_per_s, 1),
                 "speedup": round(self.speedup, 3), "efficiency_pct": round(self.efficiency_pct, 1),
                 "target_pct": self.target_pct, "loss_ms": {k: round(v, 3) for k, v in self.loss_ms.items()},
-                "cause": self.cause, "slow_rank": self.slow_rank, "slow_data_rank": self.slow_data_rank}
+                "cause": self.cause, "slow_rank": self.slow_rank, "slow_data_rank": self.slow_data_rank,
+                "shared_cpus": self.shared_cpus}
 
 
 def _num(value: Any) -> Optional[float]:
@@ -109,7 +111,7 @@ def evaluate(facts: Mapping[int, Mapping[str, Any]], targets: tuple[tuple[int, f
             continue  # a rank of this size did not report: nothing honest to compute
         batch = _num(next(iter(facts.values())).get("batch_size")) or 1.0
         step = max(float(r["step_ms"]) for r in rows.values())
-        result = SizeResult(n, step, n * batch / (step / 1e3))
+        result = SizeResult(n, step, n * batch / (step / 1e3), shared_cpus=_shared_cpus(facts, rows))
         if n == 1:
             base, base_row = result, rows[min(rows)]
         elif base is not None and base_row is not None:
@@ -119,6 +121,21 @@ def evaluate(facts: Mapping[int, Mapping[str, Any]], targets: tuple[tuple[int, f
             _explain(result, rows, base, base_row)
         results.append(result)
     return results
+
+
+def _shared_cpus(facts: Mapping[int, Mapping[str, Any]], rows: Mapping[int, Any]) -> Optional[str]:
+    """CPU ranks of this size that outnumber their host's usable CPUs: each waits for a core,
+    in computation and in the all-reduce alike, so the efficiency measures the host."""
+    by_host: dict[str, list[int]] = {}
+    for rank in rows:
+        f = facts[rank]
+        if str(f.get("device", "")).startswith("cpu"):
+            by_host.setdefault(str(f.get("host")), []).append(rank)
+    for host, ranks in by_host.items():
+        cpus = [c for r in ranks if (c := _num(facts[r].get("cpus_usable")))]
+        if cpus and len(ranks) > min(cpus):
+            return f"{len(ranks)} ranks share {int(min(cpus))} CPUs on {host}"
+    return None
 
 
 def _explain(result: SizeResult, rows: Mapping[int, Mapping[str, Any]], base: SizeResult,
@@ -181,10 +198,31 @@ def _fix(result: SizeResult) -> str:
 
 
 def efficiency_findings(results: list[SizeResult], run: RunView) -> list[Finding]:
-    judged = [r for r in results if r.target_pct is not None]
-    if not judged:
-        return []
     table = _table(results)
+    findings = _shared_findings(results, run, table)
+    judged = [r for r in results if r.target_pct is not None and r.shared_cpus is None]
+    if not judged:
+        return findings
+    return findings + _verdict(results, judged, run, table)
+
+
+def _shared_findings(results: list[SizeResult], run: RunView, table: list[str]) -> list[Finding]:
+    shared = [r for r in results if r.target_pct is not None and r.shared_cpus is not None]
+    if not shared:
+        return []
+    first = shared[0]
+    return [Finding(
+        code="SCL005", severity=Severity.INFO, probe=NAME,
+        title=(f"Not judged at {', '.join(str(r.n) for r in shared)} ranks: {first.shared_cpus}, so the "
+               f"efficiency ({first.efficiency_pct:.0f}% at {first.n}) measures the host, not DDP"),
+        ranks=tuple(range(shared[-1].n)), nodes=run.nodes_of(range(shared[-1].n)),
+        evidence={"sizes": table, "not_judged": [r.to_json() for r in shared]},
+        why=("Ranks that outnumber the CPU cores wait for a core in everything they do, the all-reduce included: "
+             "the lost time shows up as communication and slower computation, but its cause is the host."),
+        fix="Measure with at most one rank per core (or per GPU): --sizes up to the CPU count, or a bigger host.")]
+
+
+def _verdict(results: list[SizeResult], judged: list[SizeResult], run: RunView, table: list[str]) -> list[Finding]:
     below = [r for r in judged if r.efficiency_pct < r.target_pct]  # type: ignore[operator]
     if not below:
         top = judged[-1]
@@ -203,6 +241,9 @@ def efficiency_findings(results: list[SizeResult], run: RunView) -> list[Finding
     elif cause == "data" and worst.slow_data_rank is not None:
         because = f"rank {worst.slow_data_rank} waits for its data"
     share = f"{worst.loss_ms.get(cause, 0.0):.1f} of {lost:.1f} ms a step" if cause else ""
+    if cause != "straggler" and worst.slow_rank is not None:
+        # A straggler that is not the largest part still costs its share, and has a name.
+        share += f"; also rank {worst.slow_rank} computes {worst.loss_ms.get('straggler', 0.0):.1f} ms slower"
     return [Finding(
         code="SCL001", severity=Severity.WARN, probe=NAME,
         title=(f"Scaling efficiency at {worst.n} ranks is {worst.efficiency_pct:.0f}% ({worst.speedup:.2f}x of "

@@ -109,3 +109,19 @@ def test_a_size_with_a_missing_rank_is_not_judged_and_the_rank_is_named() -> Non
     del f[1]
     found = diagnose_scaling(f, RunView(world_size=2), DEFAULT)
     assert [x.code for x in found] == ["SCL003", "SCL004"] and found[1].ranks == (1,)
+
+
+def test_more_cpu_ranks_than_cores_are_not_judged_but_said() -> None:
+    f = facts({1: ONE, 2: {0: row(5.7), 1: row(5.7)}, 4: {r: row(25.0, backward=21.0) for r in range(4)}})
+    for rank in f:
+        f[rank].update(device="cpu", cpus_usable=2)
+    found = {x.code: x for x in judge(f)}
+    assert found["SCL005"].severity == Severity.INFO and "4 ranks share 2 CPUs on h" in found["SCL005"].title
+    assert "SCL001" not in found and found["SCL000"].title.startswith("Scaling efficiency 96% at 2 ranks")
+
+
+def test_a_straggler_that_is_not_the_main_cause_is_still_named_in_the_title() -> None:
+    fast = row(12.0, backward=8.5)
+    slow = row(12.0, forward=2.5, backward=6.0, alone_f=2.5, alone_b=4.0)  # 2 ms slower, comm 3.5 ms
+    [f] = [x for x in judge(facts({1: ONE, 2: {0: fast, 1: slow}})) if x.code == "SCL001"]
+    assert "communication" in f.title and "also rank 1 computes 2.0 ms slower" in f.title
