@@ -11,6 +11,7 @@ gradient accumulation), so their effect is measured on this model, not guessed.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Any, Callable, Optional
@@ -101,12 +102,8 @@ def _train(ctx: RankContext, parts: Parts, model: Any, optimizer: Any, steps: in
             sync(device)
             t1 = time.perf_counter()
             quiet = no_sync is not None and micro < accumulate - 1
-            with (no_sync() if quiet else _nothing()):
-                loss = parts.loss(forward(model, inputs), targets)
-                sync(device)
-                t2 = time.perf_counter()
-                loss.backward()
-                sync(device)
+            with (no_sync() if quiet else contextlib.nullcontext()):
+                forward_s, backward_s = _forward_backward(parts, model, inputs, targets)
             t3 = time.perf_counter()
             if micro == accumulate - 1:
                 optimizer.step()
@@ -114,33 +111,30 @@ def _train(ctx: RankContext, parts: Parts, model: Any, optimizer: Any, steps: in
                 sync(device)
             t4 = time.perf_counter()
             if step >= WARMUP:
-                out.add(data_ms=(t1 - t0) * 1e3, forward_ms=(t2 - t1) * 1e3, backward_ms=(t3 - t2) * 1e3,
+                out.add(data_ms=(t1 - t0) * 1e3, forward_ms=forward_s * 1e3, backward_ms=backward_s * 1e3,
                         optimizer_ms=(t4 - t3) * 1e3, step_ms=(t4 - t0) * 1e3)
         if no_sync is not None and accumulate == 1 and step >= WARMUP and step % 2 == 0:
             # The same step with DDP's all-reduce switched off: backward as pure computation.
             inputs, targets = parts.batch_at(step)
             with no_sync():
-                t0 = time.perf_counter()
-                loss = parts.loss(forward(model, inputs), targets)
-                sync(device)
-                t1 = time.perf_counter()
-                loss.backward()
-                sync(device)
-                t2 = time.perf_counter()
+                forward_s, backward_s = _forward_backward(parts, model, inputs, targets)
             optimizer.zero_grad(set_to_none=True)  # drop the local gradient: weights stay in step
-            slow.observe_backward(t2 - t1)
-            out.add(forward_alone_ms=(t1 - t0) * 1e3, backward_alone_ms=(t2 - t1) * 1e3)
+            slow.observe_backward(backward_s)
+            out.add(forward_alone_ms=forward_s * 1e3, backward_alone_ms=backward_s * 1e3)
         ctx.progress()
     out.columns.setdefault("spun_ms", []).append(round(slow.take_spun_ms(), 3))
     return out
 
 
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
+def _forward_backward(parts: Parts, model: Any, inputs: Any, targets: Any) -> tuple[float, float]:
+    """Forward, then backward, each timed to the device's completion (seconds)."""
+    t0 = time.perf_counter()
+    loss = parts.loss(forward(model, inputs), targets)
+    sync(parts.device)
+    t1 = time.perf_counter()
+    loss.backward()
+    sync(parts.device)
+    return t1 - t0, time.perf_counter() - t1
 
 
 def _ddp(model: Any, group: Any, device: Any, **options: Any) -> Any:
