@@ -25,6 +25,8 @@ from ddpdoctor.errors import UsageError
 
 Factory = Union[str, Callable[..., Any], None]
 RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "TORCHELASTIC_RUN_ID")
+CHILD_VAR = "DDPDOCTOR_API_CHILD"  # set in the run the API starts: a script that calls the API at import
+GRACE_S = 10.0
 
 
 def factory_spec(value: Factory, flag: str) -> Optional[str]:
@@ -37,6 +39,9 @@ def factory_spec(value: Factory, flag: str) -> Optional[str]:
         raise UsageError(f"{flag}: give a function defined at module level (not a lambda, a nested function or "
                          f"{type(value).__name__}), or a 'module:function' string")
     if module == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if spec is not None and spec.name and spec.name != "__main__":
+            return f"{spec.name}:{name}"  # `python -m pkg.script`: its own name keeps relative imports working
         main_file = getattr(sys.modules.get("__main__"), "__file__", None)
         if not main_file:
             raise UsageError(f"{flag}: {name} is defined in an interactive session; put it in a file and pass "
@@ -46,6 +51,9 @@ def factory_spec(value: Factory, flag: str) -> Optional[str]:
 
 
 def _run(command: str, args: list[str], timeout_s: Optional[float]) -> dict[str, Any]:
+    if os.environ.get(CHILD_VAR):
+        raise UsageError("ddpdoctor.api was called while loading --model or --batch: the script calls the API at "
+                         "import; put that call under `if __name__ == \"__main__\":`")
     busy = [v for v in RANK_VARS if v in os.environ]
     if busy:
         raise UsageError(f"ddpdoctor.api runs its own ranks, but this process is a rank already ({busy[0]} is set): "
@@ -53,14 +61,28 @@ def _run(command: str, args: list[str], timeout_s: Optional[float]) -> dict[str,
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-api-") as tmp:
         path = os.path.join(tmp, "report.json")
         cmd = [sys.executable, "-m", "ddpdoctor", command, "--no-live", "--json", path, *args]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout_s,
-                              cwd=os.getcwd())
+        path_now = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        env = {**os.environ, CHILD_VAR: "1",  # and the modules the caller imports are found by name there too
+               "PYTHONPATH": os.pathsep.join(filter(None, [path_now, os.environ.get("PYTHONPATH")]))}
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd(),
+                                env=env)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # SIGTERM: the launcher stops its ranks and writes what it has
+            try:
+                stdout, stderr = proc.communicate(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            if not os.path.exists(path):
+                raise UsageError(f"ddpdoctor {command} did not finish within {timeout_s:g}s") from None
         if not os.path.exists(path):
-            said = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            said = (stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
             raise UsageError(said.removeprefix("ddpdoctor: error: "))
         with open(path, encoding="utf-8") as handle:
             report: dict[str, Any] = json.load(handle)
-    report["stdout"] = proc.stdout
+    report["stdout"] = stdout
     return report
 
 

@@ -113,14 +113,24 @@ def _tail(path: Optional[str], lines: int = 20) -> list[str]:
     return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
-class _Interrupted(Exception):
+class _Interrupted(BaseException):
+    """A signal to the launcher: BaseException, so no `except Exception` on the way swallows it."""
+
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # Ctrl-C, kill, ssh gone, Ctrl-\\
+_signalled: list[str] = []
+
+
 def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise _Interrupted(signal.Signals(signum).name)
+    """Once: a second Ctrl-C while the first is being handled must not cut the cleanup short."""
+    if _signalled:
+        return
+    _signalled.append(signal.Signals(signum).name)
+    raise _Interrupted(_signalled[0])
 
 
 def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int:
@@ -152,17 +162,20 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
                        settings=cfg.settings,
                        default_host=socket.gethostname())
     console = make_console()
-    ranks: Optional[RankProcesses] = None
+    ranks = RankProcesses()
+    _signalled.clear()
     channel: Optional[Channel] = None
+    listen_fd: Optional[int] = None
     try:
         try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 signal.signal(sig, _raise_interrupted)
-            ranks = RankProcesses(list(argv), envs, log_root)
+            ranks.start(list(argv), envs, log_root)
             # While the ranks import torch, so does the launcher: the store it hosts needs it.
             if backend == "gloo" and device == "cpu":
                 check_torch_distributed(backend)
-            channel = Channel.connect("127.0.0.1", port, cfg.timeout_s, is_master=True, listen_fd=sock.detach())
+            listen_fd = sock.detach()
+            channel = Channel.connect("127.0.0.1", port, cfg.timeout_s, is_master=True, listen_fd=listen_fd)
             with LiveView(console, nproc, cfg.live) as view:
                 _supervise(ranks, channel, record, cfg, view)
         except _Interrupted as exc:
@@ -170,16 +183,23 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
         except KeyboardInterrupt:
             record.interrupted = "SIGINT"
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup and the report short
-        if ranks is not None:
-            _stop_all(ranks, record,
-                      f"interrupted by {record.interrupted}" if record.interrupted else "ddpdoctor is exiting")
-            for rank, path in ranks.stderrs.items():
-                if rank in record.exits:
-                    record.exits[rank].log_tail = _tail(path)
+        _stop_all(ranks, record,
+                  f"interrupted by {record.interrupted}" if record.interrupted else "ddpdoctor is exiting")
+        for rank, path in ranks.stderrs.items():
+            if rank in record.exits:
+                record.exits[rank].log_tail = _tail(path)
         if channel is not None:
-            read_record(channel, record)
+            try:
+                read_record(channel, record)
+            except (RuntimeError, OSError, ValueError):
+                pass  # the store is gone: the report says what was read before
+        elif listen_fd is not None:
+            try:
+                os.close(listen_fd)  # the store never took it: free the port
+            except OSError:
+                pass
         else:
             sock.close()
         shutil.rmtree(log_root, ignore_errors=True)

@@ -18,9 +18,12 @@ import time
 
 
 class RankProcesses:
-    def __init__(self, argv: list[str], envs: dict[int, dict[str, str]], log_root: str) -> None:
+    def __init__(self) -> None:
         self.procs: dict[int, subprocess.Popen] = {}
         self.stderrs: dict[int, str] = {}
+
+    def start(self, argv: list[str], envs: dict[int, dict[str, str]], log_root: str) -> None:
+        """Rank by rank; the caller holds this object first, so whatever started is stopped."""
         try:
             for rank, extra in sorted(envs.items()):
                 folder = os.path.join(log_root, str(rank))

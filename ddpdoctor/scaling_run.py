@@ -122,6 +122,7 @@ def _train(ctx: RankContext, parts: Parts, model: Any, optimizer: Any, steps: in
             slow.observe_backward(backward_s)
             out.add(forward_alone_ms=forward_s * 1e3, backward_alone_ms=backward_s * 1e3)
         ctx.progress()
+        beat(ctx)
     out.columns.setdefault("spun_ms", []).append(round(slow.take_spun_ms(), 3))
     return out
 
@@ -144,20 +145,40 @@ def _ddp(model: Any, group: Any, device: Any, **options: Any) -> Any:
                                    device_ids=[device.index] if device.type == "cuda" else None, **options)
 
 
+BEAT_S = 0.5
+
+
+def beat(ctx: RankContext) -> None:
+    """A measuring rank says it is moving on (at most twice a second): the ranks that sit a
+    size out wait as long as it does, however long its steps are, and no longer."""
+    now = time.time()
+    if now - ctx.cache.get("scaling_beat", 0.0) >= BEAT_S:
+        ctx.cache["scaling_beat"] = now
+        ctx.channel.set(f"scaling/beat/{ctx.rank}", now)
+
+
+def wait_for(ctx: RankContext, keys: list[str], workers: range, what: str) -> None:
+    """Wait for `keys` while any of `workers` still beats; then the stage deadline decides.
+
+    Not a collective: a rank that sits out a size must not time out in a barrier while the
+    others train for longer than one stage deadline (a big model's 20 steps)."""
+    with ctx.collective("scaling_wait", waiting_for=what):
+        while not all(ctx.channel.has(k) for k in keys):
+            beats = [b for r in workers if isinstance(b := ctx.channel.get(f"scaling/beat/{r}"), (int, float))]
+            if beats and time.time() - max(beats) < ctx.cfg.timeout_s:
+                ctx.progress()
+            time.sleep(0.05)
+
+
 def _agree_steps(ctx: RankContext, step_s: Optional[float]) -> int:
     """Rank 0 timed one rank alone; every size trains as many steps as fit its seconds."""
-    import torch
-    import torch.distributed as dist
-
     if ctx.cfg.steps is not None:
         return ctx.cfg.steps
-    want = 0
-    if step_s is not None:
-        want = int(min(MAX_STEPS, max(MIN_STEPS, ctx.cfg.scaling.seconds_per_size / max(step_s, 1e-6))))
-    agreed = torch.tensor([want], dtype=torch.int64, device=ctx.device if ctx.backend == "nccl" else "cpu")
-    with ctx.collective("scaling_steps"):
-        dist.broadcast(agreed, src=0)
-    return int(agreed.item())
+    if ctx.rank == 0:
+        want = int(min(MAX_STEPS, max(MIN_STEPS, ctx.cfg.scaling.seconds_per_size / max(step_s or 1e-3, 1e-6))))
+        ctx.channel.set("scaling/steps", want)
+    wait_for(ctx, ["scaling/steps"], range(1), "rank 0's calibration")
+    return int(ctx.channel.get("scaling/steps"))
 
 
 def _one_size(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, **ddp_options: Any) -> dict[str, Any]:
@@ -178,40 +199,51 @@ def _one_size(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, **
     return {"steps": steps, **timed.medians(), "step_ms_all": timed.columns.get("step_ms", [])}
 
 
-def measure(ctx: RankContext) -> dict[str, Any]:
-    """This rank's part of every size, and of the DDP settings tried at the largest."""
+def sizes_for(wanted: tuple[int, ...], world: int) -> list[int]:
+    """The sizes to measure: always 1 (every speedup is against it), none above the ranks there are."""
+    return sorted({1, *(n for n in (wanted or default_sizes(world)) if 1 <= n <= world)})
+
+
+def measure(ctx: RankContext, facts: dict[str, Any]) -> dict[str, Any]:
+    """This rank's part of every size, and of the DDP settings tried at the largest.
+
+    `facts` is published after each size, so a size that fails keeps the ones before it."""
     import torch.distributed as dist
 
     cfg = ctx.cfg.scaling
-    sizes = [n for n in (cfg.sizes or default_sizes(ctx.world_size)) if n <= ctx.world_size]
+    sizes = sizes_for(cfg.sizes, ctx.world_size)
     parts = Parts(ctx, cfg.batch)
     groups = {n: dist.new_group(list(range(n))) for n in sizes if n > 1}  # every rank creates every group
-    facts: dict[str, Any] = {"sizes": {}, "knobs": {}, "batch_size": parts.samples}
+    model = parts.model()
+    facts.update(sizes={}, knobs={}, batch_size=parts.samples, sizes_asked=list(cfg.sizes),
+                 parameters=sum(p.numel() for p in model.parameters()),
+                 gradient_bytes=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad))
+    del model
     step_s: Optional[float] = None
-    if ctx.rank == 0 and 1 in sizes:
+    if ctx.rank == 0 and ctx.cfg.steps is None:
         with ctx.stage("scaling_calibrate"):
-            probe = _one_size(ctx, parts, 1, None, 5)
-            step_s = probe["step_ms"] / 1e3
+            step_s = _one_size(ctx, parts, 1, None, 5)["step_ms"] / 1e3
     steps = _agree_steps(ctx, step_s)
     for n in sizes:
         with ctx.stage(f"scaling_{n}", inject_as="train"):
             if ctx.rank < n:
                 facts["sizes"][str(n)] = _one_size(ctx, parts, n, groups.get(n), steps)
-            with ctx.collective("scaling_barrier", size=n):
-                dist.barrier()
+                ctx.channel.set(f"result/scaling/{ctx.rank}", facts)
+                ctx.channel.set(f"scaling/done/{n}/{ctx.rank}", time.time())
+            wait_for(ctx, [f"scaling/done/{n}/{r}" for r in range(n)], range(n), f"size {n}")
     largest = max(sizes)
     if largest > 1 and cfg.knobs:
-        grad_mb = sum(p.numel() * p.element_size() for p in parts.model().parameters()) / 2**20
-        for name, options in knob_settings(grad_mb):
+        grad_mb = facts["gradient_bytes"] / 2**20
+        for index, (name, options) in enumerate(knob_settings(grad_mb)):
             with ctx.stage("scaling_knob", inject_as=""):
                 if ctx.rank < largest:
-                    result = _one_knob(ctx, parts, largest, groups[largest], max(MIN_STEPS, steps // 4), options)
-                    facts["knobs"][name] = result
-                with ctx.collective("scaling_barrier", knob=name):
-                    dist.barrier()
-    model = parts.model()
-    facts["parameters"] = sum(p.numel() for p in model.parameters())
-    facts["gradient_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+                    facts["knobs"][name] = _one_knob(ctx, parts, largest, groups[largest],
+                                                     max(MIN_STEPS, steps // 4), options)
+                    ctx.channel.set(f"result/scaling/{ctx.rank}", facts)
+                    ctx.channel.set(f"scaling/knob/{index}/{ctx.rank}", time.time())
+                wait_for(ctx, [f"scaling/knob/{index}/{r}" for r in range(largest)], range(largest), name)
+    with ctx.collective("scaling_barrier"):
+        dist.barrier()  # every rank is here: quick
     return facts
 
 

@@ -59,15 +59,19 @@ def _load_module(target: str, flag: str) -> Any:
         try:
             return importlib.import_module(target)
         except ImportError as exc:
+            missing = getattr(exc, "name", None)
+            if missing and not target.startswith(missing):
+                raise UsageError(f"{flag}: importing {target!r} needs {missing!r}, which is not installed here "
+                                 f"({_line(exc)})") from None
             raise UsageError(f"{flag}: cannot import {target!r} ({type(exc).__name__}: {exc}); run from the folder "
                              "that holds it, or give a file path (path/to/file.py:function)") from None
-        except Exception as exc:
-            raise UsageError(f"{flag}: importing {target!r} raised {type(exc).__name__}: {_line(exc)}") from None
+        except (Exception, SystemExit) as exc:
+            raise UsageError(f"{flag}: importing {target!r} raised {_raised(exc)}") from None
     try:
         loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         sys.modules.pop(name, None)
-        raise UsageError(f"{flag}: running {target} raised {type(exc).__name__}: {_line(exc)}") from None
+        raise UsageError(f"{flag}: running {target} raised {_raised(exc)}") from None
     return module
 
 
@@ -84,6 +88,13 @@ def resolve(text: str, flag: str) -> Callable[..., Any]:
     if not callable(value):
         raise UsageError(f"{flag} {text!r}: {attr} is {_shape(value)}, not a function")
     return value
+
+
+def _raised(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return (f"SystemExit({exc.code}): it exits when imported or called (argparse at the top of the file?); "
+                "put that code under `if __name__ == \"__main__\":`")
+    return f"{type(exc).__name__}: {_line(exc)}"
 
 
 def _line(exc: BaseException) -> str:
@@ -172,8 +183,8 @@ def validate(spec: ModelSpec, batch_size: int = 2) -> dict[str, Any]:
         model = work.model(torch.device("cpu"), 0)
     except UsageError:
         raise
-    except Exception as exc:
-        raise UsageError(f"--model {spec.model}: calling it raised {type(exc).__name__}: {_line(exc)}") from None
+    except (Exception, SystemExit) as exc:
+        raise UsageError(f"--model {spec.model}: calling it raised {_raised(exc)}") from None
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise UsageError(f"--model {spec.model}: the model has no trainable parameters, so DDP has nothing to all-reduce")
@@ -184,8 +195,8 @@ def validate(spec: ModelSpec, batch_size: int = 2) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise UsageError(f"--batch {spec.batch}: calling it with batch_size={batch_size} raised "
                          f"{type(exc).__name__}: {_line(exc)}; it must return (inputs, targets)") from None
-    except Exception as exc:
-        raise UsageError(f"--batch {spec.batch}: calling it raised {type(exc).__name__}: {_line(exc)}") from None
+    except (Exception, SystemExit) as exc:
+        raise UsageError(f"--batch {spec.batch}: calling it raised {_raised(exc)}") from None
     if batch_size_of(inputs) != batch_size:
         raise UsageError(f"--batch {spec.batch}: asked for {batch_size} samples, the inputs hold "
                          f"{batch_size_of(inputs)} along dimension 0")
@@ -194,11 +205,15 @@ def validate(spec: ModelSpec, batch_size: int = 2) -> dict[str, Any]:
         if loss.dim() != 0:
             raise ValueError(f"the loss has shape {tuple(loss.shape)}, not a scalar")
         loss.backward()
-    except Exception as exc:
-        raise UsageError(f"--model {spec.model} on a batch from --batch {spec.batch}: {type(exc).__name__}: "
-                         f"{_line(exc)}") from None
+    except (Exception, SystemExit) as exc:
+        raise UsageError(f"--model {spec.model} on a batch from --batch {spec.batch}: {_raised(exc)}") from None
     if all(p.grad is None for p in trainable):
         raise UsageError(f"--model {spec.model}: backward reached no parameter: the loss does not depend on the model")
+    unused = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    if unused:
+        raise UsageError(f"--model {spec.model}: {len(unused)} trainable parameter(s) get no gradient (first: "
+                         f"{unused[0]}); DDP without find_unused_parameters fails on them: freeze them "
+                         "(requires_grad=False) in the factory, or give a model whose every parameter is used")
     return {"parameters": sum(p.numel() for p in trainable),
             "gradient_bytes": sum(p.numel() * p.element_size() for p in trainable)}
 

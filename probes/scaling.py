@@ -32,8 +32,7 @@ class Scaling:
         facts = {"rank": ctx.rank, "host": ctx.env.hostname, "device": str(ctx.device), "backend": ctx.backend,
                  "model": ctx.cfg.model.model or "built-in MLP", "cpus_usable": len(os.sched_getaffinity(0))
                  if hasattr(os, "sched_getaffinity") else os.cpu_count()}
-        facts.update(measure(ctx))
-        return facts
+        return measure(ctx, facts)
 
     # -- diagnose (pure) --------------------------------------------------------
     def diagnose(self, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:

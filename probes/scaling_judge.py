@@ -57,10 +57,12 @@ class SizeResult:
 
     @property
     def cause(self) -> Optional[str]:
+        """The largest part, if it is a third or more of the time lost; else no single cause."""
         if not self.loss_ms:
             return None
         key = max(CAUSES, key=lambda k: self.loss_ms.get(k, 0.0))
-        return key if self.loss_ms.get(key, 0.0) > 0 else None
+        lost = sum(self.loss_ms.values())
+        return key if lost > 0 and self.loss_ms.get(key, 0.0) >= lost / 3 else None
 
     def to_json(self) -> dict[str, Any]:
         return {"ranks": self.n, "step_ms": round(self.step_ms, 3), "samples_per_s": round(self.samples_per_s, 1),

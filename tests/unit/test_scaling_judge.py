@@ -122,6 +122,20 @@ def test_more_cpu_ranks_than_cores_are_not_judged_but_said() -> None:
 
 def test_a_straggler_that_is_not_the_main_cause_is_still_named_in_the_title() -> None:
     fast = row(12.0, backward=8.5)
-    slow = row(12.0, forward=2.5, backward=6.0, alone_f=2.5, alone_b=4.0)  # 2 ms slower, comm 3.5 ms
+    slow = row(12.0, forward=2.5, backward=7.5, alone_f=2.5, alone_b=4.0)  # 2 ms slower, comm 3.5 ms
     [f] = [x for x in judge(facts({1: ONE, 2: {0: fast, 1: slow}})) if x.code == "SCL001"]
     assert "communication" in f.title and "also rank 1 computes 2.0 ms slower" in f.title
+
+
+def test_a_small_largest_part_is_no_single_cause() -> None:
+    # 10 ms lost a step, of which comm 1.0, straggler 0.5: most of it is "other".
+    two = {0: row(15.5, backward=4.0), 1: row(15.5, backward=4.0)}
+    [f] = [x for x in judge(facts({1: ONE, 2: two})) if x.code == "SCL001"]
+    assert "no single cause" in f.title and f.evidence["at_worst_size"]["cause"] is None
+
+
+def test_sizes_always_start_at_one_and_never_exceed_the_ranks() -> None:
+    from ddpdoctor.scaling_run import sizes_for
+
+    assert sizes_for((), 6) == [1, 2, 4, 6] and sizes_for((2, 4), 4) == [1, 2, 4]
+    assert sizes_for((8, 16), 4) == [1] and sizes_for((3,), 3) == [1, 3]

@@ -86,3 +86,31 @@ def test_the_api_passes_functions_to_the_ranks_by_name(monkeypatch) -> None:
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(UsageError, match="this process is a rank already"):
         api.check(nproc=2)
+
+
+@pytest.mark.parametrize("source, words", [
+    ("import argparse\nargparse.ArgumentParser().parse_args(['--nope'])\n", "SystemExit(2): it exits when imported"),
+    ("import torch\nimport no_such_dependency_xyz\n", "raised ModuleNotFoundError: No module named 'no_such_dependency_xyz'"),
+    ("import torch\n"
+     "class M(torch.nn.Module):\n"
+     "    def __init__(self):\n        super().__init__()\n"
+     "        self.used = torch.nn.Linear(4, 2)\n        self.pooler = torch.nn.Linear(4, 4)\n"
+     "    def forward(self, x):\n        return self.used(x)\n"
+     "def make_model():\n    return M()\n", "2 trainable parameter(s) get no gradient (first: pooler.weight)"),
+])
+def test_user_code_that_exits_imports_a_missing_package_or_leaves_parameters_unused(tmp_path, capsys, source,
+                                                                                   words) -> None:
+    module = tmp_path / "user.py"
+    module.write_text(source + "def make_batch(n):\n    import torch\n    return torch.randn(n, 4), torch.randint(0, 2, (n,))\n")
+    assert cli.main(["check", "--model", f"{module}:make_model", "--batch", f"{module}:make_batch"]) == EXIT_UNKNOWN
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # argparse in the user's file prints its own usage first
+    assert last.startswith("ddpdoctor: error: ") and words in last, last
+
+
+def test_the_api_refuses_to_recurse_from_a_script_loaded_as_a_factory(monkeypatch) -> None:
+    from ddpdoctor import api
+    from ddpdoctor.errors import UsageError
+
+    monkeypatch.setenv(api.CHILD_VAR, "1")
+    with pytest.raises(UsageError, match="calls the API at import"):
+        api.scaling(nproc=2)
