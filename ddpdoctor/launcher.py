@@ -236,6 +236,16 @@ def _stop_all(ranks: RankProcesses, record: RunRecord, reason: str) -> None:
         info.signal = info.signal or signal_name(info.code)
 
 
+FINISHING_GRACE_S = 5.0
+
+
+def _finishing(record: RunRecord, rank: int, now: float) -> bool:
+    """A rank that has published its own timeout is writing its stacks and Flight Recorder
+    before it exits: let it, for a few seconds, or the report loses torch's view of its wait."""
+    t = (record.timeouts.get(rank) or {}).get("t")
+    return isinstance(t, (int, float)) and now - float(t) < FINISHING_GRACE_S
+
+
 def _request_stacks(proc: Any) -> None:
     """SIGUSR1: the rank's faulthandler writes every thread's stack to its log."""
     try:
@@ -284,7 +294,7 @@ def _supervise(ranks: RankProcesses, channel: Channel, record: RunRecord, cfg: C
                 to_stop[rank] = f"silent: no heartbeat for {now - float(hb['t']):.1f}s"
             elif now - float(hb.get("stage_started", now)) > cfg.run_deadline_s + 10:
                 to_stop[rank] = f"stuck in stage {hb.get('stage')} past every deadline"
-            elif first_failure is not None and now - first_failure > grace_s and (
+            elif first_failure is not None and now - first_failure > grace_s and not _finishing(record, rank, now) and (
                     hb.get("collective") or now > float(hb.get("stage_started", now)) + cfg.timeout_s + 1):
                 # Only ranks waiting on a peer, or past their own deadline: a rank stuck in its
                 # own code gets its stage deadline, so its watchdog can say where it is.
