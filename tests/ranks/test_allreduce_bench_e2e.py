@@ -82,7 +82,7 @@ def test_a_slow_link_between_two_ranks_is_localised(tmp_path):
 # Every op and placement is checked for correctness on one rank in the unit tier
 # (test_allreduce_diagnose.py); here two ops cross real processes: one with both placements
 # and the one with chunked exchange between every pair of ranks.
-@pytest.mark.parametrize("op", ["all_gather", "all_to_all"])
+@pytest.mark.parametrize("op", [pytest.param("all_gather", marks=pytest.mark.slow), "all_to_all"])
 def test_other_collectives_are_measured_and_checked(tmp_path, op):
     run = _bench(tmp_path, "--nproc", "2", "--op", op, "--min-bytes", "4K", "--max-bytes", "64K", "--factor", "16",
                  "--warmup", "1", "--iters", "3", "--localise", "never")

@@ -29,7 +29,8 @@ def _rank(report: dict, rank: int) -> dict:
     return next(r for r in report["ranks"] if r["rank"] == rank)
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+# 4 ranks (time-sharing 2 cores: HOM013) is the slow tier; 2 ranks cross the same path.
+@pytest.mark.parametrize("nproc", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
     run = run_check(tmp_path, "--nproc", str(nproc))
     assert run.returncode == 0, run.explain()
@@ -60,7 +61,9 @@ def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
     assert_nothing_left(run)
 
 
-@pytest.mark.parametrize("stage", FAULT_MATRIX_STAGES)
+# A crash in rendezvous is a rank that never says hello, as test_a_rank_that_never_joins_is_named: slow tier.
+@pytest.mark.parametrize("stage", [pytest.param(s, marks=pytest.mark.slow) if s == "rendezvous" else s
+                                   for s in FAULT_MATRIX_STAGES])
 def test_crashed_rank_is_named_with_its_stage(tmp_path, stage):
     run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", f"crash:rank=1:stage={stage}")
     assert run.returncode == 2, run.explain()
@@ -100,7 +103,8 @@ def test_hung_rank_is_found_within_the_deadline(tmp_path, stage):
     assert_nothing_left(run)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+# Both signals take the same handler in the launcher; SIGINT is the slow tier.
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM])
 def test_signal_to_launcher_stops_everything_and_reports(tmp_path, sig):
     # Rank 1 hangs forever (deadline 60 s), so only the signal can end the run early.
     run = run_check(tmp_path, "--nproc", "2", "--timeout", "60", "--inject", "hang:rank=1:stage=train",
@@ -172,7 +176,9 @@ def test_a_rank_that_never_joins_is_named(tmp_path):
 
 @pytest.mark.parametrize("fault, cause", [
     ("badport", "connection refused at 127.0.0.1:"),
-    ("badaddr", "MASTER_ADDR='ddpdoctor-injected-badaddr.invalid' does not resolve"),
+    # test_unresolvable_master_addr_is_one_line (launch_modes) crosses the resolver too: slow tier.
+    pytest.param("badaddr", "MASTER_ADDR='ddpdoctor-injected-badaddr.invalid' does not resolve",
+                 marks=pytest.mark.slow),
 ])
 def test_a_rank_that_cannot_reach_the_rendezvous_is_named_with_why(tmp_path, fault, cause):
     run = run_check(tmp_path, "--nproc", "2", "--timeout", str(TIMEOUT), "--inject", f"{fault}:rank=1")
