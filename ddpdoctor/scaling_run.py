@@ -59,7 +59,7 @@ class Parts:
             self.loss: Callable[[Any, Any], Any] = lambda out, targets: loss_fn(out, targets)
         else:
             user = UserWorkload(spec)
-            self.batches = [user.batch(batch, 1000 * ctx.rank + i) for i in range(BATCHES)]
+            self.batches = user.batches(batch, ctx.rank, BATCHES)
             self._model = lambda seed: user.model(self.device, seed)
             self.loss = loss_of
         self.samples = batch_size_of(self.batches[0][0])
@@ -181,7 +181,8 @@ def _agree_steps(ctx: RankContext, step_s: Optional[float]) -> int:
     return int(ctx.channel.get("scaling/steps"))
 
 
-def _one_size(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, **ddp_options: Any) -> dict[str, Any]:
+def _one_size(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, accumulate: int = 1,
+              **ddp_options: Any) -> dict[str, Any]:
     import torch
 
     slow = SlowCompute(ctx.injector.slow_factor(), parts.device)
@@ -195,8 +196,21 @@ def _one_size(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, **
             ddp = _ddp(model, group, parts.device, **ddp_options)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=TRAIN_LR, momentum=0.9)
         with ctx.collective("ddp_gradient_allreduce", size=n):
-            timed = _train(ctx, parts, ddp, optimizer, steps, ddp.no_sync, slow, ctx.injector.data_delay_s())
+            timed = _train(ctx, parts, ddp, optimizer, steps, ddp.no_sync, slow, ctx.injector.data_delay_s(),
+                           accumulate=accumulate)
     return {"steps": steps, **timed.medians(), "step_ms_all": timed.columns.get("step_ms", [])}
+
+
+def _turn(ctx: RankContext, facts: dict[str, Any], where: tuple[str, str], key: str, n: int, what: str,
+          work: Callable[[], dict[str, Any]]) -> None:
+    """The first n ranks measure into facts[section][name] and publish what they have; every rank
+    then waits for all n."""
+    if ctx.rank < n:
+        section, name = where
+        facts[section][name] = work()
+        ctx.channel.set(f"result/scaling/{ctx.rank}", facts)
+        ctx.channel.set(f"{key}/{ctx.rank}", time.time())
+    wait_for(ctx, [f"{key}/{r}" for r in range(n)], range(n), what)
 
 
 def sizes_for(wanted: tuple[int, ...], world: int) -> list[int]:
@@ -226,22 +240,15 @@ def measure(ctx: RankContext, facts: dict[str, Any]) -> dict[str, Any]:
     steps = _agree_steps(ctx, step_s)
     for n in sizes:
         with ctx.stage(f"scaling_{n}", inject_as="train"):
-            if ctx.rank < n:
-                facts["sizes"][str(n)] = _one_size(ctx, parts, n, groups.get(n), steps)
-                ctx.channel.set(f"result/scaling/{ctx.rank}", facts)
-                ctx.channel.set(f"scaling/done/{n}/{ctx.rank}", time.time())
-            wait_for(ctx, [f"scaling/done/{n}/{r}" for r in range(n)], range(n), f"size {n}")
+            _turn(ctx, facts, ("sizes", str(n)), f"scaling/done/{n}", n, f"size {n}",
+                  lambda: _one_size(ctx, parts, n, groups.get(n), steps))
     largest = max(sizes)
     if largest > 1 and cfg.knobs:
         grad_mb = facts["gradient_bytes"] / 2**20
         for index, (name, options) in enumerate(knob_settings(grad_mb)):
             with ctx.stage("scaling_knob", inject_as=""):
-                if ctx.rank < largest:
-                    facts["knobs"][name] = _one_knob(ctx, parts, largest, groups[largest],
-                                                     max(MIN_STEPS, steps // 4), options)
-                    ctx.channel.set(f"result/scaling/{ctx.rank}", facts)
-                    ctx.channel.set(f"scaling/knob/{index}/{ctx.rank}", time.time())
-                wait_for(ctx, [f"scaling/knob/{index}/{r}" for r in range(largest)], range(largest), name)
+                _turn(ctx, facts, ("knobs", name), f"scaling/knob/{index}", largest, name,
+                      lambda: _one_knob(ctx, parts, largest, groups[largest], max(MIN_STEPS, steps // 4), options))
     with ctx.collective("scaling_barrier"):
         dist.barrier()  # every rank is here: quick
     return facts
@@ -265,20 +272,8 @@ def knob_settings(grad_mb: float) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _one_knob(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, options: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    options = dict(options)
-    accumulate = int(options.pop("accumulate", 1))
-    slow = SlowCompute(ctx.injector.slow_factor(), parts.device)
-    model = parts.model()
-    slow.install(model)
-    with ctx.collective("ddp_construct_broadcast", size=n):
-        ddp = _ddp(model, group, parts.device, **options)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=TRAIN_LR, momentum=0.9)
-    with ctx.collective("ddp_gradient_allreduce", size=n):
-        timed = _train(ctx, parts, ddp, optimizer, steps, ddp.no_sync, slow, ctx.injector.data_delay_s(),
-                       accumulate=accumulate)
-    medians = timed.medians()
+    """A size's training with other DDP settings (`accumulate`: micro-batches per all-reduce)."""
+    timed = _one_size(ctx, parts, n, group, steps, **options)
     # Per micro-batch: with accumulation a "step" here is one micro-batch, all-reduced once in `accumulate`.
-    return {"step_ms": medians["step_ms"], "accumulate": accumulate,
-            "ms_per_batch": round(statistics.fmean(timed.columns["step_ms"]), 4)}
+    return {"step_ms": timed["step_ms"], "accumulate": int(options.get("accumulate", 1)),
+            "ms_per_batch": round(statistics.fmean(timed["step_ms_all"]), 4)}

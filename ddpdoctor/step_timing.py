@@ -183,7 +183,7 @@ def run_steps(ctx: RankContext) -> StepSeries:
             loss_fn: Any = nn.CrossEntropyLoss()
         else:
             sampler = None
-            loader = [user.batch(batch, 1000 * ctx.rank + i) for i in range(16)]
+            loader = user.batches(batch, ctx.rank, 16)
             loss_fn = loss_of
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         series.parameters = sum(p.numel() for p in model.parameters())

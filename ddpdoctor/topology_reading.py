@@ -13,7 +13,7 @@ import time
 from typing import Any, Optional
 
 from ddpdoctor import nvml
-from ddpdoctor.gpu_health import _constant
+from ddpdoctor.gpu_health import _constant, _read
 from ddpdoctor.host_layout import cpulist, pci_numa_node
 
 # NVML_TOPOLOGY_* (nvml.h) → the letters `nvidia-smi topo -m` prints for that level.
@@ -23,10 +23,6 @@ P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DISABLED", 5: "NS", 6: 
 NVLINK_REMOTE = {0: "gpu", 1: "ibmnpu", 2: "switch"}
 LOAD_SECONDS = 0.25
 COPY_BYTES = 64 << 20
-
-
-def _read(function: str, *args: Any, convert: Any = lambda v: v) -> Any:
-    return nvml.plain(nvml.query(function, *args, convert=convert))
 
 
 def _bus_id(info: Any) -> str:

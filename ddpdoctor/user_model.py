@@ -168,6 +168,10 @@ class UserWorkload:
                              "tensors (inputs may be a tuple of tensors)")
         return produced[0], produced[1]
 
+    def batches(self, batch_size: int, rank: int, count: int) -> list[tuple[Any, Any]]:
+        """`count` batches for this rank, each drawn with its own seed, as a sampler would shard."""
+        return [self.batch(batch_size, 1000 * rank + i) for i in range(count)]
+
 
 def validate(spec: ModelSpec, batch_size: int = 2) -> dict[str, Any]:
     """Build the model, make a batch, run forward and backward once on the CPU; one line on any failure."""

@@ -150,7 +150,7 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
             loss_fn: Any = nn.CrossEntropyLoss()
         else:  # the user's batches, one per step, drawn with a per-rank seed as a sampler would shard
             sampler = None
-            loader = [user.batch(batch, 1000 * ctx.rank + i) for i in range(total_steps)]
+            loader = user.batches(batch, ctx.rank, total_steps)
             loss_fn = loss_of
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
         params = sum(p.numel() for p in model.parameters())

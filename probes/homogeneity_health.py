@@ -10,6 +10,7 @@ from collections import defaultdict
 from typing import Any, Callable, Mapping, Optional
 
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.host_layout import parse_cpulist
 
 from .base import RunView
 
@@ -34,12 +35,13 @@ def _num(value: Any) -> Optional[float]:
 
 
 def cpu_set(text: Any) -> set[int]:
-    """`0-3,8` (as rank_ranges writes an affinity) → {0, 1, 2, 3, 8}; unreadable → empty."""
+    """`0-3,8` (as rank_ranges writes an affinity) → {0, 1, 2, 3, 8}; an unreadable part is skipped."""
     cpus: set[int] = set()
     for part in str(text or "").split(","):
-        lo, _, hi = part.partition("-")
-        if lo.strip().isdigit() and (not hi or hi.strip().isdigit()):
-            cpus.update(range(int(lo), int(hi or lo) + 1))
+        try:
+            cpus |= parse_cpulist(part)
+        except ValueError:
+            continue
     return cpus
 
 

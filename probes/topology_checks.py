@@ -70,7 +70,7 @@ def node_views(facts: Facts, run: RunView) -> list[NodeView]:
     return list(views.values())
 
 
-def _m(value: Any) -> Mapping[str, Any]:
+def as_mapping(value: Any) -> Mapping[str, Any]:
     """Facts read back from a file may hold anything where a mapping belongs."""
     return value if isinstance(value, Mapping) else {}
 
@@ -81,7 +81,7 @@ def _finding(code: str, severity: Severity, title: str, ranks: Iterable[int], no
                    nodes=tuple(dict.fromkeys(nodes)), evidence=evidence, why=why, fix=fix)
 
 
-def _ranks_on(view: NodeView, index: int) -> list[int]:
+def ranks_on(view: NodeView, index: int) -> list[int]:
     return [r for r, g in view.rank_gpu.items() if g == index]
 
 
@@ -151,7 +151,7 @@ def nvlink_findings(view: NodeView) -> list[Finding]:
             if have >= best:
                 continue
             down = [link.get("link") for link in links(gpu) if link.get("active") is not True]
-            ranks = _ranks_on(view, gpu["index"])
+            ranks = ranks_on(view, gpu["index"])
             none_left = have == 0
             if none_left and not fabric:
                 severity = Severity.INFO  # no bridge fitted, or a bridge that is down: NVML cannot tell
@@ -255,7 +255,7 @@ def asymmetry_findings(view: NodeView) -> list[Finding]:
                 or len(active_links(view.gpu(gpu))) < len(links(view.gpu(gpu))):
             continue
         usual_level = next(c for c in best.values() if level_rank(c) == usual)
-        ranks = _ranks_on(view, gpu)
+        ranks = ranks_on(view, gpu)
         findings.append(_finding(
             "TOP003", Severity.WARN,
             f"GPU {gpu} on {view.host} reaches the other GPUs only through {level}; the others have {usual_level}",
@@ -291,7 +291,7 @@ def p2p_findings(view: NodeView) -> list[Finding]:
     if not bad:
         return []
     involved = {int(x) for p in bad for x in p["gpus"].split("-")}
-    ranks = [r for g in involved for r in _ranks_on(view, g)]
+    ranks = [r for g in involved for r in ranks_on(view, g)]
     return [_finding(
         "TOP004", Severity.WARN,
         f"GPU peer-to-peer is unavailable between {len(bad)} GPU pair{'s' if len(bad) != 1 else ''} on {view.host} "
@@ -315,7 +315,7 @@ def _cpus(text: Any) -> Optional[set[int]]:
 
 
 def affinity_findings(view: NodeView, facts: Facts) -> list[Finding]:
-    numa = _m(view.node).get("numa")
+    numa = as_mapping(view.node).get("numa")
     if not isinstance(numa, Mapping) or "unknown" in numa or len(numa) < 2 or not view.rank_gpu:
         return []  # one NUMA node: every CPU is local to every GPU
     if any(_cpus(c) is None for c in numa.values()):
@@ -367,7 +367,7 @@ def _loaded_pcie(view: NodeView, facts: Facts, index: int, at_max: bool) -> Opti
     idle = view.gpu(index).get("pcie_idle")
     idle = idle if isinstance(idle, Mapping) else {}
     if not at_max:
-        for rank in _ranks_on(view, index):
+        for rank in ranks_on(view, index):
             load = facts[rank].get("load")
             link = load.get("pcie") if isinstance(load, Mapping) else None
             if isinstance(link, Mapping) and pcie_gbps(link.get("gen"), link.get("width")) is not None:
@@ -395,7 +395,7 @@ def ring_hops(view: NodeView, facts: Facts, at_max: bool = False) -> list[Hop]:
 
 
 def _network_mbps(view: NodeView) -> list[int]:
-    listed = _m(view.node).get("nics")
+    listed = as_mapping(view.node).get("nics")
     nics = [n for n in (listed if isinstance(listed, list) else []) if isinstance(n, Mapping)
             and not n.get("virtual") and n.get("up") and isinstance(n.get("speed_mbps"), int)]
     rdma = [n for n in nics if n.get("rdma")]
@@ -445,7 +445,7 @@ def no_gpu_findings(views: list[NodeView]) -> list[Finding]:
     bare = [v for v in views if v.node is not None and not v.gpus]
     if not bare:
         return []
-    reasons = {v.host: str(_m(_m(v.node).get("gpus")).get("unknown") or "NVML sees no GPU") for v in bare}
+    reasons = {v.host: str(as_mapping(as_mapping(v.node).get("gpus")).get("unknown") or "NVML sees no GPU") for v in bare}
     return [_finding("TOP009", Severity.INFO,
                      f"No GPU topology on {len(bare)} node{'s' if len(bare) != 1 else ''}: CPU placement and NICs only",
                      [r for v in bare for r in v.ranks], list(reasons), {"why_no_gpus": reasons},

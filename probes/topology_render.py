@@ -14,7 +14,7 @@ from rich.text import Text
 from ddpdoctor.findings import Severity, rank_ranges
 
 from .base import RunView
-from .topology_checks import NodeView, cell, diagnose_topology, node_views
+from .topology_checks import NodeView, as_mapping, cell, diagnose_topology, node_views, ranks_on
 
 MAX_NODES = 2
 
@@ -37,17 +37,12 @@ def _marks(findings: list[Any], host: str) -> tuple[set[int], set[tuple[int, int
     return gpus, pairs
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _link(view: NodeView, facts: Mapping[int, Mapping[str, Any]], index: int) -> str:
-    for rank in view.ranks:
-        if view.rank_gpu.get(rank) == index:
-            link = _mapping(_mapping(facts[rank].get("load")).get("pcie"))
-            if "gen" in link:
-                return f"Gen{link.get('gen')} x{link.get('width')} / Gen{link.get('max_gen')} x{link.get('max_width')}"
-    idle = _mapping(view.gpu(index).get("pcie_idle"))
+    for rank in ranks_on(view, index):
+        link = as_mapping(as_mapping(facts[rank].get("load")).get("pcie"))
+        if "gen" in link:
+            return f"Gen{link.get('gen')} x{link.get('width')} / Gen{link.get('max_gen')} x{link.get('max_width')}"
+    idle = as_mapping(view.gpu(index).get("pcie_idle"))
     return f"idle, max Gen{idle.get('max_gen')} x{idle.get('max_width')}"
 
 
@@ -67,7 +62,7 @@ def _matrix(view: NodeView, facts: Mapping[int, Mapping[str, Any]], findings: li
         for b in indices:
             text = cell(view, a, b)
             cells.append(Text(text, style="bold red" if (a, b) in bad_pairs else ("dim" if text == "X" else "")))
-        ranks = [r for r, g in view.rank_gpu.items() if g == a]
+        ranks = ranks_on(view, a)
         table.add_row(Text(f"GPU{a}", style="bold red" if a in bad_gpus else ""), *cells,
                       str(gpu.get("cpu_affinity") if isinstance(gpu.get("cpu_affinity"), str) else "?"),
                       str(gpu.get("numa_node") if gpu.get("numa_node") is not None else "-"),
