@@ -13,7 +13,7 @@ from ddpdoctor.config import CheckConfig
 from ddpdoctor.inject import Injector
 from ddpdoctor.launch_env import LaunchEnv
 from ddpdoctor.liveness import Watchdog
-from ddpdoctor.rank_state import RankState, StageRecord
+from ddpdoctor.rank_state import RankState, StageRecord, Terminated
 
 
 class StageFailed(Exception):
@@ -64,6 +64,9 @@ class RankContext:
             record.ended, record.status = time.time(), "error"
             raise
         except Exception as exc:
+            if self.state.terminating:
+                record.ended, record.status = time.time(), "stopped"
+                raise Terminated() from exc
             record.ended, record.status = time.time(), "error"
             record.detail = f"{type(exc).__name__}: {exc}"
             self._publish(f"error/{self.rank}", {
@@ -83,7 +86,7 @@ class RankContext:
             self.state.stage, self.state.stage_started = outer, outer_started
             self.state.collective = None
             self._publish_timeline()
-            if record.status == "ok" and outer not in ("start", "end"):
+            if record.status == "ok" and outer not in ("launch", "end"):
                 # Give the enclosing stage a fresh deadline for its remaining work.
                 self.watchdog.arm(outer, self.cfg.timeout_s)
             else:

@@ -8,6 +8,7 @@ srun, where we do not own the command line). Faults are always recorded in the r
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -22,14 +23,22 @@ ENV_VAR = "DDPDOCTOR_INJECT"
 INJECTED_CRASH_EXIT = 86
 
 STAGES = ("rendezvous", "init", "ddp", "train", "verify", "report")
-# Not a stage: inside DDP's gradient all-reduce mark, before the call reaches the backend, so
-# its peers wait in the collective while this rank is stuck in its own code.
-FAULT_STAGES = STAGES + ("collective",)
+# Not stages a rank publishes: `launch` is the process's first line, before torch is imported
+# or the store dialled; `collective` is inside DDP's gradient all-reduce mark, before the call
+# reaches the backend, so its peers wait in the collective while this rank is stuck in its own code.
+FAULT_STAGES = ("launch",) + STAGES + ("collective",)
+# `stage=probe:NAME` (e.g. probe:topology): at the entry of that probe's stage.
+PROBE_STAGE_PREFIX = "probe:"
 
 _KEYS = {
     "slow": {"rank": True, "factor": True},
     "hang": {"rank": True, "stage": True},
     "crash": {"rank": True, "stage": True},
+    "kill": {"rank": True, "stage": True},  # SIGKILL to itself, as the kernel's OOM killer or `kill -9` would
+    "oom": {"rank": True, "stage": True},  # really allocates until an allocation fails (MemoryError / CUDA OOM)
+    # The rank signals ddpdoctor's own launcher (standalone only), as Ctrl-C or `kill` would.
+    "sigint": {"rank": True, "stage": True},
+    "sigterm": {"rank": True, "stage": True},
     "diverge": {"rank": True},
     "corrupt": {"rank": True},  # the rank's collective results come out wrong (checked by allreduce)
     "slowlink": {"ranks": True},  # collectives between these two ranks crawl (localised by allreduce)
@@ -52,11 +61,14 @@ SLOW_LINK_BYTES_PER_S = 0.25e9
 
 _HELP = (
     "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init, "
-    "hang:rank=1:stage=collective, diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, desync:rank=1, "
+    "hang:rank=1:stage=collective, kill:rank=1:stage=ddp, oom:rank=1:stage=probe:topology, "
+    "sigint:rank=0:stage=train, sigterm:rank=1:stage=init, diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, desync:rank=1, "
     "noshow:rank=1, badport:rank=1, badaddr:rank=1, dtype:rank=1, slowdata:rank=1:ms=20 or bigbatch:rank=1:factor=2; "
     "stages: "
-    + ", ".join(FAULT_STAGES)
+    + ", ".join(FAULT_STAGES) + " or probe:NAME"
 )
+# Faults that signal the launcher need one that ddpdoctor started.
+LAUNCHER_SIGNALS = {"sigint": "SIGINT", "sigterm": "SIGTERM"}
 
 
 @dataclass(frozen=True)
@@ -99,7 +111,7 @@ def parse_faults(spec: Optional[str]) -> tuple[Fault, ...]:
 
 
 def _parse_one(item: str) -> Fault:
-    kind, *pairs = item.split(":")
+    kind, *pairs = _rejoin_probe_stage(item.split(":"))
     kind = kind.strip().lower()
     if kind not in _KEYS:
         raise UsageError(f"unknown fault kind {kind!r} in --inject {item!r}: {_HELP}")
@@ -129,8 +141,8 @@ def _parse_one(item: str) -> Fault:
     if rank < 0:
         raise UsageError(f"rank must be >= 0 in --inject {item!r}")
     stage = values.get("stage")
-    if stage is not None and stage not in FAULT_STAGES:
-        raise UsageError(f"unknown stage {stage!r} in --inject {item!r}: {_HELP}")
+    if stage is not None:
+        stage = _valid_stage(stage.lower(), item)
     factor = None
     if "factor" in values:
         try:
@@ -150,6 +162,41 @@ def _parse_one(item: str) -> Fault:
         if not 0.0 <= ms <= 60000.0:
             raise UsageError(f"ms must be between 0 and 60000 in --inject {item!r}")
     return Fault(kind=kind, rank=rank, stage=stage, factor=factor, peer=peer, ms=ms)
+
+
+def _rejoin_probe_stage(parts: list[str]) -> list[str]:
+    """`stage=probe:topology` was split at its own colon: put the probe's name back."""
+    out: list[str] = []
+    for part in parts:
+        if out and "=" not in part and out[-1].replace(" ", "").lower().endswith("stage=probe"):
+            out[-1] += ":" + part
+        else:
+            out.append(part)
+    return out
+
+
+def _valid_stage(stage: str, item: str) -> str:
+    if stage.startswith(PROBE_STAGE_PREFIX):
+        from ddpdoctor.probes import all_probes
+
+        name = stage[len(PROBE_STAGE_PREFIX):].strip()
+        if name not in all_probes():
+            raise UsageError(f"unknown probe {name!r} in stage {stage!r} of --inject {item!r}: "
+                             f"choose from {', '.join(all_probes())}")
+        return PROBE_STAGE_PREFIX + name
+    if stage not in FAULT_STAGES:
+        raise UsageError(f"unknown stage {stage!r} in --inject {item!r}: {_HELP}")
+    return stage
+
+
+def check_standalone(faults: tuple[Fault, ...], standalone: bool) -> None:
+    """sigint/sigterm signal ddpdoctor's own launcher; under torchrun or srun there is none to signal."""
+    if standalone:
+        return
+    for fault in faults:
+        if fault.kind in LAUNCHER_SIGNALS:
+            raise UsageError(f"--inject {fault.describe()} signals ddpdoctor's own launcher: run `ddpdoctor check` "
+                             "without torchrun or srun for it, or interrupt your launcher yourself")
 
 
 def check_ranks(faults: tuple[Fault, ...], world_size: int) -> None:
@@ -175,11 +222,18 @@ class Injector:
             if fault.stage != stage:
                 continue
             if fault.kind == "crash":
-                sys.stderr.write(f"ddpdoctor: injected crash on rank {self.rank} in stage {stage}\n")
-                sys.stderr.flush()
+                _say(f"injected crash on rank {self.rank} in stage {stage}")
                 os._exit(INJECTED_CRASH_EXIT)
             if fault.kind == "hang":
                 _hang_forever()
+            if fault.kind == "kill":
+                _say(f"injected SIGKILL on rank {self.rank} in stage {stage}")
+                os.kill(os.getpid(), signal.SIGKILL)
+            if fault.kind == "oom":
+                _say(f"injected out-of-memory on rank {self.rank} in stage {stage}")
+                run_out_of_memory()
+            if fault.kind in LAUNCHER_SIGNALS:
+                _signal_launcher(self.rank, stage, LAUNCHER_SIGNALS[fault.kind])
 
     def slow_factor(self) -> float:
         factors = [f.factor for f in self.faults if f.kind == "slow" and f.factor]
@@ -224,6 +278,59 @@ class Injector:
         if any(f.kind == "slowlink" and {f.rank, f.peer} <= members for f in self.faults):
             return size_bytes / SLOW_LINK_BYTES_PER_S
         return 0.0
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"ddpdoctor: {line}\n")
+    sys.stderr.flush()
+
+
+def _signal_launcher(rank: int, stage: str, name: str) -> None:
+    from ddpdoctor.launch_env import LAUNCHER_PID_VAR
+
+    pid = os.environ.get(LAUNCHER_PID_VAR, "")
+    if pid.isdigit():
+        _say(f"injected {name} to the launcher (pid {pid}) from rank {rank} in stage {stage}")
+        os.kill(int(pid), getattr(signal, name))
+
+
+# Address space left to a rank that must run out of memory: enough for its threads to go on.
+_OOM_HEADROOM_BYTES = 256 << 20
+_OOM_CHUNK_BYTES = 16 << 20
+
+
+def run_out_of_memory() -> None:
+    """Allocate until an allocation really fails, then free it all and let the error propagate.
+
+    On a GPU rank: CUDA memory until torch raises OutOfMemoryError. On a CPU rank: the
+    address space is capped (RLIMIT_AS) a little above what the process uses, then filled;
+    the cap is lifted again before the MemoryError leaves, so the rank can still report it.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        held = []
+        try:
+            while True:
+                held.append(torch.empty(1 << 30, dtype=torch.uint8, device=torch.cuda.current_device()))
+        finally:
+            del held
+            torch.cuda.empty_cache()
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as statm:
+        used = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    cap = used + _OOM_HEADROOM_BYTES
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    blocks: list[bytearray] = []
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        while True:
+            blocks.append(bytearray(_OOM_CHUNK_BYTES))
+    finally:
+        blocks.clear()
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def _closed_port(avoid: int) -> int:

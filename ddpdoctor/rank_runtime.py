@@ -22,17 +22,14 @@ from ddpdoctor.config import CheckConfig
 from ddpdoctor.context import RankContext, StageFailed
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import EXIT_CRITICAL, EXIT_UNKNOWN
-from ddpdoctor.inject import Injector, check_ranks, no_show
+from ddpdoctor import host_load
+from ddpdoctor.inject import Injector, check_ranks, check_standalone, no_show
 from ddpdoctor.launch_env import BACKEND_VAR, DEVICE_VAR, LaunchEnv, launcher_pid
 from ddpdoctor.liveness import Heartbeat, SideChannel, Watchdog
 from ddpdoctor.net_facts import Resolution, resolve, wait_for_port
-from ddpdoctor.rank_state import RankState
+from ddpdoctor.rank_state import RankState, Terminated
 from ddpdoctor.probes.init_hang import NAME as INIT_PROBE, before_rendezvous
 from ddpdoctor.run_record import RunRecord, read_record
-
-
-class _Terminated(BaseException):
-    """SIGTERM from our launcher or torchrun's agent: stop, but report first."""
 
 
 def _die_with_parent() -> None:
@@ -196,17 +193,27 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks for our stacks
 
+    state = RankState()
+
     def on_sigterm(signum: int, frame: Any) -> None:
-        raise _Terminated()
+        # SIGTERM from our launcher or torchrun's agent: stop, but report first.
+        state.terminating = True
+        raise Terminated()
 
     signal.signal(signal.SIGTERM, on_sigterm)
     check_ranks(cfg.inject, env.world_size)
+    check_standalone(cfg.inject, standalone=parent is not None)
+    Injector(cfg.inject, env.rank).at_stage("launch")
     if Injector(cfg.inject, env.rank).no_show():
         no_show()  # a process that never joins: only its launcher's deadline ends it
-    # Heavy imports before the first deadline is armed: DDP's constructor imports
-    # torch._dynamo, seconds of CPU on a loaded node, which no stage should be charged for.
-    import torch._dynamo  # noqa: F401
-    import torch.nn.parallel  # noqa: F401
+    from ddpdoctor.probes import get_probe
+
+    if any(get_probe(name).trains for name in cfg.probes):
+        # Heavy imports before the first deadline is armed: DDP's constructor imports
+        # torch._dynamo, seconds of CPU on a loaded node, which no stage should be charged for.
+        # Probes that build no DDP model skip them: 2 s of CPU per rank.
+        import torch._dynamo  # noqa: F401
+        import torch.nn.parallel  # noqa: F401
 
     import psutil
 
@@ -230,8 +237,6 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
         # Before anyone waits on anyone: a rank that hangs from here on has already said how it got here.
         channel.set(f"result/{INIT_PROBE}/{env.rank}", before_rendezvous(env, lookup, connect_s, record.started))
 
-    state = RankState()
-
     def emergency_report() -> Optional[int]:
         # Our own stage deadline fired on the reporter: say what we know before exiting.
         if env.is_reporter:
@@ -244,8 +249,9 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     heartbeat = Heartbeat(side, env.rank, state, cfg.heartbeat_s, cfg.silent_after_s, parent)
     heartbeat.start()
     ctx = RankContext(env, cfg, channel, Injector(cfg.inject, env.rank), state, watchdog)
-
-    from ddpdoctor.probes import get_probe
+    if env.local_rank == 0:
+        # Whose CPU the check shares: read again by homogeneity, against this start.
+        ctx.cache["host_load_start"] = host_load.sample()
 
     healthy = True
     code = 0
@@ -256,7 +262,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
             with ctx.stage("init"):
                 _init(ctx, hellos)
             for name in cfg.probes:
-                with ctx.stage(f"probe:{name}", inject_as="", deadline_s=cfg.timeout_s):
+                with ctx.stage(f"probe:{name}", deadline_s=cfg.timeout_s):
                     channel.set(f"result/{name}/{env.rank}", get_probe(name).collect(ctx))
         except StageFailed:
             healthy = False
@@ -290,7 +296,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
             sys.stderr.write(f"ddpdoctor: rank {env.rank} lost the rendezvous store at {env.master_addr}:"
                              f"{env.master_port} (its host, rank 0 or the launcher, is gone); no report from here\n")
             code = EXIT_CRITICAL
-    except (_Terminated, KeyboardInterrupt):
+    except (Terminated, KeyboardInterrupt):
         watchdog.close()
         side.set(f"terminated/{env.rank}", time.time())
         if env.store_host != "launcher":

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
+class Terminated(BaseException):
+    """The rank was asked to stop (SIGTERM from its launcher): BaseException, so no
+    `except Exception` on the way turns the stop into a failure of the stage it was in."""
+
+
 @dataclass
 class StageRecord:
     name: str
@@ -26,12 +31,15 @@ class StageRecord:
 
 @dataclass
 class RankState:
-    stage: str = "start"
+    stage: str = "launch"
     stage_started: float = field(default_factory=time.time)
     collective: Optional[dict[str, Any]] = None
     collectives_entered: int = 0
     failed_collective: Optional[dict[str, Any]] = None  # the collective an exception came out of
     store_lost: bool = False  # a write to the out-of-band store failed: its host is gone
+    # Set by the SIGTERM handler before it raises: an exception seen after this is the stop
+    # mangled on its way out (e.g. "release unlocked lock" from a `with lock:` it cut), not a fault.
+    terminating: bool = False
     timeline: list[StageRecord] = field(default_factory=list)
 
     def snapshot(self) -> dict[str, Any]:

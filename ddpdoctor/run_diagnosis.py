@@ -65,8 +65,19 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
                                    {"deadline_s": t.get("deadline_s"), "stack": t.get("stack", "")})
         elif rank in record.errors:
             e = record.errors[rank]
+            detail = {"error": f"{e.get('type')}: {e.get('message')}", "traceback": e.get("traceback", "")}
+            if out_of_memory(f"{detail['error']}\n{detail['traceback']}"):
+                detail["out_of_memory"] = True
+            if _injected(record, rank, ("oom",)):
+                detail["injected"] = True
             fates[rank] = RankFate(rank, "error", float(e.get("t", 0)), e.get("collective"), str(e.get("stage", stage)),
-                                   {"error": f"{e.get('type')}: {e.get('message')}", "traceback": e.get("traceback", "")})
+                                   detail)
+        elif record.interrupted and exit_info is not None and exit_info.killed_by_us \
+                and exit_info.killed_by_us.startswith("interrupted"):
+            # Stopped because the launcher was: wherever it was then (even before its hello), the
+            # signal is the cause, not the rank.
+            fates[rank] = RankFate(rank, "interrupted", exit_info.t, hb.get("collective"), stage,
+                                   {"reason": exit_info.killed_by_us, "log_tail": exit_info.log_tail})
         elif exit_info is not None and exit_info.killed_by_us and rank not in record.hellos and not hb:
             # Its process ran, but it never said hello: it never joined (stuck before the
             # rendezvous, or pointed elsewhere). Its output says where it was.
@@ -89,8 +100,10 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
             detail: dict[str, Any] = {"exit_code": code, "log_tail": exit_info.log_tail}
             if code < 0:
                 detail["signal"] = signal_name(code)
-            if code == INJECTED_CRASH_EXIT:
+            if code == INJECTED_CRASH_EXIT or _injected(record, rank, ("kill", "oom")):
                 detail["injected"] = True
+            if out_of_memory("\n".join(exit_info.log_tail)):
+                detail["out_of_memory"] = True
             if code == STAGE_TIMEOUT_EXIT:
                 detail["note"] = "the rank's own stage deadline fired, but its report did not reach the store"
             if code == ORPHANED_EXIT:
@@ -98,7 +111,7 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
             fates[rank] = RankFate(rank, "crash", exit_info.t, None, stage, detail)
         elif rank in record.dead:
             detail = {"exit_code": None, "note": record.dead[rank]}
-            if any(f.kind == "crash" and f.rank == rank for f in parse_faults(",".join(record.faults))):
+            if _injected(record, rank, ("crash", "kill", "oom")):
                 detail["injected"] = True
             fates[rank] = RankFate(rank, "crash", record.ended, None, stage, detail)
         elif rank in record.done:
@@ -112,6 +125,19 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
             fates[rank] = RankFate(rank, "silent", float(hb.get("t", record.ended)), hb.get("collective"),
                                    str(hb.get("stage", stage)), {"heartbeat_age_s": round(age, 1)})
     return fates
+
+
+# What an allocation failure says: Python, torch's CPU allocator, CUDA, and C++ under both.
+_OOM = re.compile(r"MemoryError|OutOfMemoryError|out of memory|can't allocate memory|Cannot allocate memory"
+                  r"|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED")
+
+
+def out_of_memory(text: str) -> bool:
+    return bool(_OOM.search(text))
+
+
+def _injected(record: RunRecord, rank: int, kinds: tuple[str, ...]) -> bool:
+    return any(f.kind in kinds and f.rank == rank for f in parse_faults(",".join(record.faults)))
 
 
 def diagnose_run(record: RunRecord) -> list[Finding]:
@@ -263,6 +289,11 @@ def _tail(text: str, lines: int = 12) -> list[str]:
     return [line for line in str(text).rstrip().splitlines()][-lines:]
 
 
+_OOM_FIX = ("Lower the per-rank batch or model size, or run fewer ranks per node; on a GPU check `nvidia-smi` for "
+            "other processes on that device and try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against "
+            "fragmentation; on the host check the job's memory limit (Slurm --mem, cgroup, `ulimit -v`).")
+
+
 def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, RankFate]) -> Finding:
     affected = _victims_evidence(victims)
     where = f"rank {rank} ({host})"
@@ -271,9 +302,11 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
                                             if fate.detail.get("exit_code") is not None else "process gone")
         injected = fate.detail.get("injected")
         killed_oom = fate.detail.get("signal") == "SIGKILL"
+        oom = fate.detail.get("out_of_memory")
         return Finding(
             code="RUN002", severity=Severity.CRITICAL, probe=PROBE,
-            title=f"{where} crashed in stage {fate.stage} ({how})" + (" [injected]" if injected else ""),
+            title=f"{where} crashed in stage {fate.stage} ({how})" + (": out of memory" if oom else "")
+                  + (" [injected]" if injected else ""),
             ranks=(rank,), nodes=(host,) if host != "?" else (),
             evidence={"stage": fate.stage, **{k: v for k, v in fate.detail.items() if k != "log_tail"},
                       "last_output": fate.detail.get("log_tail", [])[-12:], "affected_ranks": affected},
@@ -281,6 +314,7 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
                  + ("SIGKILL without a Python error is most often the kernel's out-of-memory killer. " if killed_oom else "")
                  + ("This crash was injected on purpose (--inject or DDPDOCTOR_INJECT)." if injected else "")).strip(),
             fix=("Nothing to fix: run without --inject / DDPDOCTOR_INJECT." if injected else
+                 _OOM_FIX if oom else
                  "Check `dmesg | grep -i -E 'oom|killed process'` on that host; if memory is short, run fewer ranks "
                  "per node or a smaller batch." if killed_oom else
                  "Read the rank's last output above: it shows the error that ended the process."
@@ -288,14 +322,21 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
                  "Read that rank's own output (torchrun prefixes it with [rankN]:) for the error that ended it."),
         )
     if fate.kind == "error":
+        oom, injected = fate.detail.get("out_of_memory"), fate.detail.get("injected")
         return Finding(
             code="RUN003", severity=Severity.CRITICAL, probe=PROBE,
-            title=f"{where} failed in stage {fate.stage}: {fate.detail.get('error')}",
+            title=f"{where} {'ran out of memory' if oom else 'failed'} in stage {fate.stage}: "
+                  f"{fate.detail.get('error')}" + (" [injected]" if injected else ""),
             ranks=(rank,), nodes=(host,) if host != "?" else (),
             evidence={"stage": fate.stage, "error": fate.detail.get("error"),
+                      **{k: True for k in ("out_of_memory", "injected") if fate.detail.get(k)},
                       "traceback": _tail(fate.detail.get("traceback", ""), 6), "affected_ranks": affected},
-            why="An exception ended this stage on this rank; the ranks waiting for it could not go on.",
-            fix="Fix the error shown; if it names a backend or device, see docs/runtime.md for that message.",
+            why=("An allocation failed on this rank (host memory or GPU memory), which ended its stage; the ranks "
+                 "waiting for it could not go on." if oom else
+                 "An exception ended this stage on this rank; the ranks waiting for it could not go on.")
+                + (" It was injected on purpose (--inject or DDPDOCTOR_INJECT)." if injected else ""),
+            fix=("Nothing to fix: run without --inject / DDPDOCTOR_INJECT." if injected else _OOM_FIX if oom else
+                 "Fix the error shown; if it names a backend or device, see docs/runtime.md for that message."),
         )
     if fate.kind == "timeout":
         return Finding(

@@ -76,7 +76,7 @@ class RunRecord:
                 return str(entry["name"])
         if timeline:
             return str(timeline[-1]["name"])
-        return "start"
+        return "launch"
 
 
 def read_record(channel: Channel, record: RunRecord) -> RunRecord:

@@ -35,6 +35,7 @@ def _fmt_bytes(size: int) -> str:
 
 class AllReduce:
     name = NAME
+    trains = False
     summary = "Sweep collective sizes: algbw/busbw as nccl-tests, wrong elements counted, slow link localised."
 
     # -- collect (on each rank) -------------------------------------------------

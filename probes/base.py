@@ -32,6 +32,8 @@ class RunView:
 class Probe(Protocol):
     name: str
     summary: str
+    # Builds a DDP model: its rank needs torch._dynamo (seconds of import) before the first deadline.
+    trains: bool
 
     def collect(self, ctx: "RankContext") -> Mapping[str, Any]:
         """Measure on this rank; returns JSON-able facts."""

@@ -25,6 +25,7 @@ def _median(values: list[float]) -> float:
 
 class DdpSmoke:
     name = NAME
+    trains = True
     summary = "Run a short real DDP training; check every rank steps and ends with identical weights."
 
     # -- collect (on each rank) -------------------------------------------------

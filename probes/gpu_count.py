@@ -26,6 +26,7 @@ NCCL_DUPLICATE_ERRORS = ("Duplicate GPU detected : rank 0 and rank 1 both on CUD
 
 class GpuCount:
     name = NAME
+    trains = True
     summary = "Compare what torch, NVML, CUDA_VISIBLE_DEVICES, the launcher and Slurm say each rank's GPU is."
 
     # -- collect (on each rank) -------------------------------------------------

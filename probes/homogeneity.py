@@ -8,9 +8,11 @@ by each value and names the odd ones. The reading is shared with `ddpdoctor snap
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from typing import Any, Callable, Mapping, Optional
 
+from ddpdoctor import host_load
 from ddpdoctor.findings import Finding, Severity, rank_ranges
 from ddpdoctor.grouping import describe_groups, group_ranks, minority, shown
 from ddpdoctor.node_facts import read_device_facts, read_gpu_state
@@ -74,6 +76,7 @@ COMPARED_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_")
 
 class Homogeneity:
     name = NAME
+    trains = True
     summary = "Compare GPUs, drivers, torch/NCCL, GPU health, environment and measured speed across ranks and nodes."
 
     # -- collect (on each rank) -------------------------------------------------
@@ -90,6 +93,8 @@ class Homogeneity:
         workload = run_workload(ctx)
         facts["measured"]["step_ms"] = _median([s.step_ms for s in workload.steps])
         facts["measured"]["forward_ms"] = _median([s.forward_ms for s in workload.steps])
+        if ctx.cache.get("host_load_start") is not None:
+            facts["host_load"] = _foreign_load(ctx, facts)
         return facts
 
     # -- diagnose (pure) --------------------------------------------------------
@@ -124,6 +129,17 @@ class Homogeneity:
         if not any(f.severity >= Severity.WARN for f in findings):
             findings.insert(0, _all_agree(facts, run))
         return findings
+
+
+def _foreign_load(ctx: Any, facts: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    """Other processes' CPU on this host from the rank's start to now (local rank 0 only)."""
+    end = host_load.sample()
+    if end is None:
+        return None
+    hellos = ctx.channel.collect("hello/{rank}", range(ctx.world_size))
+    pids = [int(h["pid"]) for h in hellos.values() if h.get("host") == ctx.env.hostname and h.get("pid")]
+    cpus = int((facts.get("host_hw") or {}).get("cpus_usable") or os.cpu_count() or 1)
+    return host_load.foreign_load(ctx.cache["host_load_start"], end, host_load.our_processes(pids), cpus)
 
 
 def _measure_matmul(ctx: Any) -> Any:

@@ -205,6 +205,7 @@ def host_findings(facts: Facts, run: RunView) -> list[Finding]:
             threads[host] = (f"{len(live)} ranks with {wanted} compute threads between them on {cores} CPUs, "
                              "OMP_NUM_THREADS unset")
             thread_ranks += unset
+    out += _busy_hosts(facts, by_host)
     if low_ram:
         first = next(iter(low_ram))
         out.append(Finding(
@@ -227,3 +228,36 @@ def host_findings(facts: Facts, run: RunView) -> list[Finding]:
             fix="Export OMP_NUM_THREADS=<cores per node / ranks per node> in the job script (or use torchrun).",
         ))
     return out
+
+
+# Other processes using half the host's CPUs or more (at least one CPU's worth) during the check.
+BUSY_HOST_SHARE = 0.5
+
+
+def _busy_hosts(facts: Facts, by_host: Mapping[str, list[int]]) -> list[Finding]:
+    """HOM015: the host was busy with other processes while the check ran (local rank 0 measured it)."""
+    busy: dict[str, str] = {}
+    measured: dict[str, Any] = {}
+    for host, ranks in by_host.items():
+        load = next((facts[r]["host_load"] for r in ranks if isinstance(facts[r].get("host_load"), Mapping)), None)
+        if load is None:
+            continue
+        cpus, used = _int(load.get("cpus")) or 0, _num(load.get("foreign_cpus_busy")) or 0.0
+        if cpus and used >= max(1.0, BUSY_HOST_SHARE * cpus):
+            top = ", ".join(f"pid {p.get('pid')} {p.get('name')} {p.get('cpu_pct')}%" for p in load.get("top") or [])
+            busy[host] = f"{used:.1f} of {cpus} CPUs used by other processes" + (f" ({top})" if top else "")
+            measured[host] = load
+    if not busy:
+        return []
+    first = next(iter(busy))
+    ranks = tuple(r for host in busy for r in by_host[host])
+    return [Finding(
+        code="HOM015", severity=Severity.WARN, probe=NAME,
+        title=f"Host {first} is busy with other processes: {busy[first]}", ranks=ranks, nodes=tuple(busy),
+        evidence={"by_host": busy, "measured": measured},
+        why=("Processes that are not part of this job took that much CPU while the check ran (measured from each "
+             "process's CPU time, ours left out). Data loading, gloo and the CPU side of every step slow down, so a "
+             "straggler or a slow speed measured there may be the other job's doing, not the hardware's."),
+        fix=("Find them with `top` or `ps -eo pid,pcpu,comm --sort=-pcpu | head`; ask the scheduler for whole nodes "
+             "(Slurm --exclusive) or exclude the node, then check again."),
+    )]

@@ -56,6 +56,7 @@ def before_rendezvous(env: Any, lookup: net_facts.Resolution, connect_s: float, 
 
 class InitHang:
     name = NAME
+    trains = False
     summary = ("How each rank reached the rendezvous and init: the address it resolved, its route and "
                "interfaces, *_SOCKET_IFNAME, arrival times; names the ranks that never arrived and why.")
 

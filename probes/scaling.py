@@ -25,6 +25,7 @@ from .scaling_render import render_table
 
 class Scaling:
     name = NAME
+    trains = True
     summary = "Train on 1, 2, 4, ... ranks: speedup, efficiency, where the time goes, DDP settings measured (not default)."
 
     # -- collect (on each rank) -------------------------------------------------

@@ -35,6 +35,7 @@ def _device_name(device: Any) -> str:
 
 class Stragglers:
     name = NAME
+    trains = True
     summary = "Train for a few seconds; name the rank the others wait for, by how much, and why (not default)."
 
     # -- collect (on each rank) -------------------------------------------------

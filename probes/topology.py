@@ -61,6 +61,7 @@ def read_rank(device: Any, rank: int, host: str, local_rank: int, numa: Any) -> 
 
 class Topology:
     name = NAME
+    trains = False
     summary = "Read GPU links (NVLink, PCIe under load, P2P), NUMA placement and NICs; judge them and the bandwidth they allow."
 
     # -- collect (on each rank) -------------------------------------------------

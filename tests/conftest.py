@@ -16,3 +16,28 @@ def _clean_launch_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     os.environ.pop("COLUMNS", None)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--write-fault-matrix", action="store_true",
+                     help="after the run, write docs/fault-matrix.md from the fault-matrix cells that ran")
+
+
+@pytest.fixture(scope="session")
+def fault_matrix_results(tmp_path_factory: pytest.TempPathFactory):
+    from tests.ranks.fault_matrix import results_dir
+
+    return results_dir(tmp_path_factory.getbasetemp())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not session.config.getoption("--write-fault-matrix"):
+        return
+    from pathlib import Path
+
+    from tests.ranks.fault_matrix import load, render_doc, results_dir
+
+    results = load(results_dir(session.config._tmp_path_factory.getbasetemp()))
+    if results:
+        doc = Path(__file__).resolve().parent.parent / "docs" / "fault-matrix.md"
+        doc.write_text(render_doc(results))

@@ -845,3 +845,27 @@ def test_cpu_ranks_floating_over_shared_cores_need_a_larger_gap(pinned, slower, 
     assert bool(slow) == flagged, codes(diagnose(facts))
     if flagged:
         assert slow[0].ranks == (1,) and slow[0].evidence["threshold_pct"] == threshold
+
+
+# -- HOM015: a host busy with other processes ------------------------------------------
+
+def _with_load(facts: Facts, host: str, cpus: int, busy: float) -> Facts:
+    first = min(on_node(facts, host))
+    facts[first]["host_load"] = {"interval_s": 4.0, "cpus": cpus, "foreign_cpus_busy": busy,
+                                 "top": [{"pid": 4242, "name": "python", "cpu_pct": 190}]}
+    return facts
+
+
+def test_a_node_busy_with_other_processes_is_named_with_them():
+    facts = _with_load(load(H100, H100_2), "dgx-h100-02", cpus=224, busy=130.0)
+    busy = one(diagnose(facts), "HOM015")
+    assert busy.severity == Severity.WARN and busy.nodes == ("dgx-h100-02",)
+    assert busy.ranks == tuple(range(8, 16))
+    assert busy.evidence["by_host"] == {"dgx-h100-02": "130.0 of 224 CPUs used by other processes (pid 4242 python 190%)"}
+
+
+@pytest.mark.parametrize("cpus, used, flagged", [(2, 0.9, False), (2, 1.0, True), (224, 100.0, False),
+                                                  (224, 112.0, True), (1, 0.6, False)])
+def test_busy_means_half_the_cpus_and_at_least_one(cpus, used, flagged):
+    facts = _with_load(load(H100), "dgx-h100-01", cpus=cpus, busy=used)
+    assert ("HOM015" in codes(diagnose(facts))) == flagged

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ddpdoctor.errors import UsageError
-from ddpdoctor.inject import STAGES, Fault, Injector, check_ranks, parse_faults
+from ddpdoctor.inject import FAULT_STAGES, STAGES, Fault, Injector, check_ranks, check_standalone, parse_faults
 
 FAST = settings(database=None, deadline=None, max_examples=200,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -194,12 +194,12 @@ _FACTORS = st.one_of(st.integers(1, 1000).map(float),
 
 @st.composite
 def faults(draw):
-    kind = draw(st.sampled_from(["slow", "hang", "crash", "diverge"]))
+    kind = draw(st.sampled_from(["slow", "hang", "crash", "kill", "oom", "sigint", "sigterm", "diverge"]))
     rank = draw(st.integers(0, 100_000))
     if kind == "slow":
         return Fault(kind, rank, factor=draw(_FACTORS))
-    if kind in ("hang", "crash"):
-        return Fault(kind, rank, stage=draw(st.sampled_from(STAGES)))
+    if kind != "diverge":
+        return Fault(kind, rank, stage=draw(st.sampled_from(FAULT_STAGES + ("probe:topology", "probe:ddp-smoke"))))
     return Fault(kind, rank)
 
 
@@ -250,3 +250,42 @@ def test_any_text_parses_or_raises_one_line_usage_error(text):
 @given(_GRAMMARISH)
 def test_grammar_like_text_parses_or_raises_one_line_usage_error(text):
     _parses_or_usage_error(text)
+
+
+# -- the fault matrix's kinds and stages -------------------------------------------------
+
+@pytest.mark.parametrize("spec, expected", [
+    ("kill:rank=1:stage=probe:topology", Fault("kill", 1, stage="probe:topology")),
+    ("oom:rank=0:stage=launch", Fault("oom", 0, stage="launch")),
+    ("SIGINT:Rank=2:Stage=Probe:GPU-Count", Fault("sigint", 2, stage="probe:gpu-count")),
+    ("sigterm:rank=1:stage=report,crash:rank=0:stage=probe:init-hang",
+     Fault("sigterm", 1, stage="report")),
+])
+def test_new_kinds_and_probe_stages_parse(spec, expected):
+    assert parse_faults(spec)[0] == expected
+    assert parse_faults(expected.describe()) == (expected,)
+
+
+def test_a_probe_stage_names_a_real_probe():
+    with pytest.raises(UsageError, match="unknown probe 'topo' in stage 'probe:topo'.*choose from init-hang"):
+        parse_faults("crash:rank=1:stage=probe:topo")
+
+
+def test_launcher_signals_need_our_own_launcher():
+    faults = parse_faults("sigint:rank=1:stage=init")
+    check_standalone(faults, standalone=True)
+    with pytest.raises(UsageError, match="signals ddpdoctor's own launcher"):
+        check_standalone(faults, standalone=False)
+    check_standalone(parse_faults("crash:rank=1:stage=init"), standalone=False)
+
+
+def test_injected_oom_is_a_real_memory_error_and_leaves_the_rank_able_to_allocate():
+    import resource
+
+    from ddpdoctor.inject import run_out_of_memory
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with pytest.raises(MemoryError):
+        run_out_of_memory()
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    assert len(bytearray(64 << 20)) == 64 << 20  # the cap is gone: 64 MiB allocate again

@@ -450,7 +450,7 @@ def test_last_stage_is_the_first_unfinished_one_from_the_end():
     record.timelines[0] = timeline("verify")
     assert record.last_stage(0) == "verify"
     record.timelines = {}
-    assert record.last_stage(0) == "start"
+    assert record.last_stage(0) == "launch"
     assert record.host(0) == "node-a"
     record.hellos = {}
     record.default_host = "?"
@@ -660,3 +660,33 @@ def test_recorder_windows_subgroups_and_nccl_names_give_no_false_mismatch():
     desync, = diagnose_run(record)
     assert desync.code == "RUN009" and desync.evidence["flight_recorder"]["process_group"] == "3"
     assert desync.ranks == (0, 1)  # two ranks, two calls: no majority, both named
+
+
+# -- out of memory, and a signalled launcher -------------------------------------------
+
+def test_a_memory_error_is_named_as_out_of_memory():
+    record = make_record(2, errors={1: {"stage": "train", "t": T0 + 5, "type": "MemoryError", "message": "MemoryError",
+                                         "traceback": "Traceback ...\nMemoryError\n", "collective": None}},
+                         done={0}, exits={0: ExitInfo(0, t=T0 + 12), 1: ExitInfo(1, t=T0 + 6)})
+    oom = [f for f in diagnose_run(record) if f.code == "RUN003"]
+    assert len(oom) == 1 and oom[0].ranks == (1,)
+    assert "ran out of memory in stage train" in oom[0].title and oom[0].evidence["out_of_memory"] is True
+    assert "batch" in oom[0].fix and "expandable_segments" in oom[0].fix
+
+
+def test_a_crash_whose_last_output_says_cuda_out_of_memory_says_so():
+    tail = ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    record = make_record(2, done={0}, exits={0: ExitInfo(0, t=T0 + 12), 1: ExitInfo(1, t=T0 + 6, log_tail=tail)})
+    crash = [f for f in diagnose_run(record) if f.code == "RUN002"]
+    assert len(crash) == 1 and crash[0].title.endswith("(exit code 1): out of memory")
+
+
+def test_ranks_stopped_because_the_launcher_was_signalled_are_interrupted_even_before_their_hello():
+    record = make_record(2, interrupted="SIGINT",
+                         exits={r: ExitInfo(None, t=T0 + 3, killed_by_us="interrupted by SIGINT") for r in (0, 1)})
+    record.hellos.pop(1)
+    record.heartbeats.pop(1)
+    record.timelines.pop(1)
+    findings = diagnose_run(record)
+    assert codes(critical(findings)) == ["RUN006"], findings
+    assert critical(findings)[0].evidence["stage_by_rank"][1] == "launch"

@@ -1,0 +1,53 @@
+"""`check` on a host whose every core another job keeps busy: it still works, says so, and
+its deadlines still hold."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from .harness import assert_nothing_left, probe_section, run_check
+
+pytestmark = pytest.mark.ranks
+
+TIMEOUT = 8
+
+
+def _foreign_busy_loops(n: int) -> list[psutil.Process]:
+    """n processes spinning a core each, started through a shell that exits: another job's, not ours."""
+    out = subprocess.run(["sh", "-c", " ".join(f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!;"
+                                               for _ in range(n))],
+                         capture_output=True, text=True, check=True)
+    return [psutil.Process(int(pid)) for pid in out.stdout.split()]
+
+
+def test_a_saturated_host_is_named_and_a_hang_is_still_caught_at_its_deadline(tmp_path):
+    busy = _foreign_busy_loops(os.cpu_count() or 2)
+    try:
+        run = run_check(tmp_path, "--nproc", "2", "--timeout", str(TIMEOUT), "--inject", "hang:rank=1:stage=report",
+                        timeout_s=150)
+    finally:
+        for proc in busy:
+            proc.kill()
+        psutil.wait_procs(busy, timeout=5)
+    assert run.returncode == 2, run.explain()
+    # Every probe finished before the hang (in the report stage), on a host with no core to spare.
+    assert [(p["name"], p["status"]) for p in run.report["probes"]] == [
+        ("init-hang", "ok"), ("topology", "ok"), ("gpu-count", "ok"), ("homogeneity", "ok"), ("ddp-smoke", "ok")], \
+        run.explain()
+    saturated = run.findings("HOM015")
+    assert len(saturated) == 1 and saturated[0]["nodes"] == [run.report["nodes"][0]], run.explain()
+    named = {p["pid"] for load in saturated[0]["evidence"]["measured"].values() for p in load["top"]}
+    assert named & {p.pid for p in busy}, saturated[0]
+    # The deadline held: the hang is named with its own deadline, not a timeout of the test.
+    hung = run.findings("RUN004")
+    assert len(hung) == 1 and hung[0]["ranks"] == [1] and hung[0]["evidence"]["stage"] == "report", run.explain()
+    assert hung[0]["evidence"]["deadline_s"] == TIMEOUT
+    facts = probe_section(run.report, "homogeneity")["facts"]
+    assert facts["0"]["host_load"]["foreign_cpus_busy"] >= 1.0
+    assert "Traceback" not in run.stderr
+    assert_nothing_left(run)

@@ -1,0 +1,32 @@
+"""docs/fault-matrix.md is generated from the matrix the suite runs: it must show every cell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.ranks import fault_matrix as fm
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "fault-matrix.md"
+
+
+def test_the_doc_has_every_cell_and_every_cell_passed_when_generated():
+    text = DOC.read_text()
+    table = [line for line in text.splitlines() if line.startswith("| `")][:len(fm.ROWS)]
+    assert [line.split("|")[1].strip().strip("`") for line in table] == [row.stage for row in fm.ROWS]
+    header = next(line for line in text.splitlines() if line.startswith("| stage | "))
+    assert [c.strip() for c in header.split("|")[2:-1]] == list(fm.FAULTS)
+    for line in table:
+        cells = [c.strip() for c in line.split("|")[2:-1]]
+        assert len(cells) == len(fm.FAULTS) and all(c.startswith("pass") for c in cells), line
+
+
+def test_the_default_tier_crosses_every_stage_and_every_fault():
+    assert {stage for stage, _ in fm.DEFAULT_CELLS} == {row.stage for row in fm.ROWS}
+    assert {fault for _, fault in fm.DEFAULT_CELLS} == set(fm.FAULTS)
+
+
+def test_a_failed_cell_is_shown_as_failed_with_why():
+    result = fm.CellResult("train", "hang", passed=False, exit_code=0, wall_s=3.0, problems=["exit code 0, expected 2"])
+    text = fm.render_doc({("train", "hang"): result})
+    assert "| `train` | not run | **FAIL** (3 s) *" in text
+    assert "FAIL: exit code 0, expected 2" in text and "0 of 1 cells run passed; 65 not run." in text
