@@ -193,19 +193,23 @@ def _png_bytes(results: Sequence[SizeResult], title: str, path: str) -> bytes:
     return buffer.getvalue()
 
 
-def _atomic_write(data: bytes, path: str) -> None:
+def _atomic_write(data: bytes, path: str, overwrite: bool) -> str:
     from ddpdoctor.report import atomic_write_bytes
 
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise UsageError(f"--plot {path}: folder {directory} does not exist; create it or give another path")
-    atomic_write_bytes(data, path)
+    return atomic_write_bytes(data, path, overwrite=overwrite)
 
 
-def write_plot(results: Sequence[SizeResult], path: str, title: str) -> None:
+def write_plot(results: Sequence[SizeResult], path: str, title: str, *, overwrite: bool = True) -> str:
     """Write the busbw plot; the suffix picks the format (.svg always works, .png needs matplotlib).
 
-    The format is checked before anything is drawn, so a typo costs nothing.
+    The format is checked before anything is drawn, so a typo costs nothing. With
+    `overwrite=False` (no --force) an existing file is kept and the plot goes to a sibling
+    name: the CLI refused existing files before the sweep, so such a file appeared during
+    it. The default replaces, for callers that do not pass the run's --force yet.
+    Returns the path written.
     """
     suffix = os.path.splitext(path)[1].lower()
     if suffix == ".svg":
@@ -217,4 +221,4 @@ def write_plot(results: Sequence[SizeResult], path: str, title: str) -> None:
             f"--plot {path}: unknown plot format {suffix or '(no suffix)'}; give a path ending in "
             f"{' or '.join(PLOT_SUFFIXES)}"
         )
-    _atomic_write(data, path)
+    return _atomic_write(data, path, overwrite)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
@@ -102,11 +103,22 @@ def _add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=_port, default=None,
                         help="standalone: loopback port for the rendezvous store (default: a free one)")
     parser.add_argument("--no-live", action="store_true", help="no live view of the ranks while they run")
+    _add_force_arg(parser)
+
+
+def _add_force_arg(parser: argparse.ArgumentParser, top_level: bool = False) -> None:
+    """--force, before or after the subcommand. The subcommand's copy has no default, so it
+    cannot reset a top-level `ddpdoctor --force check` to False (argparse copies every
+    default of the subparser over the namespace)."""
+    parser.add_argument("--force", action="store_true", default=False if top_level else argparse.SUPPRESS,
+                        help="overwrite existing output files (--json, --csv, --plot, --out); without it an "
+                             "existing file is an error, checked before anything runs")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ddpdoctor", description="Diagnose PyTorch DDP jobs: what is wrong, on which rank and node, and the fix.")
     parser.add_argument("--version", action="version", version=f"ddpdoctor {__version__}")
+    _add_force_arg(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     check = sub.add_parser("check", help="run the probes on every rank and report",
                            description="Run the probes on every rank. With no rank variables in the environment, "
@@ -173,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "redacted) and measure each device's matmul speed, without starting ranks.")
     snap.add_argument("--out", metavar="FILE", help="where to write it (default ddpdoctor-snapshot-HOST.json)")
     snap.add_argument("--no-measure", action="store_true", help="read facts only, skip the matmul measurement")
+    _add_force_arg(snap)
     diag = sub.add_parser("diagnose", help="diagnose snapshots (one per node) or earlier JSON reports",
                           description="Judge snapshot files from several nodes, or `check --json` reports, as if "
                                       "their ranks were one job: ranks are numbered file by file.")
@@ -180,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--json", dest="json_path", metavar="PATH", help="also write the diagnosis as JSON to PATH")
     diag.add_argument("--slow-threshold", type=_percent, default=None, metavar="PCT",
                       help="flag a rank this many percent slower than its peers (default 10 on GPUs, 20 on CPU)")
+    _add_force_arg(diag)
     expl = sub.add_parser("explain", help="explain a failed job from its logs and Flight Recorder dumps",
                           description="Read the output of a failed job (files, folders, - for stdin; plain or "
                                       "gzip; torchrun, srun --label or plain logs; Flight Recorder dumps) and say "
@@ -189,13 +203,16 @@ def build_parser() -> argparse.ArgumentParser:
     expl.add_argument("--world-size", type=_positive_int, default=None, metavar="N",
                       help="the job's number of ranks, when its logs do not say (ranks that printed nothing count)")
     expl.add_argument("--all", action="store_true", help="every rank and every timeline entry, not the first few")
+    _add_force_arg(expl)
     return parser
 
 
 def _check_output_path(flag: str, path: Optional[str]) -> None:
     """Refuse an unwritable output before measuring anything, not after."""
-    if not path:
+    if path is None:
         return
+    if not path.strip():
+        raise UsageError(f"{flag} {path!r}: give a file path")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise UsageError(f"{flag} {path}: folder {directory} does not exist")
@@ -203,6 +220,24 @@ def _check_output_path(flag: str, path: Optional[str]) -> None:
         raise UsageError(f"{flag} {path}: folder {directory} is not writable")
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path} is a folder: give a file path")
+    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+        # Writes are a rename onto the path: over /dev/null (as root) that would replace the device.
+        raise UsageError(f"{flag} {path} is not a regular file (a device, FIFO or socket): give a file path")
+
+
+def _refuse_existing(outputs: Sequence[tuple[str, Optional[str]]], force: bool) -> None:
+    """Before any rank starts or anything is measured: an existing output is never replaced
+    silently, and two outputs never share a file (the second would land on a sibling name)."""
+    seen: dict[str, str] = {}
+    for flag, path in outputs:
+        if not path:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UsageError(f"{seen[real]} and {flag} both name {path}: give each its own file")
+        seen[real] = flag
+        if not force and os.path.lexists(path):
+            raise UsageError(f"{path} already exists: pass --force to overwrite it, or choose another {flag} path")
 
 
 def _config(args: argparse.Namespace):
@@ -214,7 +249,8 @@ def _config(args: argparse.Namespace):
     spec = args.inject if args.inject is not None else os.environ.get(ENV_VAR)
     common = dict(nproc=args.nproc, backend=args.backend, device=args.device,
                   timeout_s=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
-                  json_path=args.json_path, inject=parse_faults(spec), port=args.port, live=not args.no_live)
+                  json_path=args.json_path, force=args.force, inject=parse_faults(spec), port=args.port,
+                  live=not args.no_live)
     if args.command == "allreduce-bench":
         return CheckConfig(probes=("allreduce",), command="allreduce-bench", bench=_bench_config(args), **common)
     model = _model_spec(args)
@@ -226,9 +262,13 @@ def _config(args: argparse.Namespace):
                                 targets=args.min_efficiency or DEFAULT_EFFICIENCY_TARGETS)
         return CheckConfig(probes=("scaling",), command="scaling", steps=args.steps, scaling=scaling, model=model,
                            **common)
+    names = probes.select(args.probes)
+    if not names:  # "--probes ," : a check of nothing would say OK
+        raise UsageError(f"--probes {args.probes!r} names no probe: give names from `ddpdoctor probes`, "
+                         "'default' or 'all'")
     # Inside check the allreduce probe is a quick look (the same sweep, fewer iterations);
     # `allreduce-bench` is the full measurement.
-    return CheckConfig(probes=probes.select(args.probes), steps=args.steps, straggler_s=args.straggler_seconds,
+    return CheckConfig(probes=names, steps=args.steps, straggler_s=args.straggler_seconds,
                        slow_threshold_pct=args.slow_threshold, model=model,
                        bench=BenchConfig(warmup=2, iters=5), **common)
 
@@ -281,8 +321,18 @@ def _bench_config(args: argparse.Namespace):
 def _check(args: argparse.Namespace, argv: list[str]) -> int:
     from ddpdoctor import launch_env
 
+    outputs = [("--json", args.json_path), ("--csv", getattr(args, "csv_path", None)),
+               ("--plot", getattr(args, "plot_path", None))]
+    for flag, path in outputs:
+        _check_output_path(flag, path)
+    if launch_env.LAUNCHER_PID_VAR not in os.environ:
+        # First of all (before --model is built and tried): the process that may write the
+        # report checks its outputs. That is our launcher, or under torchrun/srun every rank
+        # (any may become the reporter). The ranks our launcher spawns write nothing.
+        _refuse_existing(outputs, args.force)
     cfg = _config(args)
     env = launch_env.detect(os.environ)
+    launch_env.check_thread_vars(os.environ)
     command = ["ddpdoctor", *argv]
     if env is None:
         from ddpdoctor.launcher import run_standalone
@@ -299,11 +349,13 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    from ddpdoctor.snapshot import take_snapshot, write_snapshot
+    from ddpdoctor.snapshot import default_snapshot_path, take_snapshot, write_snapshot
 
-    _check_output_path("--out", args.out)
+    out = args.out if args.out is not None else default_snapshot_path()
+    _check_output_path("--out", out)
+    _refuse_existing([("--out", out)], args.force)
     snapshot = take_snapshot(measure=not args.no_measure)
-    path = write_snapshot(snapshot, args.out)
+    path = write_snapshot(snapshot, out, overwrite=args.force)
     devices = snapshot["probes"]["homogeneity"]
     print(f"ddpdoctor: wrote {path}: {len(devices)} device{'s' if len(devices) != 1 else ''} on {snapshot['host']} "
           f"({', '.join(sorted({d['device'] for d in devices}))}); secrets in the environment are redacted")
@@ -316,12 +368,13 @@ def _diagnose(args: argparse.Namespace) -> int:
     from ddpdoctor.snapshot import diagnose_inputs, load_inputs
 
     _check_output_path("--json", args.json_path)
+    _refuse_existing([("--json", args.json_path)], args.force)
     inputs = load_inputs(args.files)
     if args.slow_threshold is not None:
         inputs.settings["slow_threshold_pct"] = args.slow_threshold
     diagnosis = diagnose_inputs(inputs)
     if args.json_path:
-        atomic_write_json(diagnosis.to_json(), args.json_path)
+        atomic_write_json(diagnosis.to_json(), args.json_path, overwrite=args.force)
     render_diagnosis(diagnosis, make_console())
     return diagnosis.exit_code
 
@@ -333,9 +386,10 @@ def _explain(args: argparse.Namespace) -> int:
     from ddpdoctor.report import atomic_write_json
 
     _check_output_path("--json", args.json_path)
+    _refuse_existing([("--json", args.json_path)], args.force)
     run = explain(args.logs, world_size=args.world_size)
     if args.json_path:
-        atomic_write_json(run.to_json(), args.json_path)
+        atomic_write_json(run.to_json(), args.json_path, overwrite=args.force)
     render_explanation(run, make_console(), full=args.all)
     return run.exit_code
 
@@ -359,11 +413,22 @@ def _quiet_torch_logs() -> None:
     os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
 
 
+def one_line(text: str) -> str:
+    """Messages quote what the user typed, which may hold a newline, a U+2028 or a byte argv
+    could not decode: escaped, so an error stays one line (and encodable on any stderr)."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     _quiet_torch_logs()
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(args_list)
+        if any("\x00" in a for a in args_list):  # no shell can pass one; a Python caller can
+            raise UsageError("an argument contains a NUL byte: paths and values cannot hold one")
+        try:
+            args = build_parser().parse_args(args_list)
+        except SystemExit as exc:  # --help and --version print, then argparse exits 0
+            return exc.code if isinstance(exc.code, int) else 0
         if args.command in ("check", "allreduce-bench", "scaling"):
             return _check(args, args_list)
         if args.command == "probes":
@@ -377,7 +442,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         build_parser().print_help()
         return EXIT_UNKNOWN
     except UsageError as exc:
-        sys.stderr.write(f"ddpdoctor: error: {exc}\n")
+        sys.stderr.write(f"ddpdoctor: error: {one_line(str(exc))}\n")
         return EXIT_UNKNOWN
     except KeyboardInterrupt:
         sys.stderr.write("ddpdoctor: interrupted\n")
@@ -385,6 +450,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as exc:  # never a traceback for users; DDPDOCTOR_DEBUG=1 shows it
         if os.environ.get(DEBUG_VAR):
             raise
-        sys.stderr.write(f"ddpdoctor: internal error: {type(exc).__name__}: {exc} "
+        sys.stderr.write(f"ddpdoctor: internal error: {type(exc).__name__}: {one_line(str(exc))} "
                          f"(rerun with {DEBUG_VAR}=1 for the traceback, and report it)\n")
         return EXIT_UNKNOWN

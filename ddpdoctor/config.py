@@ -54,6 +54,10 @@ class CheckConfig:
     # check whose stages take a second each can afford to give up after 30 s.
     timeout_s: float = DEFAULT_TIMEOUT_S
     json_path: Optional[str] = None
+    # --force: replace existing output files (--json, --csv, --plot). Without it the CLI
+    # refuses them before any rank starts, and a file that appears during the run is not
+    # replaced: the report goes to a free sibling name (report.1.json).
+    force: bool = False
     inject: tuple[Fault, ...] = ()
     # Measured DDP steps; None: 5 in the shared workload, and `stragglers` measures for
     # `straggler_s` seconds instead (its verdict needs many steps, the others a few).

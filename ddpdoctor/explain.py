@@ -14,8 +14,8 @@ from typing import Any, Optional
 from ddpdoctor import __version__
 from ddpdoctor.explain_diagnosis import Explanation, diagnose
 from ddpdoctor.findings import Severity, exit_code_for
-from ddpdoctor.flight_recorder import compare, read_dumps
-from ddpdoctor.log_reader import discover
+from ddpdoctor.flight_recorder import DumpSet, compare, read_dumps
+from ddpdoctor.log_reader import DumpFile, discover
 from ddpdoctor.log_scan import ScanResult, scan
 
 SCHEMA = "ddpdoctor.explain/1"
@@ -35,10 +35,12 @@ class ExplainRun:
         return exit_code_for(f.severity for f in self.explanation.findings)
 
     def to_json(self) -> dict[str, Any]:
+        from ddpdoctor.redact import redact_json
         from ddpdoctor.report import VERDICTS
 
         ex = self.explanation
-        return {
+        # Quoted log lines can hold whatever a job printed: tokens, URLs with passwords.
+        return redact_json({
             "schema": SCHEMA, "ddpdoctor_version": __version__,
             "inputs": {"logs": self.scan.files, "dumps": self.dumps, "lines": self.scan.lines,
                        "bytes": self.scan.bytes, "seconds": round(self.seconds, 3), "notes": self.notes},
@@ -53,14 +55,14 @@ class ExplainRun:
                       for n in ex.nodes],
             "timeline": [e.to_json() for e in ex.timeline[:TIMELINE_JSON_MAX]],
             "timeline_truncated": max(0, len(ex.timeline) - TIMELINE_JSON_MAX),
-        }
+        })
 
 
 def explain(paths: list[str], world_size: Optional[int] = None) -> ExplainRun:
     started = time.monotonic()
     inputs = discover(paths)
     result = scan(inputs.logs)
-    dumps = read_dumps(inputs.dumps)
+    dumps = _read_dumps(inputs.dumps)
     mismatches, agreements = compare(dumps)
     explanation = diagnose(result.events, world_size, mismatches, agreements, dumps.dumps)
     notes = list(inputs.skipped) + result.problems + dumps.problems
@@ -68,3 +70,25 @@ def explain(paths: list[str], world_size: Optional[int] = None) -> ExplainRun:
         notes.append(f"{result.dropped} further distinct error lines were counted but not kept")
     return ExplainRun(explanation, result, [d.label for d in dumps.dumps.values()], notes,
                       time.monotonic() - started)
+
+
+def _read_dumps(files: list[DumpFile]) -> DumpSet:
+    """read_dumps, except that a dump it fails on in a way it does not expect (a JSON dump
+    nested deeper than Python's json reads raises RecursionError) costs a note, not the run:
+    the files are hostile input, so they are read one by one to find the culprit."""
+    try:
+        return read_dumps(files)
+    except Exception:
+        pass
+    readable, problems = [], []
+    for f in files:
+        try:
+            read_dumps([f])
+            readable.append(f)
+        except RecursionError:
+            problems.append(f"{f.label}: not a readable Flight Recorder dump (nested deeper than JSON can be read)")
+        except Exception as exc:
+            problems.append(f"{f.label}: not a readable Flight Recorder dump ({type(exc).__name__}: {str(exc)[:200]})")
+    out = read_dumps(readable)
+    out.problems[:0] = problems
+    return out

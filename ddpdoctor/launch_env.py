@@ -8,6 +8,7 @@ Each variable is validated here, so a bad environment is one clear line, not a h
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -116,6 +117,22 @@ def _from_slurm(environ: Mapping[str, str], hostname: str) -> LaunchEnv:
     step_id = environ.get("SLURM_STEP_ID", "0")
     return LaunchEnv("slurm", rank, world, local_rank, local_world, addr, port, "rank0",
                      f"slurm-{job_id}.{step_id}", hostname)
+
+
+# OpenMP's syntax: a thread count per nesting level, e.g. "8" or "8,2" (blanks allowed, as
+# strtoul reads them); at most 999999 threads, so a typo of extra digits is caught too.
+_COUNT = r"[ \t]*0*[1-9][0-9]{0,5}[ \t]*"
+_THREAD_LIST = re.compile(rf"{_COUNT}(,{_COUNT})*")
+
+
+def check_thread_vars(environ: Mapping[str, str]) -> None:
+    """OMP_NUM_THREADS that OpenMP cannot read is ignored with a warning, and every rank then
+    starts one thread per core: a crowded node that looks like a slow one. Refused here."""
+    raw = environ.get("OMP_NUM_THREADS")
+    if raw is None or _THREAD_LIST.fullmatch(raw):
+        return
+    raise UsageError(f"OMP_NUM_THREADS={raw!r} is not a number of threads: set it to a whole number from 1 "
+                     "(e.g. cores per rank), or unset it")
 
 
 def launcher_pid(environ: Mapping[str, str] = os.environ) -> Optional[int]:

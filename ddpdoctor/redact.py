@@ -5,13 +5,18 @@ environments hold tokens (W&B, Hugging Face, cloud keys) and URLs with passwords
 only the variables that shape distributed training are kept, and even among those any
 value that looks like a secret is replaced: a false positive costs a "<redacted>",
 a false negative leaks a credential.
+
+Free text that reaches a file (command lines, exception messages, log lines quoted by
+`explain`, rank log tails) cannot be filtered by name, so `redact_text` blanks the parts
+shaped like a credential, and `redact_json` applies both rules to a whole JSON document:
+every JSON file ddpdoctor writes passes through it.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 REDACTED = "<redacted>"
 
@@ -22,12 +27,19 @@ RELEVANT_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "CUD
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|API_?KEY|ACCESS_?KEY|PRIVATE|COOKIE|SESSION)",
                           re.IGNORECASE)
 # The password runs to the last "@" before the path, as urllib reads it (p@ss is one password).
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^/@:\s]*):(?P<password>[^/\s]+)@",
-                              re.IGNORECASE)
+# A scheme starts a word (the lookbehind): tried from every letter of a long word, the
+# pattern would cost time quadratic in its length, and log lines can be megabytes.
+_URL_CREDENTIALS = re.compile(r"(?<![a-z0-9+.-])(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^/@:\s]*):"
+                              r"(?P<password>[^/\s]+)@", re.IGNORECASE)
+# In free text: `HF_TOKEN=...`, `--password=...`, `?api_key=...` and `--token VALUE`. Names are
+# found by these linear patterns and judged by _SECRET_NAME in code, for the same reason.
+_NAME_EQUALS = re.compile(r"(?<![\w.-])([\w.-]+)=")
+_FLAG_SPACE = re.compile(r"(?<![\w-])(--?[\w-]+)\s+(?=[^\s-])")
+_VALUE = re.compile(r"\"[^\"]*\"?|'[^']*'?|[^\s&;,'\"]+")
 # Well-known token shapes: GitHub, Hugging Face, Slack, AWS access keys, OpenAI-style keys, JWTs.
 _TOKEN_SHAPES = re.compile(
     r"(gh[pousr]_[A-Za-z0-9]{20,}|hf_[A-Za-z0-9]{20,}|xox[abpr]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}"
-    r"|sk-[A-Za-z0-9_-]{20,}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})")
+    r"|sk-[A-Za-z0-9_-]{20,}|(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})")
 # A long run of mixed letters and digits with no separators looks like a key, not a setting.
 _OPAQUE = re.compile(r"^[A-Za-z0-9+/=_-]{32,}$")
 # CUDA_VISIBLE_DEVICES UUIDs: GPU-<uuid>, MIG-<uuid>, and the pre-R470 MIG-GPU-<uuid>/gi/ci.
@@ -46,10 +58,61 @@ def redact_value(name: str, value: str) -> str:
         return REDACTED
     if _OPAQUE.match(value) and not _DEVICE_IDS.match(value) and any(c.isdigit() for c in value) and any(c.isalpha() for c in value):
         return REDACTED
-    return _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", value)
+    return _assignments(_URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", value))
+
+
+def _assignments(text: str) -> str:
+    """`NAME=secret` and `--token secret` in a value or a line: the name kept, the value blanked."""
+    for pattern in (_NAME_EQUALS, _FLAG_SPACE):
+        pieces, done = [], 0
+        for match in pattern.finditer(text):
+            if match.start() < done or not _SECRET_NAME.search(match.group(1)):
+                continue
+            value = _VALUE.match(text, match.end())
+            if value is None:
+                continue
+            pieces += [text[done:match.end()], REDACTED]
+            done = value.end()
+        text = "".join(pieces) + text[done:]
+    return text
 
 
 def relevant_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """The training-relevant variables of `environ`, sorted, secrets redacted."""
     source = os.environ if environ is None else environ
     return {name: redact_value(name, value) for name, value in sorted(source.items()) if is_relevant(name)}
+
+
+# An environment variable's name, as a key in a JSON document (facts keep env dicts).
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+def redact_text(text: str) -> str:
+    """`text` with token shapes, URL passwords and the values of secret-named assignments
+    (`HF_TOKEN=...`, `--password x`) blanked in place, the rest kept.
+
+    Unlike redact_value, no long-opaque-string rule: free text holds hashes and ids
+    (param_sha256, run ids) that a report needs and that are not secrets.
+    """
+    if not text:
+        return text
+    text = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", _TOKEN_SHAPES.sub(REDACTED, text))
+    return _assignments(text)
+
+
+def redact_json(data: Any) -> Any:
+    """A copy of a JSON-able document with secrets blanked: every string through
+    redact_text, and the value of any environment-variable-named key that names a secret."""
+    if isinstance(data, str):
+        return redact_text(data)
+    if isinstance(data, Mapping):
+        out = {}
+        for key, value in data.items():
+            if isinstance(key, str) and isinstance(value, str) and _ENV_NAME.match(key) and _SECRET_NAME.search(key):
+                out[key] = REDACTED
+            else:
+                out[key] = redact_json(value)
+        return out
+    if isinstance(data, (list, tuple)):
+        return [redact_json(v) for v in data]
+    return data

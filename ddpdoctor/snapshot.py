@@ -14,12 +14,17 @@ import datetime
 import json
 import os
 import socket
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Finding, Severity, exit_code_for
+
+# A snapshot is a few KiB per device and a report of 1000 ranks a few MiB: a file past this
+# is not one of ours, and json would hold ~10x its size in memory.
+MAX_INPUT_BYTES = 64 << 20
 
 SCHEMA = "ddpdoctor.snapshot/1"
 REPORT_SCHEMA = "ddpdoctor.report/1"
@@ -92,25 +97,71 @@ class Inputs:
 
 
 def _read(path: str) -> dict[str, Any]:
+    """A snapshot or report file, or a one-line UsageError: never a hang (a FIFO), never a
+    file read whole into memory before its size is known, and never anything but JSON
+    (a pickle is refused by its first bytes; nothing here can unpickle)."""
+    data = _parse(path, _read_bytes(path))
+    if not isinstance(data, dict) or data.get("schema") not in (SCHEMA, REPORT_SCHEMA):
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise UsageError(f"{path} is not a ddpdoctor snapshot or report (schema {found!r}; expected "
+                         f"{SCHEMA} or {REPORT_SCHEMA})")
+    return data
+
+
+def _read_bytes(path: str) -> bytes:
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+        # O_NONBLOCK: opening a FIFO with no writer would otherwise wait forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise UsageError(f"{path} is a folder: give snapshot or report files") from None
     except PermissionError:
         raise UsageError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot open it ({exc.strerror or exc})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise UsageError(f"{path} is a folder: give snapshot or report files")
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"{path} is not a regular file (a FIFO, device or socket): give snapshot or report files")
+        size = os.fstat(fd).st_size
+        if size > MAX_INPUT_BYTES:
+            raise UsageError(_too_big(path, size))
+        chunks, total = [], 0
+        while True:  # st_size can lie (/proc) or grow: read at most one byte past the limit
+            piece = os.read(fd, min(1 << 20, MAX_INPUT_BYTES + 1 - total))
+            if not piece:
+                break
+            chunks.append(piece)
+            total += len(piece)
+            if total > MAX_INPUT_BYTES:
+                raise UsageError(_too_big(path, total))
+        return b"".join(chunks)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def _too_big(path: str, size: int) -> str:
+    return (f"{path} is {size / 2**20:.0f} MiB, over the {MAX_INPUT_BYTES >> 20} MiB limit for snapshot and "
+            "report files: is it the right file?")
+
+
+def _parse(path: str, raw: bytes) -> Any:
+    hint = ("give a snapshot (ddpdoctor snapshot --out FILE) or a report (ddpdoctor check --json FILE)")
+    if raw[:1] == b"\x80" and raw[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        raise UsageError(f"{path} looks like a pickle: diagnose reads JSON only and never unpickles; {hint}")
+    try:
+        return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise UsageError(f"{path} is not a text file: give a snapshot (ddpdoctor snapshot --out FILE) "
-                         "or a report (ddpdoctor check --json FILE)") from None
+        raise UsageError(f"{path} is not a text file: {hint}") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}): was it cut short?") from None
-    if not isinstance(data, dict) or data.get("schema") not in (SCHEMA, REPORT_SCHEMA):
-        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise UsageError(f"{path} is not a ddpdoctor snapshot or report (schema {found!r}; expected "
-                         f"{SCHEMA} or {REPORT_SCHEMA})")
-    return data
+    except RecursionError:
+        raise UsageError(f"{path} nests JSON deeper than Python can read: not a ddpdoctor file; {hint}") from None
 
 
 def _per_rank(path: str, data: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -119,23 +170,50 @@ def _per_rank(path: str, data: Mapping[str, Any]) -> dict[str, list[dict[str, An
     try:
         if data["schema"] == SCHEMA:
             for name, entries in data["probes"].items():
-                out[name] = [dict(e) for e in entries]
+                out[str(name)] = [_entry(e) for e in entries]
         else:
             for probe in data["probes"]:
                 ranked = sorted(probe.get("facts", {}).items(), key=lambda kv: int(kv[0]))
-                out[probe["name"]] = [dict(v, rank=int(k)) for k, v in ranked]
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UsageError(f"{path} has the right schema but a malformed body ({type(exc).__name__}: {exc}): "
+                out[_name(probe["name"])] = [dict(_entry(v), rank=int(k)) for k, v in ranked]
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise UsageError(f"{path} has the right schema but a malformed body ({_brief(exc)}): "
                          "regenerate it with this ddpdoctor version") from None
     return out
 
 
-def _hosts_of(data: Mapping[str, Any]) -> dict[int, str]:
+def _entry(value: Any) -> dict[str, Any]:
+    """One rank's facts: an object whose host, if any, is a name (dict() would also take a
+    list of pairs, and str() would turn any value into a host)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"rank facts are {type(value).__name__}, not an object")
+    if not isinstance(value.get("host", ""), (str, type(None))):
+        raise TypeError(f"host is {type(value['host']).__name__}, not a name")
+    return dict(value)
+
+
+def _brief(exc: BaseException) -> str:
+    """An exception in an error line: a hostile file can make its text arbitrarily long."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"probe name is {type(value).__name__}, not a string")
+    return value
+
+
+def _hosts_of(path: str, data: Mapping[str, Any]) -> dict[int, str]:
     """A report's own rank table says each rank's host; probe facts may not (ddp-smoke's do not)."""
     if data.get("schema") != REPORT_SCHEMA:
         return {}
-    return {int(r["rank"]): str(r["host"]) for r in data.get("ranks") or []
-            if isinstance(r, Mapping) and "rank" in r and r.get("host") not in (None, "?")}
+    ranks = data.get("ranks") or []
+    try:
+        return {int(r["rank"]): str(r["host"]) for r in ranks
+                if isinstance(r, Mapping) and "rank" in r and isinstance(r.get("host"), str) and r["host"] != "?"}
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise UsageError(f"{path} has the right schema but a malformed rank table ({_brief(exc)}): "
+                         "regenerate it with this ddpdoctor version") from None
 
 
 def load_inputs(paths: list[str]) -> Inputs:
@@ -149,7 +227,7 @@ def load_inputs(paths: list[str]) -> Inputs:
         data = _read(path)
         per_probe = _per_rank(path, data)
         base = max(inputs.hosts, default=-1) + 1  # past every rank so far, even with gaps
-        hosts = _hosts_of(data)
+        hosts = _hosts_of(path, data)
         renamed: dict[str, str] = {}
 
         def label(host: str) -> str:
@@ -166,7 +244,7 @@ def load_inputs(paths: list[str]) -> Inputs:
             if name not in known:
                 continue  # written by a newer ddpdoctor: judge what this one knows
             for offset, entry in enumerate(entries):
-                own = int(entry.get("rank", offset)) if data["schema"] == REPORT_SCHEMA else offset
+                own = int(entry["rank"]) if data["schema"] == REPORT_SCHEMA else offset
                 rank = base + own
                 host = label(hosts.get(own) or str(entry.get("host") or "?"))
                 inputs.facts.setdefault(name, {})[rank] = dict(entry, rank=rank, host=host)
@@ -204,19 +282,32 @@ class Diagnosis:
 
 
 def diagnose_inputs(inputs: Inputs) -> Diagnosis:
+    """The probes' findings on the files' facts. Unlike a live run (where RUN011 keeps the
+    other probes' findings), facts a probe cannot judge here came from a file the user can
+    regenerate, so they are a usage error naming the files, not a "report this bug"."""
     from ddpdoctor.probes import RunView, get_probe
-    from ddpdoctor.probes.base import diagnose_safely
 
     view = RunView(world_size=inputs.world_size, hosts=inputs.hosts, settings=inputs.settings)
     findings: list[Finding] = []
     for name, facts in inputs.facts.items():
-        findings += diagnose_safely(get_probe(name), facts, view)
+        try:
+            findings += get_probe(name).diagnose(facts, view)
+        except Exception as exc:
+            if isinstance(exc, UsageError):
+                raise
+            raise UsageError(f"the {name} facts in {', '.join(inputs.files)} are not what this ddpdoctor "
+                             f"({__version__}) can judge ({_brief(exc)}): regenerate the files "
+                             "with it, or report a bug if they are its own unchanged output") from None
     return Diagnosis(inputs, findings)
 
 
-def write_snapshot(snapshot: Mapping[str, Any], path: Optional[str]) -> str:
+def default_snapshot_path() -> str:
+    return f"ddpdoctor-snapshot-{socket.gethostname()}.json"
+
+
+def write_snapshot(snapshot: Mapping[str, Any], path: Optional[str], *, overwrite: bool = False) -> str:
+    """Returns where it went: `path`, or a sibling name when `path` appeared meanwhile."""
     from ddpdoctor.report import atomic_write_json
 
     target = path or f"ddpdoctor-snapshot-{snapshot['host']}.json"
-    atomic_write_json(snapshot, target)
-    return target
+    return atomic_write_json(snapshot, target, overwrite=overwrite)

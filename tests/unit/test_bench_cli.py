@@ -141,3 +141,42 @@ def test_slowlink_and_crash_parse_and_round_trip():
     assert [f.describe() for f in faults] == ["slowlink:ranks=1,2", "crash:rank=0:stage=init"]
     assert parse_faults(",".join(f.describe() for f in faults)) == faults
     assert faults[0].to_json() == {"kind": "slowlink", "rank": 1, "peer": 2}
+
+
+# -- existing --csv/--plot files ---------------------------------------------------------
+
+@pytest.mark.parametrize("flag, name", [("--csv", "sweep.csv"), ("--plot", "sweep.svg")])
+def test_an_existing_csv_or_plot_is_refused_before_any_rank_starts(capsys, tmp_path, flag, name):
+    path = tmp_path / name
+    path.write_text("last week's sweep")
+    assert cli.main(_bench(flag, str(path))) == EXIT_UNKNOWN
+    assert one_error_line(capsys) == (f"ddpdoctor: error: {path} already exists: pass --force to overwrite it, "
+                                      f"or choose another {flag} path")
+    assert path.read_text() == "last week's sweep"
+
+
+def test_force_accepts_existing_csv_and_plot(tmp_path, monkeypatch):
+    import ddpdoctor.launcher
+
+    seen = []
+    monkeypatch.setattr(ddpdoctor.launcher, "run_standalone", lambda cfg, argv, command: seen.append(cfg) or 0)
+    csv, svg = tmp_path / "sweep.csv", tmp_path / "sweep.svg"
+    csv.write_text("old")
+    svg.write_text("old")
+    assert cli.main(_bench("--csv", str(csv), "--plot", str(svg), "--force")) == 0
+    (cfg,) = seen
+    assert cfg.force and (cfg.bench.csv_path, cfg.bench.plot_path) == (str(csv), str(svg))
+
+
+def test_the_plot_writer_never_overwrites_unless_told(tmp_path, capsys):
+    from ddpdoctor.bench_output import write_plot
+    from ddpdoctor.busbw import SizeResult
+
+    results = [SizeResult(op="all_reduce", size_bytes=1 << k, count=(1 << k) // 4, dtype="float32", in_place=False,
+                          world_size=4, per_iter_s=[1e-5 * k], wrong=0) for k in range(10, 14)]
+    path = tmp_path / "bw.svg"
+    path.write_text("appeared during the sweep")
+    assert write_plot(results, str(path), "t", overwrite=False) == str(tmp_path / "bw.1.svg")
+    assert path.read_text() == "appeared during the sweep" and "wrote" in capsys.readouterr().err
+    assert write_plot(results, str(path), "t", overwrite=True) == str(path)
+    assert path.read_text().startswith("<svg")

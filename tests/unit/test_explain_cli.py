@@ -43,11 +43,12 @@ def test_a_log_with_nothing_known_says_so_and_exits_ok(tmp_path: Path, capsys: p
 
 
 def test_stdin_plain_and_gzip(tmp_path: Path) -> None:
-    for data in (CRASH.encode(), gzip.compress(CRASH.encode())):
-        proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "explain", "-", "--json", str(tmp_path / "o.json")],
+    for n, data in enumerate((CRASH.encode(), gzip.compress(CRASH.encode()))):
+        out = tmp_path / f"o{n}.json"  # one each: --json never overwrites without --force
+        proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "explain", "-", "--json", str(out)],
                               input=data, capture_output=True, timeout=60)
         assert proc.returncode == 2, proc.stderr
-        assert json.loads((tmp_path / "o.json").read_text())["findings"][0]["ranks"] == [1]
+        assert json.loads(out.read_text())["findings"][0]["ranks"] == [1]
 
 
 @pytest.mark.parametrize("argv, words", [

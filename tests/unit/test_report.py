@@ -178,20 +178,64 @@ def test_a_failing_diagnosis_becomes_run011_and_keeps_the_facts(monkeypatch):
 
 def test_write_json_writes_complete_json_and_no_temp_file(tmp_path):
     path = tmp_path / "run.report.json"
-    write_json(build_report(healthy_record(), command=COMMAND), str(path))
+    assert write_json(build_report(healthy_record(), command=COMMAND), str(path)) == str(path)
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["schema"] == SCHEMA and data["exit_code"] == EXIT_OK
     assert path.read_text(encoding="utf-8").endswith("}\n")
     assert sorted(os.listdir(tmp_path)) == ["run.report.json"]
 
 
-def test_write_json_replaces_an_existing_file(tmp_path):
+OLD = "old content that is not JSON and is longer than nothing " * 100
+
+
+def test_write_json_with_overwrite_replaces_an_existing_file(tmp_path):
     path = tmp_path / "r.json"
-    path.write_text("old content that is not JSON and is longer than nothing " * 100)
-    write_json(build_report(crashed_record(), command=COMMAND), str(path))
+    path.write_text(OLD)
+    write_json(build_report(crashed_record(), command=COMMAND), str(path), overwrite=True)
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["exit_code"] == EXIT_CRITICAL
     assert sorted(os.listdir(tmp_path)) == ["r.json"]
+
+
+def test_write_json_never_replaces_a_file_that_appeared_meanwhile(tmp_path, capsys):
+    """The CLI refused existing files before the run; one there now was made during it
+    (another job, a second run): it is kept, and the report goes to a sibling name."""
+    path = tmp_path / "r.json"
+    path.write_text(OLD)
+    (tmp_path / "r.1.json").write_text("also taken")
+    written = write_json(build_report(crashed_record(), command=COMMAND), str(path))
+    assert written == str(tmp_path / "r.2.json")
+    assert path.read_text() == OLD and (tmp_path / "r.1.json").read_text() == "also taken"
+    assert json.loads((tmp_path / "r.2.json").read_text())["exit_code"] == EXIT_CRITICAL
+    assert sorted(os.listdir(tmp_path)) == ["r.1.json", "r.2.json", "r.json"]
+    err = capsys.readouterr().err
+    assert err == (f"ddpdoctor: {path} appeared while ddpdoctor ran and was not overwritten: "
+                   f"wrote {tmp_path / 'r.2.json'} instead (pass --force to overwrite)\n")
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_write_outputs_follows_the_force_setting(tmp_path, capsys, force):
+    """The reporter (launcher, or rank 0 under torchrun) writes through write_outputs with the
+    CheckConfig it parsed from the same argv: --force reaches it as cfg.force."""
+    from ddpdoctor.config import CheckConfig
+
+    path = tmp_path / "r.json"
+    path.write_text(OLD)
+    cfg = CheckConfig(probes=("ddp-smoke",), json_path=str(path), force=force)
+    report_mod.write_outputs(build_report(healthy_record(), command=COMMAND), cfg)
+    if force:
+        assert json.loads(path.read_text())["verdict"] == "ok" and sorted(os.listdir(tmp_path)) == ["r.json"]
+        assert capsys.readouterr().err == ""
+    else:
+        assert path.read_text() == OLD and json.loads((tmp_path / "r.1.json").read_text())["verdict"] == "ok"
+        assert "wrote " + str(tmp_path / "r.1.json") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, sibling", [("r.json", "r.1.json"), ("report", "report.1"),
+                                           ("bw.tar.gz", "bw.tar.1.gz"), (".hidden", ".hidden.1")])
+def test_sibling_names_keep_the_suffix(name, sibling):
+    names = report_mod.sibling_names(name)
+    assert next(names) == name and next(names) == sibling
 
 
 def test_write_json_relative_path(tmp_path, monkeypatch):
@@ -210,9 +254,124 @@ def test_write_json_failure_leaves_the_old_file_and_no_temp(tmp_path, monkeypatc
 
     monkeypatch.setattr(report_mod.os, "replace", failing_replace)
     with pytest.raises(OSError):
-        write_json(build_report(healthy_record(), command=COMMAND), str(path))
+        write_json(build_report(healthy_record(), command=COMMAND), str(path), overwrite=True)
     assert json.loads(path.read_text()) == {"old": True}
     assert sorted(os.listdir(tmp_path)) == ["r.json"]
+
+
+def test_a_failed_link_leaves_nothing(tmp_path, monkeypatch):
+    def failing_link(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report_mod.os, "link", failing_link)
+    with pytest.raises(OSError):
+        write_json(build_report(healthy_record(), command=COMMAND), str(tmp_path / "r.json"))
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_without_o_tmpfile_a_named_temp_file_does_the_same(tmp_path, monkeypatch, capsys, overwrite):
+    """Not Linux, or a file system without O_TMPFILE: a hidden temp file, then link or rename."""
+    monkeypatch.delattr(report_mod.os, "O_TMPFILE", raising=False)
+    path = tmp_path / "r.json"
+    path.write_text(OLD)
+    old = os.umask(0o022)
+    try:
+        written = write_json(build_report(healthy_record(), command=COMMAND), str(path), overwrite=overwrite)
+    finally:
+        os.umask(old)
+    assert written == str(path if overwrite else tmp_path / "r.1.json")
+    assert json.loads(open(written).read())["verdict"] == "ok"
+    assert os.stat(written).st_mode & 0o777 == 0o644
+    assert sorted(os.listdir(tmp_path)) == (["r.json"] if overwrite else ["r.1.json", "r.json"])
+    assert (path.read_text() == OLD) != overwrite
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_when_proc_cannot_name_an_unnamed_file_a_temp_file_does(tmp_path, monkeypatch, overwrite):
+    """O_TMPFILE opens, but linking /proc/self/fd/N fails (hidepid, a sandbox): the write is
+    redone through a named temp file instead of losing the report."""
+    import errno
+
+    real_link = os.link
+
+    def no_proc_links(src, dst, **kwargs):
+        if str(src).startswith("/proc/"):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real_link(src, dst, **kwargs)
+
+    monkeypatch.setattr(report_mod.os, "link", no_proc_links)
+    path = tmp_path / "r.json"
+    path.write_text(OLD)
+    written = write_json(build_report(healthy_record(), command=COMMAND), str(path), overwrite=overwrite)
+    assert written == str(path if overwrite else tmp_path / "r.1.json")
+    assert json.loads(open(written).read())["verdict"] == "ok"
+    assert sorted(os.listdir(tmp_path)) == (["r.json"] if overwrite else ["r.1.json", "r.json"])
+
+
+def test_a_file_system_without_hard_links_still_never_overwrites(tmp_path, monkeypatch):
+    """EPERM from link() (FAT, some FUSE and network file systems): the name is claimed with
+    O_EXCL, which fails on an existing file, and the complete temp file renamed onto the claim."""
+    import errno
+
+    monkeypatch.delattr(report_mod.os, "O_TMPFILE", raising=False)
+
+    def no_links(*args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(report_mod.os, "link", no_links)
+    path = tmp_path / "r.json"
+    path.write_text(OLD)
+    written = write_json(build_report(healthy_record(), command=COMMAND), str(path))
+    assert written == str(tmp_path / "r.1.json") and path.read_text() == OLD
+    assert json.loads((tmp_path / "r.1.json").read_text())["verdict"] == "ok"
+    assert sorted(os.listdir(tmp_path)) == ["r.1.json", "r.json"]
+
+
+_KILLED_WRITER = """
+import os, sys, time
+from ddpdoctor import report
+def half_then_wait(fd, data):
+    os.write(fd, data[: len(data) // 2])
+    print("half", flush=True)
+    time.sleep(60)
+report._write_all = half_then_wait
+report.atomic_write_bytes(b"x" * (4 << 20), sys.argv[1], overwrite=sys.argv[2] == "1")
+"""
+
+
+def _o_tmpfile_works(folder) -> bool:
+    try:
+        os.close(os.open(folder, os.O_TMPFILE | os.O_WRONLY, 0o600))
+        return os.path.isdir("/proc/self/fd")
+    except (AttributeError, OSError):
+        return False
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_writer_killed_mid_write_leaves_no_partial_or_temp_file(tmp_path, existing):
+    """SIGKILL while half the data is written: no try/finally runs. The data was in a file
+    with no name (O_TMPFILE), so the folder holds exactly what it held before."""
+    import signal
+    import subprocess
+    import sys
+
+    if not _o_tmpfile_works(str(tmp_path)):
+        pytest.skip("no O_TMPFILE here: the named temp file of the fallback would survive a SIGKILL")
+    path = tmp_path / "r.json"
+    if existing:
+        path.write_text(OLD)
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path), "1" if existing else "0"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "half\n"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert sorted(os.listdir(tmp_path)) == (["r.json"] if existing else [])
+    assert not existing or path.read_text() == OLD
 
 
 def test_report_with_nan_loss_is_strict_json(tmp_path):

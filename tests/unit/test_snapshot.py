@@ -278,3 +278,79 @@ def test_secrets_in_the_environment_never_reach_the_written_file(monkeypatch, tm
     assert recorded_env["NCCL_DEBUG_FILE"] == "/tmp/nccl.%h.%p.log"
     assert recorded_env["NCCL_SOCKET_IFNAME"] == "^lo,docker0"
     assert recorded_env["OMP_NUM_THREADS"] == "1"  # set by the unit tests' conftest
+
+
+# -- `snapshot --out`: an existing file is never replaced silently ---------------------------------
+
+def _tiny_snapshot() -> dict[str, Any]:
+    return {"schema": SCHEMA, "host": socket.gethostname(), "probes": {"homogeneity": [{"device": "cpu"}]}}
+
+
+@pytest.fixture
+def cli_env(monkeypatch):
+    """main() sets these for the torch it may import: undone after each test."""
+    for name in ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES"):
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def no_measuring(monkeypatch, cli_env):
+    """take_snapshot replaced: these tests are about the file, not the facts (and must not pay for torch)."""
+    import ddpdoctor.snapshot
+
+    calls = []
+    monkeypatch.setattr(ddpdoctor.snapshot, "take_snapshot", lambda measure=True: calls.append(measure) or _tiny_snapshot())
+    return calls
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_an_existing_snapshot_file_is_refused_before_measuring(capsys, tmp_path, monkeypatch, no_measuring, explicit):
+    from ddpdoctor import cli
+
+    monkeypatch.chdir(tmp_path)
+    name = "node07.json" if explicit else f"ddpdoctor-snapshot-{socket.gethostname()}.json"
+    (tmp_path / name).write_text("yesterday's snapshot")
+    assert cli.main(["snapshot", *(["--out", name] if explicit else [])]) == 3
+    captured = capsys.readouterr()
+    assert captured.err == (f"ddpdoctor: error: {name} already exists: pass --force to overwrite it, "
+                            "or choose another --out path\n")
+    assert no_measuring == [] and (tmp_path / name).read_text() == "yesterday's snapshot"
+
+
+def test_snapshot_force_overwrites(capsys, tmp_path, no_measuring):
+    from ddpdoctor import cli
+
+    path = tmp_path / "node07.json"
+    path.write_text("yesterday's snapshot")
+    assert cli.main(["snapshot", "--out", str(path), "--force", "--no-measure"]) == 0
+    assert json.loads(path.read_text()) == _tiny_snapshot() and no_measuring == [False]
+    assert capsys.readouterr().out.startswith(f"ddpdoctor: wrote {path}: 1 device")
+
+
+def test_a_snapshot_file_that_appears_while_measuring_is_kept(capsys, tmp_path, monkeypatch, cli_env):
+    import ddpdoctor.snapshot
+    from ddpdoctor import cli
+
+    path = tmp_path / "node07.json"
+
+    def slow_measure(measure=True):
+        path.write_text("written by someone else meanwhile")
+        return _tiny_snapshot()
+
+    monkeypatch.setattr(ddpdoctor.snapshot, "take_snapshot", slow_measure)
+    assert cli.main(["snapshot", "--out", str(path)]) == 0
+    captured = capsys.readouterr()
+    sibling = tmp_path / "node07.1.json"
+    assert path.read_text() == "written by someone else meanwhile"
+    assert json.loads(sibling.read_text()) == _tiny_snapshot()
+    assert captured.out.startswith(f"ddpdoctor: wrote {sibling}: ")  # says where it really went
+    assert f"wrote {sibling} instead" in captured.err
+
+
+def test_write_snapshot_returns_where_it_went(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text("taken")
+    assert write_snapshot(_tiny_snapshot(), str(path)) == str(tmp_path / "s.1.json")
+    assert write_snapshot(_tiny_snapshot(), str(path), overwrite=True) == str(path)
+    assert json.loads(path.read_text()) == _tiny_snapshot()
