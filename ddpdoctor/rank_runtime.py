@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from ddpdoctor.channel import Channel
 from ddpdoctor import fr_snapshot
@@ -30,6 +30,7 @@ from ddpdoctor.net_facts import Resolution, resolve, wait_for_port
 from ddpdoctor.rank_state import RankState, Terminated
 from ddpdoctor.probes.init_hang import NAME as INIT_PROBE, before_rendezvous
 from ddpdoctor.run_record import RunRecord, read_record
+from ddpdoctor.slurm import expand_nodelist
 
 
 def _die_with_parent() -> None:
@@ -82,7 +83,24 @@ def _hello(ctx: RankContext) -> dict[str, Any]:
             "local_rank": ctx.env.local_rank,
             "local_world_size": ctx.env.local_world_size, "world_size": ctx.world_size, "mode": ctx.env.mode,
             "cuda_devices": torch.cuda.device_count() if cuda else 0, "t": time.time(),
-            "torch": torch.__version__}
+            "torch": torch.__version__, **_node_placement(os.environ)}
+
+
+def _node_placement(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Which node this rank's launcher says it is on (torchrun's GROUP_RANK, Slurm's SLURM_NODEID),
+    and Slurm's node list: how the report names a node none of whose ranks arrived."""
+    out: dict[str, Any] = {}
+    for var in ("GROUP_RANK", "SLURM_NODEID"):
+        if environ.get(var, "").isdigit():
+            out["node_rank"] = int(environ[var])
+            break
+    listed = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    if listed:
+        try:
+            out["nodelist"] = expand_nodelist(listed)
+        except UsageError:
+            pass  # unreadable: the report names missing nodes by node rank only
+    return out
 
 
 def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:

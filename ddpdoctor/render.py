@@ -151,6 +151,26 @@ def _probe_details(report: Report, console: Console) -> None:
         _details(section.name, section.facts, console)
 
 
+# Past this many nodes only the ones with findings are listed, and a count of the rest.
+_NODES_LISTED = 8
+
+
+def _by_node(report: Report, console: Console) -> None:
+    """One line per node: which node to look at first, not only which rank."""
+    nodes = report.by_node()
+    quiet = [n for n in nodes if not n["findings"]]
+    shown = nodes if len(nodes) <= _NODES_LISTED else [n for n in nodes if n["findings"]]
+    line = Text("by node: ", style="bold")
+    for n in shown:
+        line.append(f" {n['host']} (ranks {n['ranks']}): ")
+        said = ", ".join(n["findings"][:4]) + (", ..." if len(n["findings"]) > 4 else "")
+        line.append(said or "ok", style=_STYLE[Severity.parse(n["worst_severity"])] if said else "green")
+        line.append(";")
+    if len(shown) < len(nodes):
+        line.append(f" {len(quiet)} more node{'s' if len(quiet) != 1 else ''} with nothing to say;")
+    console.print(line)
+
+
 def render_report(report: Report, console: Console) -> None:
     data_nodes = report.nodes()
     rec = report.record
@@ -169,5 +189,7 @@ def render_report(report: Report, console: Console) -> None:
 
     _probe_details(report, console)
     render_findings(report.findings, console)
+    if len(data_nodes) > 1:
+        _by_node(report, console)
     status = ", ".join(f"{p.name}: {p.status}" for p in report.probes)
     console.print(Text(f"probes: {status}   exit {code} ({_VERDICT[code]})", style="dim"))

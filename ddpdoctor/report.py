@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from ddpdoctor import __version__
-from ddpdoctor.findings import EXIT_UNKNOWN, Finding, Severity, exit_code_for
+from ddpdoctor.findings import EXIT_UNKNOWN, Finding, Severity, exit_code_for, rank_ranges
 from ddpdoctor.run_diagnosis import diagnose_run, rank_fates
 from ddpdoctor.run_record import RunRecord
 
@@ -68,6 +68,21 @@ class Report:
         hosts = [self.record.host(r) for r in range(self.record.world_size)]
         return sorted({h for h in hosts if h != "?"}, key=hosts.index)
 
+    def by_node(self) -> list[dict[str, Any]]:
+        """Each node with its ranks and the findings that concern it, worst first: on a cluster
+        the question is which node to drain, not which rank number misbehaved."""
+        rec = self.record
+        out = []
+        for index, host in enumerate(self.nodes()):
+            ranks = [r for r in range(rec.world_size) if rec.host(r) == host]
+            concern = [f for f in self.findings if f.severity > Severity.OK
+                       and (host in f.nodes or (not f.nodes and set(f.ranks) & set(ranks)))]
+            concern.sort(key=lambda f: -int(f.severity))
+            out.append({"node_index": index, "host": host, "ranks": rank_ranges(ranks),
+                        "worst_severity": max((f.severity for f in concern), default=Severity.OK).label,
+                        "findings": list(dict.fromkeys(f.code for f in concern))})
+        return out
+
     def to_json(self) -> dict[str, Any]:
         rec = self.record
         fates = rank_fates(rec)
@@ -107,6 +122,7 @@ class Report:
                 for r in range(rec.world_size)
             ],
             "findings": [f.to_json() for f in self.findings],
+            "by_node": self.by_node(),
             "probes": [
                 {"name": p.name, "status": p.status,
                  "findings": [f.code for f in p.findings],

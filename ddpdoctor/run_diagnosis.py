@@ -209,13 +209,18 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
                    if primaries[r].detail.get("arrival_failure")}
         short = sorted({reason.split(" (")[0] for reason in reasons.values()})
         said = {r for r in missing if r in reasons}
+        gone = missing_nodes(record, missing)
         findings.append(Finding(
             code="RUN001", severity=Severity.CRITICAL, probe=PROBE,
-            title=(f"Rank {rank_ranges(missing)} never arrived ({len(arrived)} of {record.world_size} ranks connected)"
+            title=((f"{_nodes_said(gone)} never arrived: none of {'its' if len(gone) == 1 else 'their'} ranks "
+                    f"({rank_ranges(missing)}) connected" if gone and sum(len(n['ranks']) for n in gone) == len(missing)
+                    else f"Rank {rank_ranges(missing)} never arrived")
+                   + f" ({len(arrived)} of {record.world_size} ranks connected)"
                    + (f": {short[0]}" if len(short) == 1 and said == set(missing) else "")),
-            ranks=tuple(missing),
+            ranks=tuple(missing), nodes=tuple(n["host"] for n in gone if n.get("host")),
             evidence={"arrived_ranks": rank_ranges(arrived) or "none", "expected_world_size": record.world_size,
                       "arrived_hosts": sorted({hosts[r] for r in arrived}),
+                      **({"missing_nodes": [{**n, "ranks": rank_ranges(n["ranks"])} for n in gone]} if gone else {}),
                       **({"why_not_arrived": {str(r): reason for r, reason in sorted(reasons.items())}}
                          if reasons else {}),
                       "affected_ranks": _victims_evidence(victims),
@@ -228,8 +233,12 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
                   "port, a firewall). ")
                  + "A rank that cannot reach the store on another node can only say so in its own output."),
             fix=_arrival_fix(short) if said == set(missing) else
-                ("Check that WORLD_SIZE equals nodes x processes per node, that every node uses the same MASTER_ADDR "
-                 "and MASTER_PORT, and that the port is open between nodes (`nc -zv MASTER_ADDR MASTER_PORT`)."),
+                (("A whole node is missing: check that its job step started there (its torchrun or srun task log, "
+                  "`sacct -j JOB --format=JobID,NodeList,State,ExitCode`), that the node is not drained or down "
+                  "(`sinfo -n HOST`), and that it reaches MASTER_ADDR:MASTER_PORT (`nc -zv MASTER_ADDR MASTER_PORT` "
+                  "from that node). " if gone else "")
+                 + "Check that WORLD_SIZE equals nodes x processes per node, that every node uses the same MASTER_ADDR "
+                   "and MASTER_PORT, and that the port is open between nodes (`nc -zv MASTER_ADDR MASTER_PORT`)."),
         ))
 
     for rank, fate in sorted(primaries.items(), key=lambda kv: kv[1].t):
@@ -247,6 +256,40 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
         # a backend that does not check shapes (NCCL) runs them and reduces garbage, or hangs later.
         findings.append(_recorded_desync(recorded, hosts, {}))
     return findings
+
+
+def missing_nodes(record: RunRecord, missing: list[int]) -> list[dict[str, Any]]:
+    """Whole nodes none of whose ranks arrived, from the layout the arrived ranks show.
+
+    Launchers number ranks node by node (torchrun by its node rank, srun by task blocks): when
+    every arrived rank sits at rank // local_world_size == its node rank, a node rank none of
+    whose ranks arrived is a node that is missing as a whole. Its host name is known where Slurm
+    listed the nodes (SLURM_STEP_NODELIST / SLURM_JOB_NODELIST, in node-rank order)."""
+    hellos = record.hellos.values()
+    sizes = {h.get("local_world_size") for h in hellos}
+    if len(sizes) != 1 or not isinstance(next(iter(sizes)), int) or next(iter(sizes)) < 1:
+        return []
+    per_node = int(next(iter(sizes)))
+    if any(not isinstance(h.get("node_rank"), int) or h["node_rank"] != int(h["rank"]) // per_node for h in hellos):
+        return []
+    nodelist = next((h["nodelist"] for h in hellos if isinstance(h.get("nodelist"), list)), [])
+    lost = set(missing)
+    out = []
+    for node in range((record.world_size + per_node - 1) // per_node):
+        ranks = list(range(node * per_node, min((node + 1) * per_node, record.world_size)))
+        if lost.issuperset(ranks):
+            entry: dict[str, Any] = {"node_rank": node, "ranks": ranks}
+            if node < len(nodelist):
+                entry["host"] = str(nodelist[node])
+            out.append(entry)
+    return out
+
+
+def _nodes_said(gone: list[dict[str, Any]]) -> str:
+    """`Node rank 1 (gpu-a02)`, `Node ranks 1, 2 (gpu-a02, gpu-a03)`."""
+    ranks = ", ".join(str(n["node_rank"]) for n in gone)
+    hosts = [n["host"] for n in gone if n.get("host")]
+    return f"Node rank{'s' if len(gone) > 1 else ''} {ranks}" + (f" ({', '.join(hosts)})" if len(hosts) == len(gone) else "")
 
 
 def _arrival_fix(short: list[str]) -> str:

@@ -28,6 +28,16 @@ class RunView:
     def nodes_of(self, ranks: Any) -> tuple[str, ...]:
         return tuple(sorted({self.hosts[r] for r in ranks if r in self.hosts}))
 
+    def whole_nodes(self, ranks: Any) -> tuple[str, ...]:
+        """The nodes these ranks are, when they are exactly every rank of some nodes (and not of
+        all of them): then the finding is about a node, and says so. Else ()."""
+        chosen = set(ranks)
+        nodes = self.nodes_of(chosen)
+        on = {r for r, h in self.hosts.items() if h in nodes}
+        if not nodes or on != chosen or len(nodes) == len(set(self.hosts.values())) or len(chosen) < 2:
+            return ()
+        return nodes
+
 
 class Probe(Protocol):
     name: str

@@ -136,8 +136,13 @@ def _foreign_load(ctx: Any, facts: Mapping[str, Any]) -> Optional[dict[str, Any]
     end = host_load.sample()
     if end is None:
         return None
+    from ddpdoctor.rank_runtime import machine_identity
+
+    # Every rank of this job whose pid means something here (same kernel, same pid namespace),
+    # whatever host name it goes by: two "nodes" in containers on one machine share it.
+    here = machine_identity()
     hellos = ctx.channel.collect("hello/{rank}", range(ctx.world_size))
-    pids = [int(h["pid"]) for h in hellos.values() if h.get("host") == ctx.env.hostname and h.get("pid")]
+    pids = [int(h["pid"]) for h in hellos.values() if h.get("machine") == here and h.get("pid")]
     cpus = int((facts.get("host_hw") or {}).get("cpus_usable") or os.cpu_count() or 1)
     return host_load.foreign_load(ctx.cache["host_load_start"], end, host_load.our_processes(pids), cpus)
 

@@ -145,10 +145,14 @@ def _slow_finding(facts: Mapping[int, Mapping[str, Any]], run: RunView, hardware
     threads = hardware[4] if hardware[0] == "cpu" else None
     what = f"{hardware[1]}" if threads is None else f"CPU {hardware[1]}, {threads} thread{'s' if threads != 1 else ''} per rank"
     steps = {r: (facts[r].get("measured") or {}).get("step_ms") for r in ranks}
+    whole = run.whole_nodes(slow)
     return Finding(
         code="HOM006", severity=Severity.WARN, probe=NAME,
-        title=(f"{'Rank' if len(slow) == 1 else 'Ranks'} {rank_ranges(slow)} "
-               f"{'computes' if len(slow) == 1 else 'compute up to'} {100 * (1 - scores[worst]):.0f}% slower than "
+        title=((f"{'Node' if len(whole) == 1 else 'Nodes'} {', '.join(whole)} (ranks {rank_ranges(slow)}) "
+                f"{'computes' if len(whole) == 1 else 'compute'} up to " if whole else
+                f"{'Rank' if len(slow) == 1 else 'Ranks'} {rank_ranges(slow)} "
+                f"{'computes' if len(slow) == 1 else 'compute up to'} ")
+               + f"{100 * (1 - scores[worst]):.0f}% slower than "
                f"{'its peer' if len(ranks) == 2 else f'the median of its {len(ranks) - 1} peers'} on identical hardware "
                f"({speed[worst]:g} vs {typical:g} {unit}, {where})"),
         ranks=tuple(slow), nodes=run.nodes_of(slow),

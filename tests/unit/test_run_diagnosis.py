@@ -690,3 +690,41 @@ def test_ranks_stopped_because_the_launcher_was_signalled_are_interrupted_even_b
     findings = diagnose_run(record)
     assert codes(critical(findings)) == ["RUN006"], findings
     assert critical(findings)[0].evidence["stage_by_rank"][1] == "launch"
+
+
+# -- a whole node missing ---------------------------------------------------------------
+
+def _torchrun_nodes(world: int, per_node: int, arrived: list[int], nodelist: Optional[list[str]] = None) -> RunRecord:
+    record = make_record(world)
+    extra = {"nodelist": nodelist} if nodelist else {}
+    record.hellos = {r: hello(r, world, host=f"h{r // per_node}", local_rank=r % per_node, local_world_size=per_node,
+                              node_rank=r // per_node, **extra) for r in arrived}
+    record.heartbeats = {r: record.heartbeats[r] for r in arrived}
+    record.timelines = {r: record.timelines[r] for r in arrived}
+    record.errors = {r: {"stage": "rendezvous", "t": T0 + 20, "type": "RendezvousTimeout", "message": "missing ranks",
+                         "traceback": "", "collective": None} for r in arrived}
+    return record
+
+
+def test_a_node_none_of_whose_ranks_arrived_is_named_by_its_slurm_host_name():
+    record = _torchrun_nodes(6, 2, [0, 1, 4, 5], nodelist=["gpu-a01", "gpu-a02", "gpu-a03"])
+    missing = [f for f in diagnose_run(record) if f.code == "RUN001"]
+    assert len(missing) == 1 and missing[0].ranks == (2, 3) and missing[0].nodes == ("gpu-a02",)
+    assert missing[0].title.startswith("Node rank 1 (gpu-a02) never arrived: none of its ranks (2-3) connected "
+                                       "(4 of 6 ranks connected)"), missing[0].title
+    assert missing[0].evidence["missing_nodes"] == [{"node_rank": 1, "ranks": "2-3", "host": "gpu-a02"}]
+
+
+def test_two_missing_nodes_and_a_partly_missing_one():
+    two = [f for f in diagnose_run(_torchrun_nodes(6, 2, [0, 1])) if f.code == "RUN001"][0]
+    assert two.title.startswith("Node ranks 1, 2 never arrived: none of their ranks (2-5) connected"), two.title
+    # One rank of a node missing is a rank, not a node.
+    part = [f for f in diagnose_run(_torchrun_nodes(4, 2, [0, 1, 2])) if f.code == "RUN001"][0]
+    assert part.title.startswith("Rank 3 never arrived") and "missing_nodes" not in part.evidence
+
+
+def test_a_layout_that_is_not_node_by_node_names_ranks_only():
+    record = _torchrun_nodes(4, 2, [0, 1])
+    record.hellos[1]["node_rank"] = 1  # rank 1 says node 1: not the contiguous layout the inference needs
+    missing = [f for f in diagnose_run(record) if f.code == "RUN001"][0]
+    assert missing.title.startswith("Rank 2-3 never arrived") and not missing.nodes

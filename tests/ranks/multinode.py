@@ -1,0 +1,168 @@
+"""Several "nodes" on this machine: network namespaces with their own addresses and host names.
+
+Each node is a network namespace (`ip netns`) joined to the others by veth pairs through a
+bridge in node 0's namespace, with an address in 10.77.<k>.0/24, its own host name (a UTS
+namespace) and an /etc/hosts that names every node (`ip netns exec` mounts
+/etc/netns/NS/hosts over /etc/hosts). A `torchrun --nnodes` per node then sees what it
+would see on a cluster: another host name, another address, another interface, and peers
+it reaches only over the network. Only these addresses and loopback are ever used.
+
+Needs root and iproute2; tests skip without them. Everything made is removed afterwards,
+and every process left in a namespace is killed first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int
+    netns: str
+    host: str
+    addr: str
+    ifname: str
+
+
+def can_make_nodes() -> Optional[str]:
+    """Why this machine cannot host namespace nodes, or None if it can."""
+    if os.geteuid() != 0:
+        return "needs root for ip netns"
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "needs iproute2 (ip) and util-linux (unshare)"
+    probe = f"ddpd-probe-{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True)
+    if made.returncode != 0:
+        return f"ip netns add failed: {made.stderr.decode(errors='replace').strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def skip_without_nodes() -> pytest.MarkDecorator:
+    reason = can_make_nodes()
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def namespace_nodes(count: int) -> Iterator[list[Node]]:
+    tag = uuid.uuid4().hex[:5]
+    subnet = 77 + int(tag, 16) % 100  # 10.<subnet>.0.0/24: unlikely to meet another run's
+    nodes = [Node(i, f"ddpd-{tag}-{i}", f"node{i}-{tag}", f"10.{subnet}.0.{i + 1}", f"dd{tag}n{i}")
+             for i in range(count)]
+    try:
+        for node in nodes:
+            _ip("netns", "add", node.netns)
+            _ip("-n", node.netns, "link", "set", "lo", "up")
+            folder = Path("/etc/netns") / node.netns
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{n.addr} {n.host}\n" for n in nodes))
+        hub = nodes[0]
+        _ip("-n", hub.netns, "link", "add", f"br{tag}", "type", "bridge")
+        _ip("-n", hub.netns, "addr", "add", f"{hub.addr}/24", "dev", f"br{tag}")
+        _ip("-n", hub.netns, "link", "set", f"br{tag}", "up")
+        for node in nodes[1:]:
+            # node's end is named node.ifname; the hub's end joins the bridge.
+            _ip("link", "add", node.ifname, "netns", node.netns, "type", "veth",
+                "peer", "name", f"hb{tag}{node.index}", "netns", hub.netns)
+            _ip("-n", node.netns, "addr", "add", f"{node.addr}/24", "dev", node.ifname)
+            _ip("-n", node.netns, "link", "set", node.ifname, "up")
+            _ip("-n", hub.netns, "link", "set", f"hb{tag}{node.index}", "master", f"br{tag}")
+            _ip("-n", hub.netns, "link", "set", f"hb{tag}{node.index}", "up")
+        # The hub's own traffic leaves through the bridge, so its interface is the bridge.
+        nodes[0] = Node(hub.index, hub.netns, hub.host, hub.addr, f"br{tag}")
+        yield nodes
+    finally:
+        for node in nodes:
+            pids = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            subprocess.run(["ip", "netns", "del", node.netns], capture_output=True)
+            shutil.rmtree(Path("/etc/netns") / node.netns, ignore_errors=True)
+
+
+def on_node(node: Node, argv: list[str]) -> list[str]:
+    """argv run inside the node: its network, its host name, its /etc/hosts."""
+    return ["ip", "netns", "exec", node.netns, "unshare", "--uts", "sh", "-c",
+            f'hostname {node.host} && exec "$@"', "sh", *argv]
+
+
+def torchrun_check(node: Node, hub: Node, nnodes: int, nproc: int, port: int, run_id: str,
+                   args: list[str], subcommand: str = "check") -> list[str]:
+    """`torchrun --nnodes ... -m ddpdoctor <subcommand>` as a user types it on that node."""
+    return on_node(node, [
+        sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+        f"--node-rank={node.index}", "--rdzv-backend=c10d", f"--rdzv-endpoint={hub.addr}:{port}",
+        f"--rdzv-id={run_id}", "-m", "ddpdoctor", subcommand, "--no-live", *args])
+
+
+@dataclass
+class NodesRun:
+    codes: list[int]
+    outputs: list[str]
+    report: Optional[dict]
+    wall_s: float
+    tag: str
+
+    def explain(self) -> str:
+        return "\n".join(f"--- node {i} exit {c}:\n{o[-3000:]}" for i, (c, o) in enumerate(zip(self.codes, self.outputs)))
+
+    def findings(self, code: str) -> list[dict]:
+        return [f for f in (self.report or {}).get("findings", []) if f["code"] == code]
+
+
+def run_nodes(tmp_path: Path, nodes: list[Node], args: list[str], nproc: int = 2, subcommand: str = "check",
+              per_node_env: Optional[dict[int, dict[str, str]]] = None, timeout_s: float = 150) -> NodesRun:
+    """One torchrun per node, started together as a job script would; rank 0's JSON report."""
+    import random
+    import time
+
+    from .harness import _env, tagged_processes
+
+    tag = uuid.uuid4().hex
+    report_path = tmp_path / f"nodes-{tag[:8]}.json"
+    port, run_id = random.randint(20000, 60000), f"ddpd{tag[:8]}"
+    start = time.perf_counter()
+    procs = []
+    for node in nodes:
+        env = _env(tag, {"GLOO_SOCKET_IFNAME": node.ifname, **(per_node_env or {}).get(node.index, {})})
+        argv = torchrun_check(node, nodes[0], len(nodes), nproc, port, run_id,
+                              [*args, "--json", str(report_path)], subcommand)
+        procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outputs, codes = [], []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, timeout_s - (time.perf_counter() - start)))
+        except subprocess.TimeoutExpired:
+            for p in tagged_processes(tag):
+                p.kill()
+            proc.kill()
+            out, _ = proc.communicate()
+        outputs.append(out)
+        codes.append(proc.returncode)
+    wall = time.perf_counter() - start
+    report = None
+    if report_path.exists():
+        import json
+
+        report = json.loads(report_path.read_text())
+    return NodesRun(codes, outputs, report, wall, tag)

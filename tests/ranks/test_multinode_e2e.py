@@ -1,0 +1,97 @@
+"""Several nodes on one machine (network namespaces with their own address and host name),
+one `torchrun --nnodes` per node, as users launch across hosts: one report, grouped by node,
+and faults named as nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from .harness import tagged_processes
+from .multinode import namespace_nodes, run_nodes, skip_without_nodes
+
+pytestmark = [pytest.mark.ranks, skip_without_nodes()]
+
+
+def _assert_nothing_left(run) -> None:
+    assert not tagged_processes(run.tag), run.explain()
+
+
+def _probe(report: dict, name: str) -> dict:
+    return next(p for p in report["probes"] if p["name"] == name)
+
+
+def test_two_healthy_nodes_give_one_report_grouped_by_node(tmp_path):
+    with namespace_nodes(2) as nodes:
+        run = run_nodes(tmp_path, nodes, ["--timeout", "30", "--probes", "init-hang,topology,homogeneity"])
+    report = run.report
+    assert report is not None, run.explain()
+    hosts = [n.host for n in nodes]
+    assert report["nodes"] == hosts and report["world_size"] == 4 and report["mode"] == "torchrun"
+    assert [(r["rank"], r["host"], r["node_index"]) for r in report["ranks"]] == [
+        (0, hosts[0], 0), (1, hosts[0], 0), (2, hosts[1], 1), (3, hosts[1], 1)]
+    assert [(n["host"], n["ranks"]) for n in report["by_node"]] == [(hosts[0], "0-1"), (hosts[1], "2-3")]
+    assert "by node:" in run.outputs[0] and f"{hosts[1]} (ranks 2-3)" in run.outputs[0]
+    # Each rank reached the rendezvous from its own node's address, not loopback.
+    init = _probe(report, "init-hang")["facts"]
+    assert {r: f["route"]["source"] for r, f in init.items()} == {
+        "0": nodes[0].addr, "1": nodes[0].addr, "2": nodes[1].addr, "3": nodes[1].addr}, init
+    # Homogeneity compared across the nodes and within them: one group, no false alarm. The
+    # nodes share this machine's CPUs, but not each other's processes (HOM015 leaves every
+    # rank of the job out, whichever node it is on).
+    assert not [f for f in report["findings"] if f["severity"] in ("warn", "critical")], run.explain()
+    assert run.codes == [0, 0], run.explain()
+    _assert_nothing_left(run)
+
+
+def test_a_node_with_another_environment_and_a_slow_node_are_each_named_as_that_node(tmp_path):
+    with namespace_nodes(2) as nodes:
+        run = run_nodes(tmp_path, nodes, ["--timeout", "30", "--probes", "homogeneity",
+                                          "--inject", "slow:rank=2:factor=3,slow:rank=3:factor=3"],
+                        per_node_env={1: {"NCCL_IB_DISABLE": "1"}})
+    report = run.report
+    assert report is not None, run.explain()
+    odd = nodes[1].host
+    # Only node 1 was started with NCCL_IB_DISABLE=1. (The interface each node's gloo uses differs
+    # too, GLOO_SOCKET_IFNAME: an info of its own, as on clusters whose nodes name NICs apart.)
+    # Two nodes, one value each: a tie, so both are named, each node with its value.
+    env = [f for f in run.findings("HOM005") if "NCCL_IB_DISABLE" in f["title"]]
+    assert len(env) == 1, run.explain()
+    assert env[0]["evidence"]["NCCL_IB_DISABLE"] == f"node {nodes[0].host} with unset; node {odd} with 1"
+    slow = run.findings("HOM006")
+    assert len(slow) == 1 and slow[0]["ranks"] == [2, 3] and slow[0]["nodes"] == [odd], run.explain()
+    assert slow[0]["title"].startswith(f"Node {odd} (ranks 2-3) computes up to"), slow[0]["title"]
+    assert "HOM006" not in report["by_node"][0]["findings"], report["by_node"]
+    assert {"HOM005", "HOM006"} <= set(report["by_node"][1]["findings"]), report["by_node"]
+    _assert_nothing_left(run)
+
+
+def test_a_whole_node_that_never_arrives_is_named_as_a_node(tmp_path):
+    with namespace_nodes(2) as nodes:
+        run = run_nodes(tmp_path, nodes, ["--timeout", "8", "--probes", "init-hang",
+                                          "--inject", "noshow:rank=2,noshow:rank=3"], timeout_s=120)
+    assert run.report is not None, run.explain()
+    missing = run.findings("RUN001")
+    assert len(missing) == 1 and missing[0]["ranks"] == [2, 3], run.explain()
+    assert missing[0]["title"].startswith("Node rank 1 never arrived: none of its ranks (2-3) connected"), missing[0]
+    assert missing[0]["evidence"]["missing_nodes"] == [{"node_rank": 1, "ranks": "2-3"}]
+    assert "A whole node is missing" in missing[0]["fix"]
+    assert run.report["exit_code"] == 2 and run.codes[0] != 0, run.explain()  # torchrun says 1 for any failure
+    _assert_nothing_left(run)
+
+
+@pytest.mark.slow
+def test_a_slow_network_path_is_told_apart_from_a_slow_node(tmp_path):
+    # Three nodes of two ranks over real veth links. Faults: node 2's ranks talk slowly to each
+    # other (a slow link inside a node), and node 1's leader to node 2's (a slow path between
+    # nodes). A ring of leader pairs needs three nodes to tell a slow path from a slow node.
+    with namespace_nodes(3) as nodes:
+        run = run_nodes(tmp_path, nodes, ["--timeout", "40", "--max-bytes", "1M", "--iters", "5", "--warmup", "1",
+                                          "--localise", "always", "--inject", "slowlink:ranks=4,5,slowlink:ranks=2,4"],
+                        subcommand="allreduce-bench", timeout_s=200)
+    report = run.report
+    assert report is not None, run.explain()
+    codes = {f["code"]: f for f in report["findings"]}
+    assert codes["BW004"]["nodes"] == [nodes[2].host] and codes["BW004"]["ranks"] == [4, 5], report["findings"]
+    assert codes["BW005"]["nodes"] == [nodes[1].host, nodes[2].host], report["findings"]
+    assert [n["host"] for n in report["by_node"] if "BW004" in n["findings"]] == [nodes[2].host]
+    _assert_nothing_left(run)
