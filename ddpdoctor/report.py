@@ -72,16 +72,19 @@ class Report:
         """Each node with its ranks and the findings that concern it, worst first: on a cluster
         the question is which node to drain, not which rank number misbehaved."""
         rec = self.record
-        out = []
-        for index, host in enumerate(self.nodes()):
-            ranks = [r for r in range(rec.world_size) if rec.host(r) == host]
-            concern = [f for f in self.findings if f.severity > Severity.OK
-                       and (host in f.nodes or (not f.nodes and set(f.ranks) & set(ranks)))]
-            concern.sort(key=lambda f: -int(f.severity))
-            out.append({"node_index": index, "host": host, "ranks": rank_ranges(ranks),
-                        "worst_severity": max((f.severity for f in concern), default=Severity.OK).label,
-                        "findings": list(dict.fromkeys(f.code for f in concern))})
-        return out
+        ranks_of: dict[str, list[int]] = {}
+        for r in range(rec.world_size):
+            ranks_of.setdefault(rec.host(r), []).append(r)
+        concern: dict[str, list[Finding]] = {host: [] for host in ranks_of}
+        # Each finding once: the nodes it names, else the nodes of its ranks (linear in the ranks).
+        for f in sorted((f for f in self.findings if f.severity > Severity.OK), key=lambda f: -int(f.severity)):
+            for host in dict.fromkeys(f.nodes or (rec.host(r) for r in f.ranks if 0 <= r < rec.world_size)):
+                if host in concern:
+                    concern[host].append(f)
+        return [{"node_index": index, "host": host, "ranks": rank_ranges(ranks_of[host]),
+                 "worst_severity": max((f.severity for f in concern[host]), default=Severity.OK).label,
+                 "findings": list(dict.fromkeys(f.code for f in concern[host]))}
+                for index, host in enumerate(self.nodes())]
 
     def to_json(self) -> dict[str, Any]:
         rec = self.record

@@ -166,3 +166,50 @@ def run_nodes(tmp_path: Path, nodes: list[Node], args: list[str], nproc: int = 2
 
         report = json.loads(report_path.read_text())
     return NodesRun(codes, outputs, report, wall, tag)
+
+
+def run_slurm_tasks(tmp_path: Path, nodes: list[Node], tasks_per_node: int, args: list[str],
+                    started: Optional[list[int]] = None, timeout_s: float = 120) -> NodesRun:
+    """What `srun --nodes=N --ntasks-per-node=T ddpdoctor check ...` starts: one process per task,
+    inside its node, with only the SLURM_* variables an allocation sets. `started`: the nodes
+    whose tasks really start (a node that never comes up is left out)."""
+    import json
+    import random
+    import time
+
+    from .harness import _env, tagged_processes
+
+    tag = uuid.uuid4().hex
+    report_path = tmp_path / f"slurm-{tag[:8]}.json"
+    job_id = str(random.randint(100000, 999999))
+    nodelist = ",".join(n.host for n in nodes)
+    common = {"SLURM_JOB_ID": job_id, "SLURM_STEP_ID": "0", "SLURM_NNODES": str(len(nodes)),
+              "SLURM_NTASKS": str(len(nodes) * tasks_per_node), "SLURM_JOB_NODELIST": nodelist,
+              "SLURM_STEP_NODELIST": nodelist, "SLURM_TASKS_PER_NODE": f"{tasks_per_node}(x{len(nodes)})",
+              "SLURM_NTASKS_PER_NODE": str(tasks_per_node), "MASTER_ADDR": None, "MASTER_PORT": None}
+    start = time.perf_counter()
+    procs = []
+    for node in nodes:
+        if started is not None and node.index not in started:
+            continue
+        for local in range(tasks_per_node):
+            env = _env(tag, {**common, "SLURM_PROCID": str(node.index * tasks_per_node + local),
+                             "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node.index),
+                             "GLOO_SOCKET_IFNAME": node.ifname})
+            argv = on_node(node, [sys.executable, "-m", "ddpdoctor", "check", "--no-live", *args,
+                                  "--json", str(report_path)])
+            procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+    outputs, codes = [], []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, timeout_s - (time.perf_counter() - start)))
+        except subprocess.TimeoutExpired:
+            for p in tagged_processes(tag):
+                p.kill()
+            proc.kill()
+            out, _ = proc.communicate()
+        outputs.append(out)
+        codes.append(proc.returncode)
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    return NodesRun(codes, outputs, report, time.perf_counter() - start, tag)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from .harness import tagged_processes
-from .multinode import namespace_nodes, run_nodes, skip_without_nodes
+from .multinode import namespace_nodes, run_nodes, run_slurm_tasks, skip_without_nodes
 
 pytestmark = [pytest.mark.ranks, skip_without_nodes()]
 
@@ -65,7 +65,22 @@ def test_a_node_with_another_environment_and_a_slow_node_are_each_named_as_that_
     _assert_nothing_left(run)
 
 
-def test_a_whole_node_that_never_arrives_is_named_as_a_node(tmp_path):
+def test_a_slurm_node_whose_tasks_never_start_is_named_by_its_host_name(tmp_path):
+    # srun across 2 nodes; node 1's tasks never start (a node that failed to launch the step).
+    with namespace_nodes(2) as nodes:
+        run = run_slurm_tasks(tmp_path, nodes, 2, ["--timeout", "10", "--probes", "init-hang"], started=[0])
+    assert run.report is not None, run.explain()
+    assert run.report["mode"] == "slurm" and run.report["nodes"] == [nodes[0].host]
+    missing = run.findings("RUN001")
+    assert len(missing) == 1 and missing[0]["ranks"] == [2, 3] and missing[0]["nodes"] == [nodes[1].host], run.explain()
+    assert missing[0]["title"].startswith(f"Node rank 1 ({nodes[1].host}) never arrived: none of its ranks (2-3) "
+                                          "connected (2 of 4 ranks connected)"), missing[0]["title"]
+    assert run.report["exit_code"] == 2 and run.codes[0] == 2, run.explain()
+    _assert_nothing_left(run)
+
+
+@pytest.mark.slow
+def test_a_torchrun_node_whose_ranks_never_join_is_named_as_a_node(tmp_path):
     with namespace_nodes(2) as nodes:
         run = run_nodes(tmp_path, nodes, ["--timeout", "8", "--probes", "init-hang",
                                           "--inject", "noshow:rank=2,noshow:rank=3"], timeout_s=120)
