@@ -124,7 +124,7 @@ def read_dumps(files: list[DumpFile]) -> DumpSet:
             if not isinstance(entries, list):
                 raise TypeError("entries is not a list")
         except (pickle.UnpicklingError, ValueError, KeyError, TypeError, EOFError, OSError,
-                UnicodeDecodeError, AttributeError, IndexError) as exc:
+                UnicodeDecodeError, AttributeError, IndexError, RecursionError) as exc:
             out.problems.append(f"{f.label}: not a readable Flight Recorder dump ({type(exc).__name__}: {exc})")
             continue
         dump = dump_from_entries(f.rank_hint, f.label, entries, str(data.get("version", "")))

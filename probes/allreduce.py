@@ -96,9 +96,10 @@ class AllReduce:
 
         results = merge_results(facts)
         if cfg.bench.csv_path:
-            atomic_write_text(to_csv(results), cfg.bench.csv_path)
+            atomic_write_text(to_csv(results), cfg.bench.csv_path, overwrite=cfg.force)
         if cfg.bench.plot_path and results:
-            write_plot(results, cfg.bench.plot_path, f"{results[0].op} busbw, {len(facts)} ranks, {results[0].dtype}")
+            write_plot(results, cfg.bench.plot_path, f"{results[0].op} busbw, {len(facts)} ranks, {results[0].dtype}",
+                       overwrite=cfg.force)
 
     def render_details(self, facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:
         from ddpdoctor.render_bench import render_bench
