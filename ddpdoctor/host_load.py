@@ -20,6 +20,8 @@ TOP = 3
 @dataclass(frozen=True)
 class CpuSample:
     t: float
+    host_busy_s: float  # every CPU's non-idle time so far, summed (all processes, the kernel too)
+    host_cpus: int
     # pid -> (name, start time, user + system CPU seconds so far); the start time tells a reused
     # pid apart (a name does not: a kernel worker renames itself with the work it does).
     seconds: dict[int, tuple[str, float, float]]
@@ -36,7 +38,9 @@ def sample() -> Optional[CpuSample]:
             if times is not None:
                 seconds[proc.info["pid"]] = (str(proc.info.get("name") or "?"), float(proc.info.get("create_time") or 0),
                                              times.user + times.system)
-        return CpuSample(time.monotonic(), seconds)
+        times = psutil.cpu_times()
+        busy = sum(getattr(times, f) for f in times._fields if f not in ("idle", "iowait", "guest", "guest_nice"))
+        return CpuSample(time.monotonic(), busy, psutil.cpu_count() or 1, seconds)
     except Exception:
         return None
 
@@ -81,5 +85,8 @@ def foreign_load(start: CpuSample, end: CpuSample, ours: set[int], cpus: int, to
         "interval_s": round(interval, 2),
         "cpus": cpus,
         "foreign_cpus_busy": round(busy, 2),
+        # How busy the whole host was: saturated only if this is near all of its CPUs.
+        "host_cpus": end.host_cpus,
+        "host_cpus_busy": round(max(0.0, end.host_busy_s - start.host_busy_s) / interval, 2),
         "top": [{"pid": pid, "name": name, "cpu_pct": round(100 * d / interval)} for d, pid, name in used[:top]],
     }

@@ -221,6 +221,9 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     check_ranks(cfg.inject, env.world_size)
     check_standalone(cfg.inject, standalone=parent is not None)
+    # Whose CPU the check shares, from the first moment (the imports below are seconds of CPU
+    # that another job's load slows down too): read again by homogeneity, against this start.
+    load_start = host_load.sample() if env.local_rank == 0 else None
     Injector(cfg.inject, env.rank).at_stage("launch")
     if Injector(cfg.inject, env.rank).no_show():
         no_show()  # a process that never joins: only its launcher's deadline ends it
@@ -267,9 +270,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     heartbeat = Heartbeat(side, env.rank, state, cfg.heartbeat_s, cfg.silent_after_s, parent)
     heartbeat.start()
     ctx = RankContext(env, cfg, channel, Injector(cfg.inject, env.rank), state, watchdog)
-    if env.local_rank == 0:
-        # Whose CPU the check shares: read again by homogeneity, against this start.
-        ctx.cache["host_load_start"] = host_load.sample()
+    ctx.cache["host_load_start"] = load_start
 
     healthy = True
     code = 0

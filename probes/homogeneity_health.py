@@ -230,22 +230,27 @@ def host_findings(facts: Facts, run: RunView) -> list[Finding]:
     return out
 
 
-# Other processes using half the host's CPUs or more (at least one CPU's worth) during the check.
-BUSY_HOST_SHARE = 0.5
+# Saturated: the host's CPUs were nearly all busy, and other processes took a real share of them
+# (a quarter, at least half a CPU). A big node where another job uses idle cores is not saturated.
+SATURATED_SHARE = 0.9
+FOREIGN_SHARE = 0.25
 
 
 def _busy_hosts(facts: Facts, by_host: Mapping[str, list[int]]) -> list[Finding]:
-    """HOM015: the host was busy with other processes while the check ran (local rank 0 measured it)."""
+    """HOM015: the host's CPUs were saturated while the check ran, with other processes taking a real
+    share (local rank 0 measured it from the ranks' start, imports included)."""
     busy: dict[str, str] = {}
     measured: dict[str, Any] = {}
     for host, ranks in by_host.items():
         load = next((facts[r]["host_load"] for r in ranks if isinstance(facts[r].get("host_load"), Mapping)), None)
         if load is None:
             continue
-        cpus, used = _int(load.get("cpus")) or 0, _num(load.get("foreign_cpus_busy")) or 0.0
-        if cpus and used >= max(1.0, BUSY_HOST_SHARE * cpus):
+        cpus, used = _int(load.get("host_cpus")) or _int(load.get("cpus")) or 0, _num(load.get("foreign_cpus_busy")) or 0.0
+        all_busy = _num(load.get("host_cpus_busy"))
+        if cpus and (all_busy is None or all_busy >= SATURATED_SHARE * cpus) and used >= max(0.5, FOREIGN_SHARE * cpus):
             top = ", ".join(f"pid {p.get('pid')} {p.get('name')} {p.get('cpu_pct')}%" for p in load.get("top") or [])
-            busy[host] = f"{used:.1f} of {cpus} CPUs used by other processes" + (f" ({top})" if top else "")
+            busy[host] = (f"{all_busy if all_busy is not None else used:.1f} of {cpus} CPUs busy, {used:.1f} of them "
+                          f"with other processes" + (f" ({top})" if top else ""))
             measured[host] = load
     if not busy:
         return []
@@ -253,7 +258,7 @@ def _busy_hosts(facts: Facts, by_host: Mapping[str, list[int]]) -> list[Finding]
     ranks = tuple(r for host in busy for r in by_host[host])
     return [Finding(
         code="HOM015", severity=Severity.WARN, probe=NAME,
-        title=f"Host {first} is busy with other processes: {busy[first]}", ranks=ranks, nodes=tuple(busy),
+        title=f"Host {first} is saturated, partly by other processes: {busy[first]}", ranks=ranks, nodes=tuple(busy),
         evidence={"by_host": busy, "measured": measured},
         why=("Processes that are not part of this job took that much CPU while the check ran (measured from each "
              "process's CPU time, ours left out). Data loading, gloo and the CPU side of every step slow down, so a "

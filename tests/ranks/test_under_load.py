@@ -48,6 +48,7 @@ def test_a_saturated_host_is_named_and_a_hang_is_still_caught_at_its_deadline(tm
     assert len(hung) == 1 and hung[0]["ranks"] == [1] and hung[0]["evidence"]["stage"] == "report", run.explain()
     assert hung[0]["evidence"]["deadline_s"] == TIMEOUT
     facts = probe_section(run.report, "homogeneity")["facts"]
-    assert facts["0"]["host_load"]["foreign_cpus_busy"] >= 1.0
+    load = facts["0"]["host_load"]
+    assert load["foreign_cpus_busy"] >= 0.5 and load["host_cpus_busy"] >= 0.9 * load["host_cpus"], load
     assert "Traceback" not in run.stderr
     assert_nothing_left(run)

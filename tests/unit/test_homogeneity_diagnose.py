@@ -849,23 +849,31 @@ def test_cpu_ranks_floating_over_shared_cores_need_a_larger_gap(pinned, slower, 
 
 # -- HOM015: a host busy with other processes ------------------------------------------
 
-def _with_load(facts: Facts, host: str, cpus: int, busy: float) -> Facts:
+def _with_load(facts: Facts, host: str, cpus: int, busy: float, all_busy: float) -> Facts:
     first = min(on_node(facts, host))
-    facts[first]["host_load"] = {"interval_s": 4.0, "cpus": cpus, "foreign_cpus_busy": busy,
+    facts[first]["host_load"] = {"interval_s": 4.0, "cpus": cpus, "foreign_cpus_busy": busy, "host_cpus": cpus,
+                                 "host_cpus_busy": all_busy,
                                  "top": [{"pid": 4242, "name": "python", "cpu_pct": 190}]}
     return facts
 
 
-def test_a_node_busy_with_other_processes_is_named_with_them():
-    facts = _with_load(load(H100, H100_2), "dgx-h100-02", cpus=224, busy=130.0)
+def test_a_saturated_node_is_named_with_the_other_processes():
+    facts = _with_load(load(H100, H100_2), "dgx-h100-02", cpus=224, busy=130.0, all_busy=220.0)
     busy = one(diagnose(facts), "HOM015")
     assert busy.severity == Severity.WARN and busy.nodes == ("dgx-h100-02",)
     assert busy.ranks == tuple(range(8, 16))
-    assert busy.evidence["by_host"] == {"dgx-h100-02": "130.0 of 224 CPUs used by other processes (pid 4242 python 190%)"}
+    assert busy.evidence["by_host"] == {
+        "dgx-h100-02": "220.0 of 224 CPUs busy, 130.0 of them with other processes (pid 4242 python 190%)"}
+    assert busy.title.startswith("Host dgx-h100-02 is saturated, partly by other processes")
 
 
-@pytest.mark.parametrize("cpus, used, flagged", [(2, 0.9, False), (2, 1.0, True), (224, 100.0, False),
-                                                  (224, 112.0, True), (1, 0.6, False)])
-def test_busy_means_half_the_cpus_and_at_least_one(cpus, used, flagged):
-    facts = _with_load(load(H100), "dgx-h100-01", cpus=cpus, busy=used)
+@pytest.mark.parametrize("cpus, foreign, all_busy, flagged", [
+    (2, 0.85, 2.0, True),      # 2 cores: two spinning processes share them with our 2 ranks
+    (2, 0.4, 2.0, False),      # saturated by our own ranks: nothing to blame on others
+    (2, 1.0, 1.2, False),      # others busy, but the host had room
+    (224, 100.0, 150.0, False),  # a big node with idle cores left
+    (224, 60.0, 210.0, True),
+])
+def test_saturated_means_nearly_every_cpu_busy_with_a_real_share_from_others(cpus, foreign, all_busy, flagged):
+    facts = _with_load(load(H100), "dgx-h100-01", cpus=cpus, busy=foreign, all_busy=all_busy)
     assert ("HOM015" in codes(diagnose(facts))) == flagged

@@ -38,13 +38,14 @@ def test_a_real_busy_process_is_foreign_load_and_we_are_not():
 
 
 def test_a_reused_pid_counts_from_zero_and_ours_are_left_out():
-    start = CpuSample(10.0, {1: ("init", 0.0, 5.0), 50: ("old", 3.0, 100.0), 60: ("rank", 4.0, 1.0),
-                             80: ("kworker/0:1-events", 2.0, 7.0)})
-    end = CpuSample(12.0, {1: ("init", 0.0, 5.0), 50: ("new", 9.0, 1.0), 60: ("rank", 4.0, 3.0),
-                           70: ("late", 11.0, 0.5), 80: ("kworker/0:1-mm_percpu_wq", 2.0, 7.0)})
+    start = CpuSample(10.0, 100.0, 2, {1: ("init", 0.0, 5.0), 50: ("old", 3.0, 100.0), 60: ("rank", 4.0, 1.0),
+                                       80: ("kworker/0:1-events", 2.0, 7.0)})
+    end = CpuSample(12.0, 103.0, 2, {1: ("init", 0.0, 5.0), 50: ("new", 9.0, 1.0), 60: ("rank", 4.0, 3.0),
+                                     70: ("late", 11.0, 0.5), 80: ("kworker/0:1-mm_percpu_wq", 2.0, 7.0)})
     load = foreign_load(start, end, ours={60}, cpus=2)
     # pid 50 is another program now (started later): its 1 s is all new; pid 70 started mid-check;
     # 60 is ours; 80 renamed itself but is the same process and was idle.
     assert load["foreign_cpus_busy"] == 0.75
     assert [p["pid"] for p in load["top"]] == [50, 70]
     assert load["top"][0]["cpu_pct"] == 50
+    assert load["host_cpus_busy"] == 1.5 and load["host_cpus"] == 2
