@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,14 +25,16 @@ import psutil
 
 
 def _measure(nproc: int, probes: str, timeout: float) -> dict:
-    report = os.path.join(tempfile.mkdtemp(prefix="ddpd-scale-"), "report.json")
+    folder = tempfile.mkdtemp(prefix="ddpd-scale-")
+    report = os.path.join(folder, "report.json")
     cmd = [sys.executable, "-m", "ddpdoctor", "check", "--nproc", str(nproc), "--no-live", "--timeout", str(timeout),
            "--json", report]
     if probes != "default":
         cmd += ["--probes", probes]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    errors = open(os.path.join(folder, "stderr.txt"), "w+")  # a file: a pipe read at the end can fill and block
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=errors, text=True)
     launcher = psutil.Process(proc.pid)
     peak_total = peak_launcher = peak_rank = 0
     while proc.poll() is None:
@@ -47,11 +50,15 @@ def _measure(nproc: int, probes: str, timeout: float) -> dict:
         time.sleep(0.1)
     wall = time.perf_counter() - t0
     data = json.load(open(report)) if os.path.exists(report) else {}
+    errors.seek(0)
+    stderr = errors.read()[-500:]
+    errors.close()
+    shutil.rmtree(folder, ignore_errors=True)
     return {"ranks": nproc, "exit": proc.returncode, "wall_s": round(wall, 1),
             "report_duration_s": data.get("duration_s"),
             "launcher_mib": round(peak_launcher / 2**20), "largest_rank_mib": round(peak_rank / 2**20),
             "total_mib": round(peak_total / 2**20), "findings": [f["code"] for f in data.get("findings", [])],
-            "stderr": proc.stderr.read()[-500:] if proc.returncode not in (0, 1) else ""}
+            "stderr": stderr if proc.returncode not in (0, 1) else ""}
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import UsageError
+from ddpdoctor.rank_state import Terminated
 from ddpdoctor.findings import EXIT_UNKNOWN
 
 DEBUG_VAR = "DDPDOCTOR_DEBUG"
@@ -446,6 +447,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_UNKNOWN
     except KeyboardInterrupt:
         sys.stderr.write("ddpdoctor: interrupted\n")
+        return EXIT_UNKNOWN
+    except Terminated:
+        # SIGTERM to a rank before its stages began (its launcher stopping it while it imported).
+        sys.stderr.write("ddpdoctor: stopped by SIGTERM before the check began\n")
         return EXIT_UNKNOWN
     except Exception as exc:  # never a traceback for users; DDPDOCTOR_DEBUG=1 shows it
         if os.environ.get(DEBUG_VAR):

@@ -73,9 +73,8 @@ def explain(paths: list[str], world_size: Optional[int] = None) -> ExplainRun:
 
 
 def _read_dumps(files: list[DumpFile]) -> DumpSet:
-    """read_dumps, except that a dump it fails on in a way it does not expect (a JSON dump
-    nested deeper than Python's json reads raises RecursionError) costs a note, not the run:
-    the files are hostile input, so they are read one by one to find the culprit."""
+    """read_dumps, except that a dump it fails on in a way it does not expect costs a note, not
+    the run: the files are hostile input, so they are read one by one to find the culprit."""
     try:
         return read_dumps(files)
     except Exception:

@@ -296,15 +296,15 @@ def _signal_launcher(rank: int, stage: str, name: str) -> None:
 
 # Address space left to a rank that must run out of memory: enough for its threads to go on.
 _OOM_HEADROOM_BYTES = 256 << 20
-_OOM_CHUNK_BYTES = 16 << 20
 
 
 def run_out_of_memory() -> None:
     """Allocate until an allocation really fails, then free it all and let the error propagate.
 
     On a GPU rank: CUDA memory until torch raises OutOfMemoryError. On a CPU rank: the
-    address space is capped (RLIMIT_AS) a little above what the process uses, then filled;
-    the cap is lifted again before the MemoryError leaves, so the rank can still report it.
+    address space is capped (RLIMIT_AS) a little above what the process uses, and one
+    allocation larger than the rest fails; the cap is lifted again before the MemoryError
+    leaves, so the rank can still report it.
     """
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -323,13 +323,12 @@ def run_out_of_memory() -> None:
     cap = used + _OOM_HEADROOM_BYTES
     if hard != resource.RLIM_INFINITY:
         cap = min(cap, hard)
-    blocks: list[bytearray] = []
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
     try:
-        while True:
-            blocks.append(bytearray(_OOM_CHUNK_BYTES))
+        # One allocation larger than what is left, as a real batch that does not fit: it fails at
+        # once, and the headroom stays there for the rank's other threads (heartbeat, gloo).
+        bytearray(2 * _OOM_HEADROOM_BYTES)
     finally:
-        blocks.clear()
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 

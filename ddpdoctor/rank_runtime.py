@@ -83,19 +83,20 @@ def _hello(ctx: RankContext) -> dict[str, Any]:
             "local_rank": ctx.env.local_rank,
             "local_world_size": ctx.env.local_world_size, "world_size": ctx.world_size, "mode": ctx.env.mode,
             "cuda_devices": torch.cuda.device_count() if cuda else 0, "t": time.time(),
-            "torch": torch.__version__, **_node_placement(os.environ)}
+            "torch": torch.__version__, **_node_placement(os.environ, ctx.rank)}
 
 
-def _node_placement(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Which node this rank's launcher says it is on (torchrun's GROUP_RANK, Slurm's SLURM_NODEID),
-    and Slurm's node list: how the report names a node none of whose ranks arrived."""
+def _node_placement(environ: Mapping[str, str], rank: int) -> dict[str, Any]:
+    """Which node this rank's launcher says it is on (torchrun's GROUP_RANK, Slurm's SLURM_NODEID,
+    and which of the two), and on rank 0 Slurm's node list: how the report names a node none of
+    whose ranks arrived."""
     out: dict[str, Any] = {}
-    for var in ("GROUP_RANK", "SLURM_NODEID"):
+    for var, source in (("GROUP_RANK", "torchrun"), ("SLURM_NODEID", "slurm")):
         if environ.get(var, "").isdigit():
-            out["node_rank"] = int(environ[var])
+            out["node_rank"], out["node_rank_from"] = int(environ[var]), source
             break
     listed = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
-    if listed:
+    if listed and rank == 0:  # one copy is enough: it is the same list on every rank
         try:
             out["nodelist"] = expand_nodelist(listed)
         except UsageError:
@@ -116,6 +117,7 @@ def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:
             raise RuntimeError(f"ranks {missing} did not arrive within {wait_s:g}s "
                                f"({len(present)} of {ctx.world_size} arrived)")
     hellos = ctx.channel.collect("hello/{rank}", range(ctx.world_size))
+    ctx.cache["hellos"] = hellos
     hosts: list[str] = []
     for r in range(ctx.world_size):
         if hellos[r]["host"] not in hosts:

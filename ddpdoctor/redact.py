@@ -33,7 +33,10 @@ _URL_CREDENTIALS = re.compile(r"(?<![a-z0-9+.-])(?P<scheme>[a-z][a-z0-9+.-]*://)
                               r"(?P<password>[^/\s]+)@", re.IGNORECASE)
 # In free text: `HF_TOKEN=...`, `--password=...`, `?api_key=...` and `--token VALUE`. Names are
 # found by these linear patterns and judged by _SECRET_NAME in code, for the same reason.
-_NAME_EQUALS = re.compile(r"(?<![\w.-])([\w.-]+)=")
+# Also `api_key = "..."` (a source line in a traceback), `password: x` and `"password": "x"`.
+_NAME_EQUALS = re.compile(r"(?<![\w.-])[\"']?([\w.-]+)[\"']?\s*[:=]\s*")
+# HTTP credentials in a header line: `Authorization: Bearer <token>` / `Basic <base64>`.
+_AUTH_SCHEME = re.compile(r"\b(Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
 _FLAG_SPACE = re.compile(r"(?<![\w-])(--?[\w-]+)\s+(?=[^\s-])")
 _VALUE = re.compile(r"\"[^\"]*\"?|'[^']*'?|[^\s&;,'\"]+")
 # Well-known token shapes: GitHub, Hugging Face, Slack, AWS access keys, OpenAI-style keys, JWTs.
@@ -97,6 +100,7 @@ def redact_text(text: str) -> str:
     if not text:
         return text
     text = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", _TOKEN_SHAPES.sub(REDACTED, text))
+    text = _AUTH_SCHEME.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     return _assignments(text)
 
 

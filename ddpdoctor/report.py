@@ -75,6 +75,12 @@ class Report:
         ranks_of: dict[str, list[int]] = {}
         for r in range(rec.world_size):
             ranks_of.setdefault(rec.host(r), []).append(r)
+        hosts = self.nodes()
+        for f in self.findings:
+            # A node none of whose ranks arrived is known only from the finding that names it.
+            for host in f.nodes:
+                if host not in ranks_of:
+                    ranks_of[host], hosts = sorted(f.ranks), hosts + [host]
         concern: dict[str, list[Finding]] = {host: [] for host in ranks_of}
         # Each finding once: the nodes it names, else the nodes of its ranks (linear in the ranks).
         for f in sorted((f for f in self.findings if f.severity > Severity.OK), key=lambda f: -int(f.severity)):
@@ -84,7 +90,7 @@ class Report:
         return [{"node_index": index, "host": host, "ranks": rank_ranges(ranks_of[host]),
                  "worst_severity": max((f.severity for f in concern[host]), default=Severity.OK).label,
                  "findings": list(dict.fromkeys(f.code for f in concern[host]))}
-                for index, host in enumerate(self.nodes())]
+                for index, host in enumerate(hosts)]
 
     def to_json(self) -> dict[str, Any]:
         rec = self.record

@@ -263,8 +263,10 @@ def missing_nodes(record: RunRecord, missing: list[int]) -> list[dict[str, Any]]
 
     Launchers number ranks node by node (torchrun by its node rank, srun by task blocks): when
     every arrived rank sits at rank // local_world_size == its node rank, a node rank none of
-    whose ranks arrived is a node that is missing as a whole. Its host name is known where Slurm
-    listed the nodes (SLURM_STEP_NODELIST / SLURM_JOB_NODELIST, in node-rank order)."""
+    whose ranks arrived is a node that is missing as a whole. Its host name comes from Slurm's
+    node list (SLURM_STEP_NODELIST): by position where the node rank is Slurm's SLURM_NODEID;
+    where it is torchrun's GROUP_RANK (c10d orders nodes its own way), only when exactly one
+    listed host has no arrived rank."""
     hellos = record.hellos.values()
     sizes = {h.get("local_world_size") for h in hellos}
     if len(sizes) != 1 or not isinstance(next(iter(sizes)), int) or next(iter(sizes)) < 1:
@@ -272,16 +274,21 @@ def missing_nodes(record: RunRecord, missing: list[int]) -> list[dict[str, Any]]
     per_node = int(next(iter(sizes)))
     if any(not isinstance(h.get("node_rank"), int) or h["node_rank"] != int(h["rank"]) // per_node for h in hellos):
         return []
-    nodelist = next((h["nodelist"] for h in hellos if isinstance(h.get("nodelist"), list)), [])
+    nodelist = [str(h) for h in next((h["nodelist"] for h in hellos if isinstance(h.get("nodelist"), list)), [])]
+    by_position = all(h.get("node_rank_from") == "slurm" for h in hellos)
+    arrived_hosts = {str(h.get("host", "")).split(".")[0] for h in hellos}
+    unaccounted = [h for h in nodelist if h.split(".")[0] not in arrived_hosts]
     lost = set(missing)
     out = []
     for node in range((record.world_size + per_node - 1) // per_node):
         ranks = list(range(node * per_node, min((node + 1) * per_node, record.world_size)))
         if lost.issuperset(ranks):
-            entry: dict[str, Any] = {"node_rank": node, "ranks": ranks}
-            if node < len(nodelist):
-                entry["host"] = str(nodelist[node])
-            out.append(entry)
+            out.append({"node_rank": node, "ranks": ranks})
+    for entry in out:
+        if by_position and entry["node_rank"] < len(nodelist):
+            entry["host"] = nodelist[entry["node_rank"]]
+        elif len(out) == 1 and len(unaccounted) == 1:
+            entry["host"] = unaccounted[0]
     return out
 
 

@@ -8,7 +8,6 @@ by each value and names the odd ones. The reading is shared with `ddpdoctor snap
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from typing import Any, Callable, Mapping, Optional
 
@@ -94,7 +93,7 @@ class Homogeneity:
         facts["measured"]["step_ms"] = _median([s.step_ms for s in workload.steps])
         facts["measured"]["forward_ms"] = _median([s.forward_ms for s in workload.steps])
         if ctx.cache.get("host_load_start") is not None:
-            facts["host_load"] = _foreign_load(ctx, facts)
+            facts["host_load"] = _foreign_load(ctx)
         return facts
 
     # -- diagnose (pure) --------------------------------------------------------
@@ -131,7 +130,7 @@ class Homogeneity:
         return findings
 
 
-def _foreign_load(ctx: Any, facts: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+def _foreign_load(ctx: Any) -> Optional[dict[str, Any]]:
     """Other processes' CPU on this host from the rank's start to now (local rank 0 only)."""
     end = host_load.sample()
     if end is None:
@@ -141,10 +140,9 @@ def _foreign_load(ctx: Any, facts: Mapping[str, Any]) -> Optional[dict[str, Any]
     # Every rank of this job whose pid means something here (same kernel, same pid namespace),
     # whatever host name it goes by: two "nodes" in containers on one machine share it.
     here = machine_identity()
-    hellos = ctx.channel.collect("hello/{rank}", range(ctx.world_size))
+    hellos = ctx.cache.get("hellos") or ctx.channel.collect("hello/{rank}", range(ctx.world_size))
     pids = [int(h["pid"]) for h in hellos.values() if h.get("machine") == here and h.get("pid")]
-    cpus = int((facts.get("host_hw") or {}).get("cpus_usable") or os.cpu_count() or 1)
-    return host_load.foreign_load(ctx.cache["host_load_start"], end, host_load.our_processes(pids), cpus)
+    return host_load.foreign_load(ctx.cache["host_load_start"], end, host_load.our_processes(pids))
 
 
 def _measure_matmul(ctx: Any) -> Any:

@@ -245,8 +245,8 @@ def _busy_hosts(facts: Facts, by_host: Mapping[str, list[int]]) -> list[Finding]
         load = next((facts[r]["host_load"] for r in ranks if isinstance(facts[r].get("host_load"), Mapping)), None)
         if load is None:
             continue
-        cpus, used = _int(load.get("host_cpus")) or _int(load.get("cpus")) or 0, _num(load.get("foreign_cpus_busy")) or 0.0
-        all_busy = _num(load.get("host_cpus_busy"))
+        cpus, used = _int(load.get("cpus")) or 0, _num(load.get("foreign_cpus_busy")) or 0.0
+        all_busy = _num(load.get("cpus_busy"))
         if cpus and (all_busy is None or all_busy >= SATURATED_SHARE * cpus) and used >= max(0.5, FOREIGN_SHARE * cpus):
             top = ", ".join(f"pid {p.get('pid')} {p.get('name')} {p.get('cpu_pct')}%" for p in load.get("top") or [])
             busy[host] = (f"{all_busy if all_busy is not None else used:.1f} of {cpus} CPUs busy, {used:.1f} of them "

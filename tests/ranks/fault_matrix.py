@@ -1,8 +1,8 @@
 """The fault matrix: every stage of a run x every way a run breaks, and what each must give.
 
 One cell is one real `ddpdoctor check` on 2 gloo CPU ranks with one injected fault on
-rank 1: a crash (`os._exit`), a hang, SIGKILL, a real out-of-memory (allocation until it
-fails), or Ctrl-C / `kill` of the launcher (sent by rank 1 at that stage, so the signal
+rank 1: a crash (`os._exit`), a hang, SIGKILL, a real out-of-memory (an allocation over
+its memory limit), or Ctrl-C / `kill` of the launcher (sent by rank 1 at that stage, so the signal
 lands exactly there). What every cell must show is the same: ddpdoctor exits within its
 deadline with a non-zero code, writes a report that names the fault and keeps what was
 measured before it, and leaves no process or port behind. `check_cell` says it once.
@@ -57,7 +57,7 @@ FAULT_WORDS = {
     "crash": "rank crash (exit 86, no cleanup)",
     "hang": "rank hang (sleeps forever)",
     "kill": "rank killed by SIGKILL",
-    "oom": "rank out of memory (allocates until it fails)",
+    "oom": "rank out of memory (an allocation over its memory limit fails)",
     "sigint": "launcher SIGINT (Ctrl-C)",
     "sigterm": "launcher SIGTERM (kill)",
 }

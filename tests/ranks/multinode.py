@@ -63,6 +63,7 @@ def _ip(*args: str) -> None:
 
 @contextlib.contextmanager
 def namespace_nodes(count: int) -> Iterator[list[Node]]:
+    failing = False
     tag = uuid.uuid4().hex[:5]
     subnet = 77 + int(tag, 16) % 100  # 10.<subnet>.0.0/24: unlikely to meet another run's
     nodes = [Node(i, f"ddpd-{tag}-{i}", f"node{i}-{tag}", f"10.{subnet}.0.{i + 1}", f"dd{tag}n{i}")
@@ -89,14 +90,24 @@ def namespace_nodes(count: int) -> Iterator[list[Node]]:
         # The hub's own traffic leaves through the bridge, so its interface is the bridge.
         nodes[0] = Node(hub.index, hub.netns, hub.host, hub.addr, f"br{tag}")
         yield nodes
+    except BaseException:
+        failing = True
+        raise
+    else:
+        failing = False
     finally:
+        left = []
         for node in nodes:
             pids = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split()
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
+                    left.append(pid)
             subprocess.run(["ip", "netns", "del", node.netns], capture_output=True)
             shutil.rmtree(Path("/etc/netns") / node.netns, ignore_errors=True)
+        # Nothing of ours may outlive a run: the test found none, or this teardown says so.
+        if left and not failing:
+            raise AssertionError(f"processes left in the node namespaces after the run (killed): {left}")
 
 
 def on_node(node: Node, argv: list[str]) -> list[str]:

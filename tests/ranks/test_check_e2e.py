@@ -119,6 +119,9 @@ def test_a_rank_calling_another_collective_is_named_as_the_desync(tmp_path):
     assert_nothing_left(run)
 
 
+# Slow tier: a rank that never arrives is also the fault matrix's launch-hang cell, the missing
+# Slurm node (test_multinode_e2e.py) and the too-large world size (test_launch_modes.py).
+@pytest.mark.slow
 def test_a_rank_that_never_joins_is_named(tmp_path):
     run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", "noshow:rank=2")
     assert run.returncode == 2, run.explain()

@@ -150,6 +150,8 @@ def test_killing_the_launcher_leaves_no_rank_behind(tmp_path):
     assert not left, [p.cmdline() for p in left]
 
 
+# Slow tier: tests/ranks/test_slurm_scripts.py runs the same srun-style start from the shipped job script.
+@pytest.mark.slow
 def test_slurm_task_variables_are_enough(tmp_path):
     """What `srun --ntasks=2 python -m ddpdoctor check` gives each task, without Slurm itself."""
     tag = "slurm-" + str(time.time())

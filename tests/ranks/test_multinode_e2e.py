@@ -4,6 +4,8 @@ and faults named as nodes."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from .harness import tagged_processes
@@ -13,6 +15,10 @@ pytestmark = [pytest.mark.ranks, skip_without_nodes()]
 
 
 def _assert_nothing_left(run) -> None:
+    """Inside the nodes' `with`: their teardown kills whatever is left, so after it nothing could fail."""
+    deadline = time.monotonic() + 5
+    while tagged_processes(run.tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not tagged_processes(run.tag), run.explain()
 
 
@@ -23,6 +29,7 @@ def _probe(report: dict, name: str) -> dict:
 def test_two_healthy_nodes_give_one_report_grouped_by_node(tmp_path):
     with namespace_nodes(2) as nodes:
         run = run_nodes(tmp_path, nodes, ["--timeout", "30", "--probes", "init-hang,topology,homogeneity"])
+        _assert_nothing_left(run)
     report = run.report
     assert report is not None, run.explain()
     hosts = [n.host for n in nodes]
@@ -40,14 +47,17 @@ def test_two_healthy_nodes_give_one_report_grouped_by_node(tmp_path):
     # rank of the job out, whichever node it is on).
     assert not [f for f in report["findings"] if f["severity"] in ("warn", "critical")], run.explain()
     assert run.codes == [0, 0], run.explain()
-    _assert_nothing_left(run)
 
 
+# Slow tier: the default tier's healthy pair already crosses grouping by node; this adds the
+# node-level judging (HOM005, HOM006 by node), which unit tests on snapshots also cover.
+@pytest.mark.slow
 def test_a_node_with_another_environment_and_a_slow_node_are_each_named_as_that_node(tmp_path):
     with namespace_nodes(2) as nodes:
         run = run_nodes(tmp_path, nodes, ["--timeout", "30", "--probes", "homogeneity",
                                           "--inject", "slow:rank=2:factor=3,slow:rank=3:factor=3"],
                         per_node_env={1: {"NCCL_IB_DISABLE": "1"}})
+        _assert_nothing_left(run)
     report = run.report
     assert report is not None, run.explain()
     odd = nodes[1].host
@@ -62,13 +72,13 @@ def test_a_node_with_another_environment_and_a_slow_node_are_each_named_as_that_
     assert slow[0]["title"].startswith(f"Node {odd} (ranks 2-3) computes up to"), slow[0]["title"]
     assert "HOM006" not in report["by_node"][0]["findings"], report["by_node"]
     assert {"HOM005", "HOM006"} <= set(report["by_node"][1]["findings"]), report["by_node"]
-    _assert_nothing_left(run)
 
 
 def test_a_slurm_node_whose_tasks_never_start_is_named_by_its_host_name(tmp_path):
     # srun across 2 nodes; node 1's tasks never start (a node that failed to launch the step).
     with namespace_nodes(2) as nodes:
         run = run_slurm_tasks(tmp_path, nodes, 2, ["--timeout", "10", "--probes", "init-hang"], started=[0])
+        _assert_nothing_left(run)
     assert run.report is not None, run.explain()
     assert run.report["mode"] == "slurm" and run.report["nodes"] == [nodes[0].host]
     missing = run.findings("RUN001")
@@ -76,7 +86,6 @@ def test_a_slurm_node_whose_tasks_never_start_is_named_by_its_host_name(tmp_path
     assert missing[0]["title"].startswith(f"Node rank 1 ({nodes[1].host}) never arrived: none of its ranks (2-3) "
                                           "connected (2 of 4 ranks connected)"), missing[0]["title"]
     assert run.report["exit_code"] == 2 and run.codes[0] == 2, run.explain()
-    _assert_nothing_left(run)
 
 
 @pytest.mark.slow
@@ -84,6 +93,7 @@ def test_a_torchrun_node_whose_ranks_never_join_is_named_as_a_node(tmp_path):
     with namespace_nodes(2) as nodes:
         run = run_nodes(tmp_path, nodes, ["--timeout", "8", "--probes", "init-hang",
                                           "--inject", "noshow:rank=2,noshow:rank=3"], timeout_s=120)
+        _assert_nothing_left(run)
     assert run.report is not None, run.explain()
     missing = run.findings("RUN001")
     assert len(missing) == 1 and missing[0]["ranks"] == [2, 3], run.explain()
@@ -91,7 +101,6 @@ def test_a_torchrun_node_whose_ranks_never_join_is_named_as_a_node(tmp_path):
     assert missing[0]["evidence"]["missing_nodes"] == [{"node_rank": 1, "ranks": "2-3"}]
     assert "A whole node is missing" in missing[0]["fix"]
     assert run.report["exit_code"] == 2 and run.codes[0] != 0, run.explain()  # torchrun says 1 for any failure
-    _assert_nothing_left(run)
 
 
 @pytest.mark.slow
@@ -103,10 +112,10 @@ def test_a_slow_network_path_is_told_apart_from_a_slow_node(tmp_path):
         run = run_nodes(tmp_path, nodes, ["--timeout", "40", "--max-bytes", "1M", "--iters", "5", "--warmup", "1",
                                           "--localise", "always", "--inject", "slowlink:ranks=4,5,slowlink:ranks=2,4"],
                         subcommand="allreduce-bench", timeout_s=200)
+        _assert_nothing_left(run)
     report = run.report
     assert report is not None, run.explain()
     codes = {f["code"]: f for f in report["findings"]}
     assert codes["BW004"]["nodes"] == [nodes[2].host] and codes["BW004"]["ranks"] == [4, 5], report["findings"]
     assert codes["BW005"]["nodes"] == [nodes[1].host, nodes[2].host], report["findings"]
     assert [n["host"] for n in report["by_node"] if "BW004" in n["findings"]] == [nodes[2].host]
-    _assert_nothing_left(run)

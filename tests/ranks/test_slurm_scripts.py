@@ -45,8 +45,8 @@ def preflight_line(script: Path) -> str:
 
 def test_the_multinode_preflight_runs_as_srun_runs_it(tmp_path):
     job_id = str(40000 + free_port() % 20000)  # ddpdoctor derives its port from the job id
-    words = shlex.split(os.path.expandvars(preflight_line(SLURM_DOCS / "preflight-multinode.sbatch")
-                                           .replace("$REPORTS", str(tmp_path)).replace("$SLURM_JOB_ID", job_id)))
+    report = tmp_path / f"preflight-{job_id}-0.json"
+    words = shlex.split(preflight_line(SLURM_DOCS / "preflight-multinode.sbatch").replace("$REPORT", str(report)))
     assert words[0] == "srun"
     command = [w for w in words[1:] if not w.startswith("--kill")]
     assert command[:2] == ["ddpdoctor", "check"]
@@ -60,9 +60,14 @@ def test_the_multinode_preflight_runs_as_srun_runs_it(tmp_path):
                    SLURM_NNODES="1", OMP_NUM_THREADS="1", **{TAG_VAR: tag})
         procs.append(subprocess.Popen([sys.executable, "-m", *command[:1], *command[1:]], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=120) for p in procs]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs
-    report = json.loads((tmp_path / f"preflight-{job_id}.json").read_text())
+    report = json.loads(report.read_text())
     assert report["mode"] == "slurm" and report["verdict"] == "ok" and report["world_size"] == 2
     assert [r["host"] for r in report["ranks"]] == [report["nodes"][0]] * 2
     assert "ddpdoctor check" in outs[0][0] and "ddpdoctor check" not in outs[1][0]  # rank 0 reports

@@ -43,3 +43,10 @@ def test_a_whole_node_is_recognised_only_when_it_is_every_rank_of_it():
     run = RunView(world_size=6, hosts={r: f"n{r // 2}" for r in range(6)})
     assert run.whole_nodes([2, 3]) == ("n1",) and run.whole_nodes([2, 3, 4, 5]) == ("n1", "n2")
     assert run.whole_nodes([2]) == () and run.whole_nodes([1, 2]) == () and run.whole_nodes(range(6)) == ()
+
+
+def test_a_node_none_of_whose_ranks_arrived_has_its_own_entry():
+    report = _report([_finding("RUN001", Severity.CRITICAL, (4, 5), ("n2",))])
+    report.record.world_size = 6
+    assert report.by_node()[-1] == {"node_index": 2, "host": "n2", "ranks": "4-5", "worst_severity": "critical",
+                                    "findings": ["RUN001"]}

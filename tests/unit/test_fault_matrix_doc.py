@@ -15,9 +15,14 @@ def test_the_doc_has_every_cell_and_every_cell_passed_when_generated():
     assert [line.split("|")[1].strip().strip("`") for line in table] == [row.stage for row in fm.ROWS]
     header = next(line for line in text.splitlines() if line.startswith("| stage | "))
     assert [c.strip() for c in header.split("|")[2:-1]] == list(fm.FAULTS)
-    for line in table:
+    starred = set()
+    for row, line in zip(fm.ROWS, table):
         cells = [c.strip() for c in line.split("|")[2:-1]]
         assert len(cells) == len(fm.FAULTS) and all(c.startswith("pass") for c in cells), line
+        starred |= {(row.stage, fault) for fault, c in zip(fm.FAULTS, cells) if c.endswith("*")}
+    # The stars and the count say which cells the default run takes, as the tests define them.
+    assert starred == set(fm.DEFAULT_CELLS)
+    assert f"takes {len(fm.DEFAULT_CELLS)} of the {len(fm.ROWS) * len(fm.FAULTS)} cells" in text
 
 
 def test_the_default_tier_crosses_every_stage_and_every_fault():

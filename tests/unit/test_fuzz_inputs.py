@@ -200,7 +200,7 @@ def _real_report() -> dict[str, Any]:
     return build_report(healthy_record(2), command=COMMAND).to_json()
 
 
-@fuzz(300)
+@fuzz(150)
 @given(argv=argvs())
 @example(argv=["check", "--timeout", "-1"])
 @example(argv=["check", "--nproc", "0"])
@@ -452,7 +452,7 @@ def wrong_documents(draw: st.DrawFn) -> Any:
     ))
 
 
-@fuzz(200)
+@fuzz(100)
 @given(wrong_documents())
 def test_json_of_the_wrong_shape_is_one_line_or_a_diagnosis(capsys, tmp_path, document):
     """Garbage is exit 3 with one line. Garbage that happens to be a well-formed snapshot
@@ -597,7 +597,8 @@ def test_explain_notes_a_flight_recorder_json_dump_nested_too_deep(capsys, tmp_p
     log.write_text("[rank0]: RuntimeError: boom\n")
     result, out, err = _explain(capsys, log, dump)
     assert result in (1, 2) and err == ""
-    assert "nccl_trace_rank_0: not a readable Flight Recorder dump (nested deeper" in out
+    # A note about that file, read past: no internal error, the log still explained.
+    assert "nccl_trace_rank_0: not a readable Flight Recorder dump" in out and "Recursion" in out.replace("\n", "")
 
 
 @fuzz(60)

@@ -851,8 +851,7 @@ def test_cpu_ranks_floating_over_shared_cores_need_a_larger_gap(pinned, slower, 
 
 def _with_load(facts: Facts, host: str, cpus: int, busy: float, all_busy: float) -> Facts:
     first = min(on_node(facts, host))
-    facts[first]["host_load"] = {"interval_s": 4.0, "cpus": cpus, "foreign_cpus_busy": busy, "host_cpus": cpus,
-                                 "host_cpus_busy": all_busy,
+    facts[first]["host_load"] = {"interval_s": 4.0, "cpus": cpus, "foreign_cpus_busy": busy, "cpus_busy": all_busy,
                                  "top": [{"pid": 4242, "name": "python", "cpu_pct": 190}]}
     return facts
 

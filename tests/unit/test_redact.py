@@ -148,3 +148,25 @@ def test_a_url_password_never_survives(user, password, host):
     result = redact_value("NCCL_X", f"https://{user}:{secret}@{host}.example.com/x")
     assert secret not in result
     assert result == f"https://{user}:{REDACTED}@{host}.example.com/x"
+
+
+@pytest.mark.parametrize("line, kept", [
+    ('    api_key = "abc123secret"', "api_key = "),
+    ("password: hunter2", "password: "),
+    ('{"password": "hunter2", "rank": 1}', '"rank": 1'),
+    ("Authorization: Bearer abcdefghijklmnop", "Authorization: "),
+    ("curl -H 'Authorization: Basic dXNlcjpwYXNzd29yZA=='", "curl -H"),
+])
+def test_secrets_in_source_lines_headers_and_json_text_are_blanked(line, kept):
+    from ddpdoctor.redact import redact_text
+
+    out = redact_text(line)
+    assert kept in out and "<redacted>" in out
+    assert not any(s in out for s in ("abc123secret", "hunter2", "abcdefghijklmnop", "dXNlcjpwYXNzd29yZA"))
+
+
+def test_ordinary_messages_with_colons_are_kept():
+    from ddpdoctor.redact import redact_text
+
+    line = "rank 1 (vm) failed in stage train: RuntimeError: Connection closed by peer [127.0.0.1]:8107"
+    assert redact_text(line) == line

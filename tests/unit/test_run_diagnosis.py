@@ -694,11 +694,13 @@ def test_ranks_stopped_because_the_launcher_was_signalled_are_interrupted_even_b
 
 # -- a whole node missing ---------------------------------------------------------------
 
-def _torchrun_nodes(world: int, per_node: int, arrived: list[int], nodelist: Optional[list[str]] = None) -> RunRecord:
+def _torchrun_nodes(world: int, per_node: int, arrived: list[int], nodelist: Optional[list[str]] = None,
+                    source: str = "torchrun", hosts: Optional[list[str]] = None) -> RunRecord:
     record = make_record(world)
     extra = {"nodelist": nodelist} if nodelist else {}
-    record.hellos = {r: hello(r, world, host=f"h{r // per_node}", local_rank=r % per_node, local_world_size=per_node,
-                              node_rank=r // per_node, **extra) for r in arrived}
+    names = hosts or [f"h{n}" for n in range(world // per_node)]
+    record.hellos = {r: hello(r, world, host=names[r // per_node], local_rank=r % per_node, local_world_size=per_node,
+                              node_rank=r // per_node, node_rank_from=source, **extra) for r in arrived}
     record.heartbeats = {r: record.heartbeats[r] for r in arrived}
     record.timelines = {r: record.timelines[r] for r in arrived}
     record.errors = {r: {"stage": "rendezvous", "t": T0 + 20, "type": "RendezvousTimeout", "message": "missing ranks",
@@ -707,7 +709,8 @@ def _torchrun_nodes(world: int, per_node: int, arrived: list[int], nodelist: Opt
 
 
 def test_a_node_none_of_whose_ranks_arrived_is_named_by_its_slurm_host_name():
-    record = _torchrun_nodes(6, 2, [0, 1, 4, 5], nodelist=["gpu-a01", "gpu-a02", "gpu-a03"])
+    record = _torchrun_nodes(6, 2, [0, 1, 4, 5], nodelist=["gpu-a01", "gpu-a02", "gpu-a03"], source="slurm",
+                             hosts=["gpu-a01", "gpu-a02", "gpu-a03"])
     missing = [f for f in diagnose_run(record) if f.code == "RUN001"]
     assert len(missing) == 1 and missing[0].ranks == (2, 3) and missing[0].nodes == ("gpu-a02",)
     assert missing[0].title.startswith("Node rank 1 (gpu-a02) never arrived: none of its ranks (2-3) connected "
@@ -728,3 +731,12 @@ def test_a_layout_that_is_not_node_by_node_names_ranks_only():
     record.hellos[1]["node_rank"] = 1  # rank 1 says node 1: not the contiguous layout the inference needs
     missing = [f for f in diagnose_run(record) if f.code == "RUN001"][0]
     assert missing.title.startswith("Rank 2-3 never arrived") and not missing.nodes
+
+
+def test_under_torchrun_the_missing_host_is_the_one_listed_host_no_rank_came_from():
+    # c10d gave node rank 0 to gpu10 and 1 to gpu11; gpu9 never came: its node rank is 2 here,
+    # not its position in Slurm's list, so the host is the one listed host nobody arrived from.
+    record = _torchrun_nodes(6, 2, [0, 1, 2, 3], nodelist=["gpu9", "gpu10", "gpu11"],
+                             hosts=["gpu10.cluster", "gpu11.cluster", "gpu9"])
+    missing = [f for f in diagnose_run(record) if f.code == "RUN001"][0]
+    assert missing.nodes == ("gpu9",) and missing.title.startswith("Node rank 2 (gpu9) never arrived")
