@@ -123,6 +123,10 @@ class _Interrupted(BaseException):
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # Ctrl-C, kill, ssh gone, Ctrl-\\
 _signalled: list[str] = []
+# While set, a signal is only noted, and raised when the section ends: an exception raised
+# inside `import torch` leaves a half-imported module ("cannot load module more than once
+# per process") or is swallowed on the way, and the run would end as an internal error.
+_deferred: list[bool] = []
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
@@ -130,7 +134,20 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     if _signalled:
         return
     _signalled.append(signal.Signals(signum).name)
-    raise _Interrupted(_signalled[0])
+    if not _deferred:
+        raise _Interrupted(_signalled[0])
+
+
+class _SignalsAfter:
+    """A section a signal must not cut: it is raised as soon as the section is over."""
+
+    def __enter__(self) -> None:
+        _deferred.append(True)
+
+    def __exit__(self, *exc: Any) -> None:
+        _deferred.pop()
+        if _signalled and not _deferred and exc[0] is None:
+            raise _Interrupted(_signalled[0])
 
 
 def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int:
@@ -164,6 +181,7 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
     console = make_console()
     ranks = RankProcesses()
     _signalled.clear()
+    _deferred.clear()
     channel: Optional[Channel] = None
     listen_fd: Optional[int] = None
     try:
@@ -171,11 +189,12 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
             for sig in STOP_SIGNALS:
                 signal.signal(sig, _raise_interrupted)
             ranks.start(list(argv), envs, log_root)
-            # While the ranks import torch, so does the launcher: the store it hosts needs it.
-            if backend == "gloo" and device == "cpu":
-                check_torch_distributed(backend)
-            listen_fd = sock.detach()
-            channel = Channel.connect("127.0.0.1", port, cfg.timeout_s, is_master=True, listen_fd=listen_fd)
+            with _SignalsAfter():
+                # While the ranks import torch, so does the launcher: the store it hosts needs it.
+                if backend == "gloo" and device == "cpu":
+                    check_torch_distributed(backend)
+                listen_fd = sock.detach()
+                channel = Channel.connect("127.0.0.1", port, cfg.timeout_s, is_master=True, listen_fd=listen_fd)
             with LiveView(console, nproc, cfg.live) as view:
                 _supervise(ranks, channel, record, cfg, view)
         except _Interrupted as exc:
@@ -185,6 +204,10 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
     finally:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup and the report short
+        _deferred.clear()
+        # A signal noted but never raised (it came as the run ended, or code on the way swallowed
+        # the exception) still means the run was interrupted.
+        record.interrupted = record.interrupted or (_signalled[0] if _signalled else None)
         _stop_all(ranks, record,
                   f"interrupted by {record.interrupted}" if record.interrupted else "ddpdoctor is exiting")
         for rank, path in ranks.stderrs.items():

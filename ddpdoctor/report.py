@@ -55,7 +55,10 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        causes = [f for f in self.findings if f.code != "RUN006"]
+        # A probe cut off by the signal misses ranks (e.g. DDP005 "did not complete"): that is the
+        # interruption again, not a cause. Probes that finished, and the run findings, are.
+        causes = [f for f in self.run_findings if f.code != "RUN006"] + [
+            f for p in self.probes if p.status == "ok" for f in p.findings]
         if self.record.interrupted and not any(f.severity == Severity.CRITICAL for f in causes):
             return EXIT_UNKNOWN  # stopped before anything was diagnosed
         return exit_code_for(f.severity for f in self.findings)

@@ -146,7 +146,7 @@ def run_nodes(tmp_path: Path, nodes: list[Node], args: list[str], nproc: int = 2
     import random
     import time
 
-    from .harness import _env, tagged_processes
+    from .harness import _env
 
     tag = uuid.uuid4().hex
     report_path = tmp_path / f"nodes-{tag[:8]}.json"
@@ -159,24 +159,7 @@ def run_nodes(tmp_path: Path, nodes: list[Node], args: list[str], nproc: int = 2
                               [*args, "--json", str(report_path)], subcommand)
         procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
-    outputs, codes = [], []
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=max(1.0, timeout_s - (time.perf_counter() - start)))
-        except subprocess.TimeoutExpired:
-            for p in tagged_processes(tag):
-                p.kill()
-            proc.kill()
-            out, _ = proc.communicate()
-        outputs.append(out)
-        codes.append(proc.returncode)
-    wall = time.perf_counter() - start
-    report = None
-    if report_path.exists():
-        import json
-
-        report = json.loads(report_path.read_text())
-    return NodesRun(codes, outputs, report, wall, tag)
+    return _finish(procs, tag, report_path, start, timeout_s)
 
 
 def run_slurm_tasks(tmp_path: Path, nodes: list[Node], tasks_per_node: int, args: list[str],
@@ -184,11 +167,10 @@ def run_slurm_tasks(tmp_path: Path, nodes: list[Node], tasks_per_node: int, args
     """What `srun --nodes=N --ntasks-per-node=T ddpdoctor check ...` starts: one process per task,
     inside its node, with only the SLURM_* variables an allocation sets. `started`: the nodes
     whose tasks really start (a node that never comes up is left out)."""
-    import json
     import random
     import time
 
-    from .harness import _env, tagged_processes
+    from .harness import _env
 
     tag = uuid.uuid4().hex
     report_path = tmp_path / f"slurm-{tag[:8]}.json"
@@ -211,6 +193,16 @@ def run_slurm_tasks(tmp_path: Path, nodes: list[Node], tasks_per_node: int, args
                                   "--json", str(report_path)])
             procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
+    return _finish(procs, tag, report_path, start, timeout_s)
+
+
+def _finish(procs: list[subprocess.Popen], tag: str, report_path: Path, start: float, timeout_s: float) -> NodesRun:
+    """Wait for every process of a run within its time; whatever outlives it is killed."""
+    import json
+    import time
+
+    from .harness import tagged_processes
+
     outputs, codes = [], []
     for proc in procs:
         try:

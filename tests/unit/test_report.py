@@ -396,3 +396,23 @@ def test_report_file_mode_follows_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_probe_cut_off_by_the_signal_does_not_make_the_interrupt_critical():
+    # SIGTERM while rank 1 was still in ddp-smoke: its missing result (DDP005, critical) is the
+    # interruption again; the verdict stays "could not tell" (found by the fault matrix, verify x sigterm).
+    record = healthy_record(2)
+    record.done = set()
+    record.results["ddp-smoke"].pop(1)
+    record.interrupted = "SIGTERM"
+    record.exits = {r: ExitInfo(-15, t=T0 + 4, killed_by_us="interrupted by SIGTERM") for r in range(2)}
+    report = build_report(record, command=COMMAND)
+    assert "DDP005" in [f.code for f in report.findings] and report.probes[0].status == "incomplete"
+    assert report.exit_code == EXIT_UNKNOWN
+
+
+def test_a_finished_probes_critical_finding_still_counts_when_interrupted():
+    record = healthy_record(2)
+    record.results["ddp-smoke"][1]["param_sha256"] = "f" * 64  # weights diverged: DDP002, critical
+    record.interrupted = "SIGTERM"
+    assert build_report(record, command=COMMAND).exit_code == EXIT_CRITICAL
