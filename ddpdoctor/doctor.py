@@ -34,14 +34,18 @@ from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Optional
 
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.online_checks import PROBE, History, RankWindow, data_findings, memory_growth, setup_findings
+from ddpdoctor.online_checks import (PROBE, DataParallelGpu, History, RankWindow, batch_scaling_finding,
+                                     data_findings, data_parallel_finding, memory_growth, setup_findings)
 
 log = logging.getLogger("ddpdoctor")
 HEADER = 8  # rank, step, loader_len, stale_epoch, peak_mem, fingerprint, wait_measured, steps in the row
 HOST_KEY = "ddpdoctor/host/{rank}"
+HANG_KEY = "ddpdoctor/hang/{rank}"
 MIN_COST_SHARE = 0.05
 # Stragglers are judged on the kept windows once they hold this many steps: 8 windows of 10.
 ONLINE_MIN_STEPS = 80
+# A DataParallel model's GPUs are measured over this many steps (or `every`, if fewer), then judged.
+DATA_PARALLEL_STEPS = 20
 
 
 class FindingRaised(RuntimeError):
@@ -133,6 +137,28 @@ def _is_wrapped(model: Any, ddp_class: Any) -> bool:
     return "FullyShardedDataParallel" in name or name.startswith("FSDP") or "DeepSpeed" in name
 
 
+def _data_parallel_ids(model: Any) -> Optional[list[int]]:
+    """The GPUs of a torch.nn.DataParallel model (possibly empty: no GPU), or None for any other model."""
+    import torch
+
+    inner = getattr(model, "_orig_mod", model)
+    if not isinstance(inner, torch.nn.DataParallel):
+        return None
+    return [int(getattr(d, "index", d)) for d in (inner.device_ids or [])]
+
+
+def _learning_rates(optimizer: Any) -> list[float]:
+    """Each parameter group's base rate: a scheduler's `initial_lr` (the warm-up's start is not the rate)."""
+    out = []
+    for group in getattr(optimizer, "param_groups", None) or []:
+        lr = group.get("initial_lr", group.get("lr"))
+        if hasattr(lr, "item"):  # a tensor learning rate (capturable optimizers)
+            lr = lr.item()
+        if isinstance(lr, (int, float)):
+            out.append(float(lr))
+    return out
+
+
 def _unsharded_sampler(loader: Any, sampler: Any) -> Optional[str]:
     """The sampler's class name when nothing in the loader shards the data; None otherwise.
 
@@ -157,10 +183,13 @@ def _default_store() -> Any:
 
 
 class Doctor:
+    """Rank, world size and device come from the process group and the model, never from torchrun's
+    variables, so a job started with mp.spawn (or any launcher) is watched the same way."""
+
     def __init__(self, model: Any, optimizer: Any = None, loader: Any = None, sampler: Any = None, *,
                  every: int = 50, step_deadline_s: float = 600.0, json_path: Optional[str] = None,
                  on_finding: Optional[Callable[[Finding], None]] = None, raise_on_finding: bool = False,
-                 on_hang: str = "report", measure_comm: bool = True) -> None:
+                 on_hang: str = "report", measure_comm: bool = True, batch_size: Optional[int] = None) -> None:
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
@@ -174,6 +203,8 @@ class Doctor:
         self.raise_on_finding = raise_on_finding
         self.on_hang = on_hang
         self.loader = loader
+        self.optimizer = optimizer
+        self.batch_size = int(batch_size) if batch_size else None
         self.sampler = sampler if sampler is not None else getattr(loader, "sampler", None)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
@@ -200,7 +231,9 @@ class Doctor:
         self._events: list[tuple[Any, Any]] = []
         self._event_begin: Any = None
         is_ddp = _is_wrapped(model, DistributedDataParallel)
-        if is_ddp and measure_comm and self.distributed:
+        # Only DDP's comm hook has the (state, bucket) form the timer is: FSDP's register_comm_hook
+        # takes another signature, and its hook would fail inside the user's backward pass.
+        if isinstance(getattr(model, "_orig_mod", model), DistributedDataParallel) and measure_comm and self.distributed:
             group = getattr(model, "process_group", None)
             timer = _WaitTimer(group, dist.get_world_size(group) if group is not None else self.world_size)
             try:
@@ -210,7 +243,19 @@ class Doctor:
                 self._timer = None
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         sampler_name = _unsharded_sampler(loader, self.sampler)
-        for finding in setup_findings(is_ddp, self.world_size, gpus, self.rank, self.host, sampler_name):
+        self._dp_ids = _data_parallel_ids(model)
+        self._dp_util: dict[int, list[float]] = {i: [] for i in self._dp_ids or []}
+        self._dp_done = self._dp_ids is None
+        unmeasured = None
+        if is_ddp and self._timer is None and self.distributed:
+            inner = getattr(model, "_orig_mod", model)
+            if not isinstance(inner, DistributedDataParallel):
+                unmeasured = type(inner).__name__
+            else:
+                unmeasured = ("DistributedDataParallel (measure_comm=False)" if not measure_comm
+                              else "DistributedDataParallel (the job has its own comm hook)")
+        for finding in setup_findings(is_ddp, self.world_size, gpus, self.rank, self.host, sampler_name,
+                                      data_parallel=self._dp_ids is not None, unmeasured_wait=unmeasured):
             self._emit(finding)
         self._store = _default_store()
         self._hosts: dict[int, str] = {self.rank: self.host}
@@ -255,8 +300,13 @@ class Doctor:
         tensor = _first_tensor(self._batch)
         self._columns["samples"].append(float(tensor.shape[0]) if tensor is not None and tensor.dim() else 1.0)
         self._steps += 1
+        if not self._dp_done:
+            self._data_parallel_step()
         if self.distributed and (self._steps == 1 or self._steps % self.every == 0):
             self._check()  # still inside the step for the watchdog: a stuck gather is a stuck step
+        elif not self.distributed and len(self._columns["step"]) > 2 * self.every:
+            for key in self._columns:  # one process: no check ever takes them, keep the last ones
+                self._columns[key] = self._columns[key][-self.every:]
         self._began = 0.0
         self._last_end = time.perf_counter()
 
@@ -271,6 +321,8 @@ class Doctor:
         self._closed = True
         self._stop.set()
         atexit.unregister(self.close)
+        if not self._dp_done and self._steps:
+            self._data_parallel_judge()
         if self.rank != 0 and not self.findings:
             return
         worst = max((f.severity for f in self.findings), default=Severity.OK)
@@ -349,6 +401,11 @@ class Doctor:
         from ddpdoctor.probes.straggler_scores import diagnose_stragglers
 
         found = data_findings(rows)
+        if self._steps == 1 and self.optimizer is not None:  # once: the first gathered step shows the batch
+            batch = {r: float(self.batch_size) if self.batch_size else (row.samples[-1] if row.samples else 0.0)
+                     for r, row in rows.items()}
+            scaling = batch_scaling_finding(batch, _learning_rates(self.optimizer), self.rank, self.host)
+            found += [scaling] if scaling is not None else []
         same = any(f.code == "DOC001" for f in found)
         self._same_batch_checks = self._same_batch_checks + 1 if same else 0
         if same and self._same_batch_checks < 2:  # one coincidence is not a missing sampler
@@ -397,6 +454,45 @@ class Doctor:
         self._columns["step"][-k:] = steps
         self._columns["data"][-k + 1:] = gaps[1:] if k > 1 else self._columns["data"][-k + 1:]
         self._events = self._events[-1:]  # the last one starts the next check's first gap
+
+    # -- DataParallel: one process, several GPUs, measured over its first steps --------
+    def _data_parallel_step(self) -> None:
+        try:
+            self._data_parallel_sample()
+        except Exception:  # a reading that fails is missing; it never stops the training
+            pass
+        if self._steps >= min(self.every, DATA_PARALLEL_STEPS):
+            self._data_parallel_judge()
+
+    def _data_parallel_sample(self) -> None:
+        if not self._dp_ids:
+            return
+        import torch
+
+        from ddpdoctor import nvml
+
+        for index in self._dp_ids:
+            uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+            handle = nvml.query("nvmlDeviceGetHandleByUUID", f"GPU-{uuid}") if uuid else nvml.Unknown("no uuid")
+            if isinstance(handle, nvml.Unknown):
+                continue
+            util = nvml.query("nvmlDeviceGetUtilizationRates", handle, convert=lambda u: float(u.gpu))
+            if not isinstance(util, nvml.Unknown):
+                self._dp_util[index].append(util)
+
+    def _data_parallel_judge(self) -> None:
+        self._dp_done = True
+        gpus = []
+        for index in self._dp_ids or []:
+            try:
+                import torch
+
+                peak = int(torch.cuda.max_memory_allocated(index))
+            except Exception:
+                peak = 0
+            gpus.append(DataParallelGpu(index=index, peak_mem_bytes=peak, util_pct=self._dp_util.get(index, [])))
+        self._emit(data_parallel_finding(gpus, self._steps, self._columns["step"], self.rank, self.host),
+                   may_raise=not self._closed)
 
     # -- local facts ---------------------------------------------------------------
     def _loader_len(self) -> float:
@@ -485,4 +581,26 @@ class Doctor:
         sys.stderr.flush()
         self._emit(finding, may_raise=False)  # the watchdog thread cannot raise into the loop
         if self.on_hang == "exit":
+            # The first peer to leave resets this rank's connections, and its main thread may die of
+            # that error before this thread exits: the exit status stays "hung", not the error's 1.
+            atexit.register(os._exit, 124)
+            self._wait_for_peers_reports()
             os._exit(124)
+
+    def _wait_for_peers_reports(self) -> None:
+        """Before leaving, give the other ranks' watchdogs the time to report their own stacks.
+
+        The ranks' deadlines pass within one watchdog tick of each other; the first to exit
+        would reset the others' connections, and a rank failing on that error (exit 1, no
+        report) would hide where it was. Bounded: a peer that never reports costs the grace."""
+        if self._store is None or self.world_size < 2:
+            return
+        grace = max(2.0, min(10.0, self.deadline_s / 2))
+        keys = [HANG_KEY.format(rank=r) for r in range(self.world_size)]
+        try:
+            self._store.set(keys[self.rank], "1")
+            end = time.monotonic() + grace
+            while time.monotonic() < end and not self._store.check(keys):
+                time.sleep(0.1)
+        except Exception:  # the store went away with its host: nobody is left to wait for
+            pass

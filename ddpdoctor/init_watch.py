@@ -20,7 +20,9 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
+from urllib.parse import urlsplit
 
 from ddpdoctor.findings import Finding, Severity
 
@@ -29,12 +31,70 @@ PREFIX = "ddpdoctor/watch/"
 LEAVE_WAIT_S = 5.0
 
 
+@dataclass(frozen=True)
+class Target:
+    """Who this rank is and where its rendezvous is; None until known."""
+
+    rank: Optional[int]
+    world_size: Optional[int]
+    addr: Optional[str]
+    port: Optional[int]
+
+    def complete(self) -> bool:
+        return None not in (self.rank, self.world_size, self.addr, self.port)
+
+    def merge(self, other: "Target") -> "Target":
+        """What is known here wins: explicit arguments over the environment over the call."""
+        return replace(self, **{k: v for k, v in other.__dict__.items() if getattr(self, k) is None and v is not None})
+
+
+def _whole(text: Any, low: int = 0) -> Optional[int]:
+    try:
+        value = int(str(text).strip())
+    except (TypeError, ValueError):
+        return None
+    return value if value >= low else None
+
+
+def target_from_env(env: dict[str, str]) -> Target:
+    port = _whole(env.get("MASTER_PORT"), 1)
+    return Target(_whole(env.get("RANK")), _whole(env.get("WORLD_SIZE"), 1), env.get("MASTER_ADDR") or None,
+                  port if port is not None and port < 65536 else None)
+
+
+def target_from_call(arguments: dict[str, Any]) -> Target:
+    """From init_process_group(backend, init_method, timeout, world_size, rank, ...)'s arguments
+    (-1 is its "not given"); a tcp:// init_method names the rendezvous itself."""
+    addr = port = None
+    method = arguments.get("init_method")
+    if isinstance(method, str) and method.startswith("tcp://"):
+        try:
+            parts = urlsplit(method)
+            addr, port = parts.hostname, parts.port
+        except ValueError:
+            pass
+    return Target(_whole(arguments.get("rank")), _whole(arguments.get("world_size"), 1), addr, port)
+
+
+def _init_call_arguments() -> dict[str, Any]:
+    """The local variables of torch's init_process_group in the main thread's stack (its arguments)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        if frame.f_code.co_name == "init_process_group" and "distributed" in frame.f_code.co_filename:
+            names = ("rank", "world_size", "init_method")
+            return {k: frame.f_locals.get(k) for k in names}
+        frame = frame.f_back
+    return {}
+
+
 class Watch:
     """The running watch: `finding` is set once the deadline passed without a process group."""
 
     def __init__(self, timeout_s: float, on_finding: Optional[Callable[[Finding], None]], json_path: Optional[str],
-                 on_hang: str, environ: dict[str, str]) -> None:
+                 on_hang: str, environ: dict[str, str], rank: Optional[int] = None,
+                 world_size: Optional[int] = None) -> None:
         self.timeout_s = timeout_s
+        self.target = Target(rank, world_size, None, None)
         self.on_finding = on_finding
         self.json_path = json_path
         self.on_hang = on_hang
@@ -70,13 +130,18 @@ class Watch:
             log.warning("ddpdoctor.watch stopped: %s: %s", type(exc).__name__, exc)
 
     def _watch(self) -> None:
-        rank, addr, port = int(self.env["RANK"]), self.env["MASTER_ADDR"], int(self.env["MASTER_PORT"])
-        world = int(self.env["WORLD_SIZE"])
         deadline = time.monotonic() + self.timeout_s
         last_read = 0.0
         while not self._done.is_set() and time.monotonic() < deadline:
             if self._initialised():
                 return
+            if not self.target.complete():
+                self._resolve()
+                if not self.target.complete():
+                    self._done.wait(0.25)
+                    continue
+            rank, world = int(self.target.rank), int(self.target.world_size)  # type: ignore[arg-type]
+            addr, port = str(self.target.addr), int(self.target.port)  # type: ignore[arg-type]
             if self._store is None:
                 self._store = _client(addr, port)
             if self._store is not None and not self.arrived_at_store and _in_init():
@@ -88,10 +153,39 @@ class Watch:
             self._done.wait(0.25)
         if self._done.is_set() or self._initialised():
             return
-        if self._store is not None:
-            self._read_arrivals(world)
-        self.finding = self._diagnose(rank, addr, port)
+        if not self.target.complete():
+            self.finding = self._unresolved()
+        else:
+            if self._store is not None:
+                self._read_arrivals(int(self.target.world_size))  # type: ignore[arg-type]
+            self.finding = self._diagnose(int(self.target.rank), str(self.target.addr),  # type: ignore[arg-type]
+                                          int(self.target.port))  # type: ignore[arg-type]
         self._emit(self.finding)
+
+    def _resolve(self) -> None:
+        """Fill in what is still unknown: from the environment now (mp.spawn scripts set MASTER_ADDR
+        and MASTER_PORT in code), else from the arguments of the init_process_group call the main
+        thread is in (rank, world_size and init_method are passed there, not in the environment)."""
+        self.target = self.target.merge(target_from_env(dict(os.environ)))
+        if not self.target.complete() and _in_init():
+            self.target = self.target.merge(target_from_call(_init_call_arguments()))
+
+    def _unresolved(self) -> Finding:
+        where = _main_frame()
+        host = socket.gethostname()
+        rank = self.target.rank
+        return Finding(
+            code="WATCH001", severity=Severity.CRITICAL, probe="watch",
+            title=(f"{'Rank ' + str(rank) if rank is not None else 'This process (pid ' + str(os.getpid()) + ')'} on "
+                   f"{host} has not called init_process_group after {self.timeout_s:g} s: stuck at {where}"),
+            ranks=(rank,) if rank is not None else (), nodes=(host,),
+            evidence={"stuck_at": where, "waited_s": self.timeout_s, "pid": os.getpid(),
+                      "known": {k: v for k, v in self.target.__dict__.items() if v is not None}},
+            why=("The process never reached init_process_group, so its peers (if they did) wait for it; without "
+                 "RANK/WORLD_SIZE in the environment or given to watch(), the rank is known only once it is called."),
+            fix=("Look at the stack: the process is stuck before the process group (data loading, a file system, a "
+                 "lock). Pass rank= and world_size= to ddpdoctor.watch() to have its peers named too."),
+        )
 
     def _read_arrivals(self, world: int) -> None:
         try:
@@ -113,7 +207,7 @@ class Watch:
     def _diagnose(self, rank: int, addr: str, port: int) -> Finding:
         from ddpdoctor.net_facts import wait_for_port
 
-        world = int(self.env["WORLD_SIZE"])
+        world = int(self.target.world_size)  # type: ignore[arg-type]
         host = socket.gethostname()
         arrived = dict(self._arrived)
         missing = [r for r in range(world) if r not in arrived]
@@ -158,8 +252,9 @@ class Watch:
             from ddpdoctor.report import atomic_write_json
 
             try:
-                atomic_write_json({"rank": int(self.env["RANK"]), "findings": [finding.to_json()]},
-                                  f"{self.json_path}.rank{self.env['RANK']}")
+                rank = self.target.rank if self.target.rank is not None else f"pid{os.getpid()}"
+                atomic_write_json({"rank": self.target.rank, "findings": [finding.to_json()]},
+                                  f"{self.json_path}.rank{rank}")
             except OSError as exc:
                 log.error("ddpdoctor: cannot write %s: %s", self.json_path, exc)
         if self.on_finding is not None:
@@ -167,14 +262,14 @@ class Watch:
                 self.on_finding(finding)
             except Exception:
                 log.exception("ddpdoctor: on_finding raised")
-        if self.on_hang == "exit":
+        if self.on_hang == "exit" and finding.code == "WATCH001":
             self._leave()
             os._exit(124)
 
     def _leave(self) -> None:
         """Rank 0 hosts the store: the other ranks that reached it say their piece before it goes."""
-        rank = int(self.env["RANK"])
-        if self._store is None:
+        rank = self.target.rank
+        if self._store is None or rank is None:
             return
         try:
             self._store.set(f"{PREFIX}reported/{rank}", "1")
@@ -237,18 +332,57 @@ def _client(addr: str, port: int) -> Any:
 
 
 def watch(timeout_s: float = 300.0, on_finding: Optional[Callable[[Finding], None]] = None,
-          json_path: Optional[str] = None, on_hang: str = "report") -> Optional[Watch]:
-    """Start watching this rank's way to `init_process_group`; None when the job is not launched with
-    RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (mp.spawn jobs set them in code: call it after)."""
+          json_path: Optional[str] = None, on_hang: str = "report", *, rank: Optional[int] = None,
+          world_size: Optional[int] = None) -> Watch:
+    """Start watching this rank's way to `init_process_group`.
+
+    The rank, world size and rendezvous are taken from what is given here, else from RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun, srun), else from the arguments of the
+    init_process_group call once the main thread is in it (mp.spawn scripts pass rank and
+    world_size there and set MASTER_ADDR/MASTER_PORT in code). When the rendezvous is on this
+    host and its port is already held by a process outside this job, that is said at once
+    (WATCH002): two jobs with the same hard-coded MASTER_PORT."""
     if on_hang not in ("report", "exit"):
         raise ValueError(f"on_hang must be 'report' or 'exit', not {on_hang!r}")
-    environ = dict(os.environ)
-    if not all(environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-        log.info("ddpdoctor.watch: RANK, WORLD_SIZE, MASTER_ADDR or MASTER_PORT not set; nothing to watch")
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < (name == "world_size")):
+            raise ValueError(f"{name} must be a whole number{' of at least 1' if name == 'world_size' else ''}, "
+                             f"not {value!r}")
+    running = Watch(timeout_s, on_finding, json_path, on_hang, dict(os.environ), rank, world_size)
+    running._resolve()
+    conflict = port_conflict(running.target)
+    if conflict is not None:
+        running._emit(conflict)
+    return running.start()
+
+
+def port_conflict(target: Target) -> Optional[Finding]:
+    """WATCH002: the rendezvous port on this host is already listened on by a process outside this job.
+
+    Only the rank that will host the store can tell (rank 0 under mp.spawn or srun; under torchrun
+    the agent, our parent, hosts it and is excluded): for any other rank a listener there is
+    normally its own job's store."""
+    from ddpdoctor.port_holders import foreign_listeners, is_local_address
+
+    if target.port is None or target.addr is None or target.rank != 0 or not is_local_address(target.addr):
         return None
-    try:
-        int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ["MASTER_PORT"])
-    except ValueError:
-        log.warning("ddpdoctor.watch: RANK, WORLD_SIZE and MASTER_PORT must be whole numbers; nothing to watch")
+    holders = foreign_listeners(target.port)
+    if not holders:
         return None
-    return Watch(timeout_s, on_finding, json_path, on_hang, environ).start()
+    host = socket.gethostname()
+    named = "; ".join(h.describe() for h in holders[:3])
+    return Finding(
+        code="WATCH002", severity=Severity.CRITICAL, probe="watch",
+        title=f"MASTER_PORT {target.port} on {host} is already in use by another process ({named}): this job's "
+              "rendezvous cannot start there",
+        ranks=(0,), nodes=(host,),
+        evidence={"MASTER_ADDR": target.addr, "MASTER_PORT": target.port,
+                  "held_by": [h.to_json() for h in holders[:3]]},
+        why=("Rank 0 hosts the rendezvous store on MASTER_PORT. Another process already listens there (typically a "
+             "second job with the same hard-coded port on this node), so init_process_group fails with "
+             "\"EADDRINUSE\" / \"address already in use\" on rank 0, and the other ranks may join the other job's "
+             "store and hang."),
+        fix=("Give each job its own port: derive it from the job (e.g. MASTER_PORT = 10000 + SLURM_JOB_ID % 50000), "
+             "pick a free one at start (bind port 0, read it, pass it to the ranks), or use torchrun --standalone; "
+             "or wait for the other job to end."),
+    )

@@ -8,6 +8,8 @@ the same columns, so a job's verdict and a pre-flight check's verdict agree.
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -34,13 +36,18 @@ class RankWindow:
     wait_measured: bool = True
 
     def to_facts(self) -> dict[str, Any]:
-        """In the `stragglers` probe's shape: the in-step work is 'forward', data is apart."""
-        forward = [max(0.0, s - w) for s, w in zip(self.step_ms, self.wait_ms)]
+        """In the `stragglers` probe's shape: the in-step work is 'forward', data is apart.
+
+        Where the wait in collectives is not measured (FSDP, a job's own comm hook), the whole
+        step may be waiting, so it counts as wait and only the data time is judged: a rank slow
+        to load is still named, a rank slow to compute cannot be told from the ranks waiting for it."""
+        wait = self.wait_ms if self.wait_measured else list(self.step_ms)
+        forward = [max(0.0, s - w) for s, w in zip(self.step_ms, wait)]
         zeros = [0.0] * len(self.step_ms)
         return {"rank": self.rank, "host": self.host, "device": "", "samples": self.samples,
                 "peak_mem_bytes": self.peak_mem_bytes,
                 "steps": {"data_ms": self.data_ms, "forward_ms": forward, "backward_ms": zeros,
-                          "comm_wait_ms": self.wait_ms, "optimizer_ms": zeros,
+                          "comm_wait_ms": wait, "optimizer_ms": zeros,
                           "step_ms": [s + d for s, d in zip(self.step_ms, self.data_ms)]}}
 
 
@@ -138,8 +145,12 @@ def memory_growth(history: History) -> list[Finding]:
 
 
 def setup_findings(is_ddp: bool, world_size: int, visible_gpus: int, rank: int, host: str,
-                   sampler_name: Optional[str]) -> list[Finding]:
-    """What is wrong before the first step: judged from the objects the callback was given."""
+                   sampler_name: Optional[str], data_parallel: bool = False,
+                   unmeasured_wait: Optional[str] = None) -> list[Finding]:
+    """What is wrong before the first step: judged from the objects the callback was given.
+
+    A DataParallel model gets DOC009 once its GPUs were measured, not DOC005 here: it does
+    use the GPUs, only badly."""
     out: list[Finding] = []
     if world_size > 1 and not is_ddp:
         out.append(Finding(
@@ -149,13 +160,26 @@ def setup_findings(is_ddp: bool, world_size: int, visible_gpus: int, rank: int, 
             why="Without DDP, gradients are never averaged: each rank trains its own model.",
             fix="model = DistributedDataParallel(model, device_ids=[local_rank]) after init_process_group and .to(device).",
         ))
-    if world_size == 1 and visible_gpus > 1:
+    if world_size == 1 and visible_gpus > 1 and not data_parallel:
         out.append(Finding(
             code="DOC005", severity=Severity.WARN, probe=PROBE,
             title=f"World size 1 while {visible_gpus} GPUs are visible: one GPU works, the others idle",
             ranks=(rank,), nodes=(host,), evidence={"visible_gpus": visible_gpus},
             why="The job was started as one process; DDP needs one process per GPU.",
             fix=f"Start it with torchrun --nproc_per_node={visible_gpus} (or srun with one task per GPU).",
+        ))
+    if world_size > 1 and unmeasured_wait:
+        out.append(Finding(
+            code="DOC011", severity=Severity.INFO, probe=PROBE,
+            title=(f"Stragglers are judged on data loading only: the wait in collectives is not measured for "
+                   f"{unmeasured_wait}"),
+            ranks=(rank,), nodes=(host,), evidence={"model": unmeasured_wait},
+            why=("A synchronous step takes as long on every rank as on the slowest: only the time each rank waits "
+                 "for the others tells the slow one from the waiting ones. ddpdoctor measures that wait through "
+                 "DDP's comm hook; FSDP's collectives (and a job's own comm hook) are not timed, so a rank slow to "
+                 "compute cannot be named here. A rank slow to load data still is (STR001, cause data loading)."),
+            fix=("Run `ddpdoctor check --probes stragglers` on the same nodes for a compute verdict, or measure with "
+                 "a DDP-wrapped copy of the model."),
         ))
     if world_size > 1 and sampler_name is not None and "Distributed" not in sampler_name:
         out.append(Finding(
@@ -167,3 +191,97 @@ def setup_findings(is_ddp: bool, world_size: int, visible_gpus: int, rank: int, 
             fix="sampler=DistributedSampler(dataset), and sampler.set_epoch(epoch) every epoch.",
         ))
     return out
+
+
+@dataclass
+class DataParallelGpu:
+    """One GPU a DataParallel model ran on, as measured over the first steps."""
+
+    index: int
+    peak_mem_bytes: int
+    util_pct: list[float]  # NVML samples, one per step end; empty where NVML is not available
+
+
+def data_parallel_finding(gpus: Sequence[DataParallelGpu], steps: int, step_ms: Sequence[float], rank: int,
+                          host: str) -> Finding:
+    """DOC009: DataParallel, with what it measurably costs on this job's GPUs.
+
+    DataParallel replicates the module from GPU 0 at every forward, scatters the batch from it
+    and gathers the outputs (and so the loss) on it, all from one Python process: GPU 0 holds
+    more memory and the others wait for it and for the GIL. The numbers make that visible."""
+    evidence: dict[str, Any] = {"steps_measured": steps,
+                                "median_step_ms": round(statistics.median(step_ms), 2) if step_ms else None,
+                                "device_ids": [g.index for g in gpus]}
+    if not gpus:
+        title = ("The model is wrapped in torch.nn.DataParallel, which here has no GPU: it runs the module as is, in "
+                 "one process")
+        why = ("DataParallel is single-process multi-GPU; without GPUs it does nothing. On GPUs it replicates the model "
+               "from GPU 0 at every step and gathers every output there, so GPU 0 carries more memory and the others "
+               "wait on one Python thread. PyTorch recommends DistributedDataParallel even on a single machine.")
+    else:
+        first, others = gpus[0], list(gpus[1:])
+        utils = {g.index: round(statistics.median(g.util_pct), 1) for g in gpus if g.util_pct}
+        evidence["peak_mem_bytes_by_gpu"] = {g.index: g.peak_mem_bytes for g in gpus}
+        if utils:
+            evidence["median_util_pct_by_gpu"] = utils
+        parts = [f"GPU {first.index} peaked at {first.peak_mem_bytes / 2**30:.2f} GiB"]
+        if others:
+            rest = statistics.median(g.peak_mem_bytes for g in others)
+            evidence["gpu0_memory_ratio"] = round(first.peak_mem_bytes / rest, 2) if rest else None
+            parts[0] += f" vs {rest / 2**30:.2f} GiB on the others (median)"
+            if utils and first.index in utils and any(g.index in utils for g in others):
+                rest_util = statistics.median(utils[g.index] for g in others if g.index in utils)
+                parts.append(f"utilisation {utils[first.index]:.0f}% vs {rest_util:.0f}%")
+        title = (f"The model is wrapped in torch.nn.DataParallel across {len(gpus)} GPUs: " + ", ".join(parts))
+        why = ("DataParallel is one process driving every GPU: each step it copies the model from GPU 0 to the others, "
+               "scatters the batch from GPU 0 and gathers all outputs back on it, under one Python thread. GPU 0 "
+               "needs more memory than the others, and all of them wait for it; DDP runs one process per GPU and "
+               "overlaps the gradient all-reduce with the backward pass.")
+    return Finding(
+        code="DOC009", severity=Severity.WARN, probe=PROBE, title=title, ranks=(rank,), nodes=(host,),
+        evidence=evidence, why=why,
+        fix=("Replace nn.DataParallel(model) with DistributedDataParallel: one process per GPU started by "
+             "`torchrun --nproc_per_node=<GPUs> train.py`, init_process_group(\"nccl\"), "
+             "torch.cuda.set_device(LOCAL_RANK), DistributedDataParallel(model.to(LOCAL_RANK), "
+             "device_ids=[LOCAL_RANK]), and a DistributedSampler for the data. The per-process batch is then the old "
+             "batch divided by the number of GPUs."),
+    )
+
+
+def batch_scaling_finding(batch_by_rank: dict[int, float], learning_rates: Sequence[float], rank: int,
+                          host: str) -> Optional[Finding]:
+    """DOC010 (info): the effective batch, and what the usual rules would make of the learning rate.
+
+    It is information, not a verdict: whether the learning rate was tuned for one process's
+    batch or for the effective one is the user's to know. Both rules scale from one process's
+    batch to N of them: linear (Goyal et al., 2017, SGD with warm-up) and square root (Krizhevsky,
+    2014; Hoffer et al., 2017; Malladi et al., 2022 for Adam)."""
+    world = len(batch_by_rank)
+    lrs = sorted({float(lr) for lr in learning_rates if isinstance(lr, (int, float)) and math.isfinite(lr)})
+    if world < 2 or not lrs or any(b <= 0 for b in batch_by_rank.values()):
+        return None
+    batches = sorted(set(batch_by_rank.values()))
+    effective = sum(batch_by_rank.values())
+    per_rank = batches[0] if len(batches) == 1 else None
+    lr = lrs[0] if len(lrs) == 1 else None
+    scale = float(world)
+    shown = ", ".join(f"{x:g}" for x in lrs)
+    linear = [round(x * scale, 12) for x in lrs]
+    root = [round(x * math.sqrt(scale), 12) for x in lrs]
+    split = f"{world} ranks x {per_rank:g}" if per_rank is not None else f"{world} ranks, {'/'.join(f'{b:g}' for b in batches)} per rank"
+    title = (f"Effective batch {effective:g} ({split}) at learning rate{'s' if lr is None else ''} {shown}: tuned for "
+             f"one process's batch, the linear rule gives {', '.join(f'{x:.4g}' for x in linear)} and the square-root "
+             f"rule {', '.join(f'{x:.4g}' for x in root)}")
+    return Finding(
+        code="DOC010", severity=Severity.INFO, probe=PROBE, title=title, ranks=tuple(sorted(batch_by_rank)),
+        nodes=(host,),
+        evidence={"world_size": world, "batch_per_rank": {r: b for r, b in sorted(batch_by_rank.items())},
+                  "effective_batch": effective, "learning_rates": lrs, "linear_rule": linear, "sqrt_rule": root},
+        why=("Each optimizer step averages the gradients of every rank's batch, so the step is taken on the effective "
+             "batch: N times one process's batch. A learning rate tuned on one GPU is then too small for the same "
+             "number of epochs (linear rule, usual for SGD with a warm-up) or scales with the square root (usual for "
+             "Adam-like optimizers)."),
+        fix=("Information only. If the learning rate was tuned for one process's batch, scale it by one of the "
+             "rules (with a few epochs of warm-up for large factors); if it was tuned for the effective batch, keep it. "
+             "Pass batch_size= to Doctor when a step accumulates several batches."),
+    )

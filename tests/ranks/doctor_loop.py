@@ -1,12 +1,19 @@
-"""A real DDP training loop with `ddpdoctor.Doctor` in it, as a user would write one.
+"""A real data-parallel training loop with `ddpdoctor.Doctor` in it, as a user would write one.
 
-Started once per rank by tests/ranks/test_doctor_e2e.py with RANK, WORLD_SIZE, MASTER_ADDR
-and MASTER_PORT set. `--case` picks the bug the loop really has.
+Two ways to start it, as users do:
+- once per rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (torchrun, srun), as
+  tests/ranks/test_doctor_e2e.py does;
+- `--spawn N --port P`: one process that starts N ranks with torch.multiprocessing.spawn, the
+  tutorial pattern: MASTER_ADDR/MASTER_PORT set in code, rank and world size passed to
+  init_process_group, nothing of torchrun's in the environment.
+`--wrap` picks DistributedDataParallel, FSDP (FullyShardedDataParallel) or FSDP2 (fully_shard);
+`--case` picks the bug the loop really has.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -22,19 +29,49 @@ BATCH = 32
 BATCHES = 8  # per rank and epoch
 
 
-def main() -> None:
+def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--case", help="comma-separated: healthy, nosampler, noepoch, uneven, straggler, hang")
+    parser.add_argument("--case", help="comma-separated: healthy, nosampler, noepoch, uneven, straggler, slowdata, hang")
     parser.add_argument("--json", required=True)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--every", type=int, default=20)
-    args = parser.parse_args()
+    parser.add_argument("--wrap", choices=("ddp", "fsdp", "fsdp2"), default="ddp")
+    parser.add_argument("--spawn", type=int, default=0, help="start this many ranks with mp.spawn")
+    parser.add_argument("--port", type=int, default=0, help="the MASTER_PORT an mp.spawn job hard-codes")
+    parser.add_argument("--hold", type=float, default=0.0, help="seconds to stay initialised after training")
+    return parser.parse_args()
+
+
+def wrap(model: nn.Module, how: str) -> nn.Module:
+    if how == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        return FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+    if how == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        return fully_shard(model)
+    return DistributedDataParallel(model)
+
+
+def train(rank: int, world: int, args: argparse.Namespace) -> None:
     cases = set(args.case.split(","))
-    ddpdoctor.watch(timeout_s=60.0, json_path=args.json)  # a healthy start reports nothing
-    dist.init_process_group("gloo")
+    if args.spawn:
+        # The tutorial's mp.spawn setup: the rendezvous is hard-coded, rank and world size are arguments.
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(args.port)
+        torch.set_num_threads(1)
+        ddpdoctor.watch(timeout_s=60.0, json_path=args.json, rank=rank, world_size=world)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    else:
+        ddpdoctor.watch(timeout_s=60.0, json_path=args.json)  # a healthy start reports nothing
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4)))
+    model = wrap(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4)), args.wrap)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(1)
     n = BATCH * BATCHES * world
@@ -60,19 +97,32 @@ def main() -> None:
         for x, y in loader:
             if "uneven" in cases and step >= BATCHES - 3:
                 break  # stop before the short rank runs out (the real job would hang there)
+            if "slowdata" in cases and rank == 1:
+                time.sleep(0.004)  # a loader that really takes longer on this rank, before the step
             with doctor.step((x, y)):
                 if "straggler" in cases and rank == 1:
                     spin(0.004)  # a rank whose compute really takes longer
                 if "hang" in cases and rank == 1 and step == 12:
-                    time.sleep(3600)  # stuck in its own code: the others wait in the all-reduce
+                    time.sleep(3600)  # stuck in its own code: the others wait in the collective
                 loss = loss_fn(model(x), y)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
             step += 1
     doctor.close()
+    time.sleep(args.hold)
     dist.barrier()  # rank 0 hosts the store: nobody leaves while another still needs it
     dist.destroy_process_group()
+
+
+def main() -> None:
+    args = parse()
+    if args.spawn:
+        import torch.multiprocessing as mp
+
+        mp.spawn(train, args=(args.spawn, args), nprocs=args.spawn)
+    else:
+        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
 
 
 if __name__ == "__main__":

@@ -38,8 +38,13 @@ def test_a_correct_loop_gives_no_finding(tmp_path):
     # this VM, and its vCPUs differ in speed (docs/probes/stragglers.md).
     result = run_loop(tmp_path, "healthy", world=3, epochs="11")  # 88 steps: stragglers judged at step 80
     assert result["exit"] == {0: 0, 1: 0, 2: 0}, result["stderr"]
-    assert result["findings"] == {}, result["findings"]
-    assert "ddpdoctor: rank 0, 88 steps: no findings" in result["stderr"][0]  # the final report
+    # Only information: the effective batch (3 ranks x 32) and the learning-rate rules for SGD at 0.01.
+    [info] = result["findings"][0]
+    assert info["code"] == "DOC010" and info["severity"] == "info", result["findings"]
+    assert info["evidence"]["effective_batch"] == 96 and info["evidence"]["linear_rule"] == [0.03]
+    assert abs(info["evidence"]["sqrt_rule"][0] - 0.01 * 3**0.5) < 1e-9
+    assert set(result["findings"]) == {0}  # the other ranks had nothing to say
+    assert "ddpdoctor: rank 0, 88 steps: 1 finding(s), worst info" in result["stderr"][0]  # the final report
 
 
 def test_a_slower_rank_and_a_missing_set_epoch_are_each_named(tmp_path):
