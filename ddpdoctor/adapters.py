@@ -44,6 +44,8 @@ def lightning_callback(**options: Any) -> Any:
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             model = trainer.strategy.model if trainer.strategy.model is not None else pl_module
+            optimizers = list(getattr(trainer, "optimizers", None) or [])
+            options.setdefault("optimizer", optimizers[0] if optimizers else None)
             self.doctor = Doctor(_ddp_holding(model), loader=trainer.train_dataloader, **options)
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -72,6 +74,11 @@ def hf_callback(**options: Any) -> Any:
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                            train_dataloader: Any = None, **kwargs: Any) -> None:
             if model is not None:
+                # Trainer's step is an optimizer step over gradient_accumulation_steps batches, and the
+                # batches are not passed to callbacks: the batch per rank comes from the arguments.
+                options.setdefault("optimizer", kwargs.get("optimizer"))
+                options.setdefault("batch_size", int(getattr(args, "per_device_train_batch_size", 0) or 0)
+                                   * int(getattr(args, "gradient_accumulation_steps", 1) or 1) or None)
                 self.doctor = Doctor(_ddp_holding(model), loader=train_dataloader, **options)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

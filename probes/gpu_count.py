@@ -163,7 +163,8 @@ def _host_findings(host: str, ranks: list[int], facts: Mapping[int, Mapping[str,
                      "(srun --gpus-per-task=1) and set_device(0)."),
             ))
 
-    # The scheduler granted something else than CUDA sees.
+    # The scheduler granted something else than CUDA sees: one finding for the ranks of a node that agree.
+    mismatched: dict[tuple[Optional[int], int], list[int]] = {}
     for r in ranks:
         env = facts[r].get("env") or {}
         granted = _gpu_list(env.get("SLURM_STEP_GPUS")) or _gpu_list(env.get("SLURM_JOB_GPUS"))
@@ -172,17 +173,21 @@ def _host_findings(host: str, ranks: list[int], facts: Mapping[int, Mapping[str,
             granted_n = int(env["SLURM_GPUS_ON_NODE"])
         cuda_n = torch_counts[r] if _torch(facts[r]).get("cuda_available") else 0
         if granted_n is not None and granted_n != cuda_n and not (granted_n > cuda_n == 1 and visible[r].count == 1):
-            out.append(Finding(
-                code="GPU006", severity=Severity.WARN, probe=NAME,
-                title=f"Slurm granted {granted_n} GPUs on {host}, but torch on rank {r} sees {cuda_n}",
-                ranks=(r,), nodes=nodes,
-                evidence={k: env.get(k) for k in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE",
-                                                  "SLURM_GPUS_PER_TASK", "CUDA_VISIBLE_DEVICES") if env.get(k)}
-                | {"torch_gpus": cuda_n, "torch_cuda": _torch(facts[r]).get("cuda_built")},
-                why="What the scheduler allocated and what CUDA exposes disagree: GPUs are idle, or shared with another job.",
-                fix=("Request GPUs with --gres=gpu:N or --gpus-per-node and do not override CUDA_VISIBLE_DEVICES in "
-                     "the job script; if torch sees none, check it is a CUDA build."),
-            ))
+            mismatched.setdefault((granted_n, cuda_n), []).append(r)
+    for (granted_n, cuda_n), same in mismatched.items():
+        env = facts[same[0]].get("env") or {}
+        who = f"rank {same[0]}" if len(same) == 1 else f"ranks {rank_ranges(same)}"
+        out.append(Finding(
+            code="GPU006", severity=Severity.WARN, probe=NAME,
+            title=f"Slurm granted {granted_n} GPUs on {host}, but torch on {who} sees {cuda_n}",
+            ranks=tuple(same), nodes=nodes,
+            evidence={k: env.get(k) for k in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE",
+                                              "SLURM_GPUS_PER_TASK", "CUDA_VISIBLE_DEVICES") if env.get(k)}
+            | {"torch_gpus": cuda_n, "torch_cuda": _torch(facts[same[0]]).get("cuda_built")},
+            why="What the scheduler allocated and what CUDA exposes disagree: GPUs are idle, or shared with another job.",
+            fix=("Request GPUs with --gres=gpu:N or --gpus-per-node and do not override CUDA_VISIBLE_DEVICES in "
+                 "the job script; if torch sees none, check it is a CUDA build."),
+        ))
 
     # Ranks versus GPUs on the node, from what the ranks can see (whether or not
     # ddpdoctor ran them on a GPU: with too few GPUs it falls back to CPU).

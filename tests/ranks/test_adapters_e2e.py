@@ -35,3 +35,7 @@ def test_the_adapter_watches_a_real_fit_and_names_the_slow_rank(tmp_path, framew
     codes = {f["code"]: f for f in findings}
     assert codes["STR001"]["ranks"] == [1] and codes["STR001"]["evidence"]["cause"] == "compute", findings
     assert "DOC008" not in codes and "DOC004" not in codes  # the frameworks shard and wrap: no false alarm
+    # The optimizer the framework built, and 2 ranks x 32 (Hugging Face: from its arguments, batches are not passed).
+    scaling = codes["DOC010"]["evidence"]
+    assert scaling["effective_batch"] == 64 and scaling["learning_rates"] == ([0.01] if framework == "lightning"
+                                                                              else [5e-5]), scaling

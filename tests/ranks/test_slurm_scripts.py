@@ -72,3 +72,41 @@ def test_the_multinode_preflight_runs_as_srun_runs_it(tmp_path):
     assert [r["host"] for r in report["ranks"]] == [report["nodes"][0]] * 2
     assert "ddpdoctor check" in outs[0][0] and "ddpdoctor check" not in outs[1][0]  # rank 0 reports
     assert not tagged_processes(tag)
+
+
+def run_batch_script(tmp_path: Path, script: str, **extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The whole batch script as Slurm's batch step runs it: on the allocated node, in the submit
+    directory, with the job's SLURM_* variables; train.py is a stand-in that leaves a mark."""
+    (tmp_path / "train.py").write_text("open('trained', 'w').write('yes')\n")
+    job_id = str(40000 + free_port() % 20000)
+    tag = f"sbatch-{job_id}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE"))}
+    env.update(SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST="localhost", SLURM_NNODES="1", SLURM_JOB_NUM_NODES="1",
+               SLURM_CPUS_PER_TASK="2", SLURM_NTASKS="1", DDPDOCTOR_REPORTS=str(tmp_path / "reports"),
+               **{TAG_VAR: tag}, **extra)
+    try:
+        done = subprocess.run(["bash", str(SLURM_DOCS / script)], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        assert not tagged_processes(tag)
+    return done, tmp_path / "reports" / f"preflight-{job_id}-0.json"
+
+
+def test_the_single_node_script_reads_the_gpus_slurm_granted_and_trains_on_a_warning(tmp_path):
+    # A GPU allocation as Slurm describes it; this machine's torch sees none: GPU006, a warning.
+    done, report = run_batch_script(tmp_path, "preflight-single-node.sbatch", SLURM_GPUS_ON_NODE="2",
+                                    SLURM_JOB_GPUS="0,1")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    found = json.loads(report.read_text())
+    assert found["exit_code"] == 1 and found["mode"] == "torchrun" and found["world_size"] == 2
+    [granted] = [f for f in found["findings"] if f["code"] == "GPU006"]
+    assert granted["ranks"] == [0, 1] and granted["evidence"]["SLURM_JOB_GPUS"] == "0,1"
+    assert "training anyway" in done.stdout and (tmp_path / "trained").exists()
+
+
+def test_the_single_node_script_does_not_train_after_a_critical_finding(tmp_path):
+    done, report = run_batch_script(tmp_path, "preflight-single-node.sbatch", DDPDOCTOR_NPROC="2",
+                                    DDPDOCTOR_ARGS="--inject crash:rank=1:stage=ddp")
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(report.read_text())["exit_code"] == 2
+    assert "not training" in done.stderr and not (tmp_path / "trained").exists()

@@ -348,7 +348,9 @@ def test_local_rank_past_the_visible_gpus_is_critical():
 def test_slurm_allocation_differs_from_what_torch_sees():
     findings = diagnose(load("h100x8_slurm_cvd_unset.json"))  # granted 4-7, CUDA_VISIBLE_DEVICES unset
     slurm = only(findings, "GPU006")
-    assert [f.ranks for f in slurm] == [(0,), (1,), (2,), (3,)]
+    # One finding for the node's ranks that see the same thing, not one per rank.
+    assert [f.ranks for f in slurm] == [(0, 1, 2, 3)]
+    assert slurm[0].title == "Slurm granted 4 GPUs on dgx-h100-01, but torch on ranks 0-3 sees 8"
     assert all(f.severity == Severity.WARN for f in slurm)
     assert slurm[0].evidence["SLURM_STEP_GPUS"] == "4,5,6,7" and slurm[0].evidence["torch_gpus"] == 8
     assert "CUDA_VISIBLE_DEVICES" not in slurm[0].evidence
