@@ -253,7 +253,9 @@ def _config(args: argparse.Namespace):
                   json_path=args.json_path, force=args.force, inject=parse_faults(spec), port=args.port,
                   live=not args.no_live)
     if args.command == "allreduce-bench":
-        return CheckConfig(probes=("allreduce",), command="allreduce-bench", bench=_bench_config(args), **common)
+        # topology first: it is quick, and its links give the bandwidth the sweep is measured against.
+        return CheckConfig(probes=("topology", "allreduce"), command="allreduce-bench", bench=_bench_config(args),
+                           **common)
     model = _model_spec(args)
     if args.command == "scaling":
         from ddpdoctor.config import DEFAULT_EFFICIENCY_TARGETS, ScalingConfig

@@ -82,11 +82,19 @@ def hop_gbps(hop: Hop) -> tuple[Optional[float], str]:
     return round(hop.pcie_gbps * EFFICIENCY["shm"], 1), f"host memory ({hop.level}{', no P2P' if not hop.p2p else ''})"
 
 
+def hop_wire_gbps(hop: Hop) -> Optional[float]:
+    """The hop's raw rate, before any efficiency: what a byte crossing it cannot beat."""
+    if hop.nvlinks > 0:
+        return nvlink_gbps(hop.nvlink_version, hop.nvlinks)
+    return hop.pcie_gbps
+
+
 @dataclass(frozen=True)
 class Expectation:
     busbw_gbps: Optional[float]
     bottleneck: str
     hop: Optional[tuple[int, int]] = None  # the GPUs (NVML indices) of the slowest hop, within a node
+    wire_gbps: Optional[float] = None  # the bottleneck's raw rate: busbw above it is in-network reduction
 
 
 def ring_expectation(hops: list[Hop]) -> Expectation:
@@ -99,7 +107,7 @@ def ring_expectation(hops: list[Hop]) -> Expectation:
         unknown = next(why for (g, why), _ in rated if g is None)
         return Expectation(None, f"not modelled: {unknown}")
     gbps, why, hop = min(known, key=lambda item: item[0])
-    return Expectation(gbps, why, (hop.a, hop.b))
+    return Expectation(gbps, why, (hop.a, hop.b), hop_wire_gbps(hop))
 
 
 def network_expectation(nic_mbps: list[int]) -> Expectation:
@@ -108,4 +116,5 @@ def network_expectation(nic_mbps: list[int]) -> Expectation:
     if total <= 0:
         return Expectation(None, "no NIC speed known")
     return Expectation(round(total / 8000 * EFFICIENCY["net"], 1),
-                       f"network ({len(nic_mbps)} NIC{'s' if len(nic_mbps) != 1 else ''}, {total / 1000:g} Gb/s)")
+                       f"network ({len(nic_mbps)} NIC{'s' if len(nic_mbps) != 1 else ''}, {total / 1000:g} Gb/s)",
+                       wire_gbps=total / 8000)

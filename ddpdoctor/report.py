@@ -146,12 +146,12 @@ class Report:
 
 def build_report(record: RunRecord, backend: str = "", device: str = "",
                  command: Optional[list[str]] = None) -> Report:
-    from ddpdoctor.probes import RunView, get_probe
+    from ddpdoctor.probes import RunView, get_probe, with_context
     from ddpdoctor.probes.base import diagnose_safely
 
-    view = RunView(world_size=record.world_size,
-                   hosts={r: record.host(r) for r in record.hellos},
-                   injected=record.faults, settings=record.settings)
+    view = with_context(RunView(world_size=record.world_size,
+                                hosts={r: record.host(r) for r in record.hellos},
+                                injected=record.faults, settings=record.settings), record.results)
     sections = []
     for name in record.probes:
         facts = record.results.get(name, {})

@@ -285,9 +285,10 @@ def diagnose_inputs(inputs: Inputs) -> Diagnosis:
     """The probes' findings on the files' facts. Unlike a live run (where RUN011 keeps the
     other probes' findings), facts a probe cannot judge here came from a file the user can
     regenerate, so they are a usage error naming the files, not a "report this bug"."""
-    from ddpdoctor.probes import RunView, get_probe
+    from ddpdoctor.probes import RunView, get_probe, with_context
 
-    view = RunView(world_size=inputs.world_size, hosts=inputs.hosts, settings=inputs.settings)
+    view = with_context(RunView(world_size=inputs.world_size, hosts=inputs.hosts, settings=inputs.settings),
+                        inputs.facts)
     findings: list[Finding] = []
     for name, facts in inputs.facts.items():
         try:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any, Mapping
+
 from ddpdoctor.errors import UsageError
 
 from .allreduce import AllReduce
@@ -22,6 +25,20 @@ _PROBES: dict[str, Probe] = {p.name: p for p in (InitHang(), DdpSmoke(), Topolog
 # gpu-count next: it publishes its device facts before the shared DDP workload runs (in its
 # collect), so a device-mapping fault that breaks the workload is still diagnosed.
 DEFAULT_PROBES: tuple[str, ...] = ("init-hang", "topology", "gpu-count", "homogeneity", "ddp-smoke")
+
+
+def with_context(view: RunView, facts_by_probe: Mapping[str, Mapping[Any, Any]]) -> RunView:
+    """The run view, plus what one probe's facts tell another's diagnosis: the bandwidth the
+    topology allows, for allreduce's efficiency. A failure here costs only that context."""
+    topology = facts_by_probe.get("topology")
+    if not topology or "allreduce" not in facts_by_probe:
+        return view
+    from .topology_checks import expected_busbw
+
+    try:
+        return replace(view, expected_busbw=expected_busbw(topology, view))
+    except Exception as exc:  # the topology probe's own diagnosis reports bad facts
+        return replace(view, expected_busbw={"gbps": None, "why": f"topology facts unreadable ({type(exc).__name__})"})
 
 
 def all_probes() -> dict[str, Probe]:
@@ -45,4 +62,4 @@ def select(spec: str | None) -> tuple[str, ...]:
     return names
 
 
-__all__ = ["Probe", "RunView", "all_probes", "get_probe", "select", "DEFAULT_PROBES"]
+__all__ = ["Probe", "RunView", "all_probes", "get_probe", "select", "with_context", "DEFAULT_PROBES"]

@@ -86,6 +86,8 @@ class AllReduce:
             findings += _gate(results, float(gate), sample, run)
         findings += _slow_link(facts, run)
         findings += _slow_nodes(facts, run)
+        if summary is not None:
+            findings += _against_topology(summary, sample, run)
         if summary is not None and not any(f.severity >= Severity.WARN for f in findings):
             findings.insert(0, _verdict(summary, results, sample, run, len(facts)))
         return findings
@@ -387,6 +389,78 @@ def _slow_nodes(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Fi
     return out
 
 
+# Below this share of what the topology allows, on a bandwidth-bound size, the measurement is lost
+# somewhere. The model already carries NCCL's usual efficiency (docs/probes/topology.md), so a
+# healthy machine lands near 100%; half is a transport or link problem, not tuning.
+LOW_EFFICIENCY = 0.5
+BANDWIDTH_BOUND_BYTES = 64 * 2**20
+# busbw above the links' full speed by more than noise: the switch reduced in the network.
+ABOVE_WIRE = 1.05
+
+
+def _expected(sample: Mapping[str, Any], run: RunView) -> Mapping[str, Any]:
+    """The topology's figure where it applies: a ring-bound collective on GPUs (all_to_all's
+    busbw is not bounded by the ring)."""
+    if sample.get("op") == "all_to_all" or not run.expected_busbw:
+        return {}
+    return run.expected_busbw
+
+
+def _efficiency_evidence(summary: Any, sample: Mapping[str, Any], run: RunView) -> dict[str, Any]:
+    expected = _expected(sample, run)
+    if not expected:
+        return {}
+    if expected.get("gbps") is None:
+        return {"expected_busbw": f"not modelled: {expected.get('why', 'unknown')}"}
+    return {"expected_busbw_gbps": expected["gbps"], "expected_bottleneck": expected.get("bottleneck"),
+            "efficiency_pct": round(100 * summary.peak_busbw_gbps / expected["gbps"], 1)}
+
+
+def _against_topology(summary: Any, sample: Mapping[str, Any], run: RunView) -> list[Finding]:
+    """BW006: far below what the links allow; BW007: above what they carry (in-network reduction)."""
+    expected = _expected(sample, run)
+    if not expected.get("gbps") or not str(sample.get("device", "")).startswith("cuda"):
+        return []
+    ranks = tuple(range(run.world_size))
+    peak, gbps = summary.peak_busbw_gbps, float(expected["gbps"])
+    evidence = {"peak_busbw_gbps": round(peak, 3), "peak_at": _fmt_bytes(summary.peak_size_bytes),
+                "expected_busbw_gbps": gbps, "expected_at_full_link_speed_gbps": expected.get("at_full_link_gbps"),
+                "bottleneck_wire_gbps": expected.get("wire_gbps"),
+                "bottleneck": expected.get("bottleneck"), "efficiency_pct": round(100 * peak / gbps, 1),
+                "largest_size": _fmt_bytes(summary.largest_size_bytes)}
+    out = []
+    if peak < LOW_EFFICIENCY * gbps and summary.largest_size_bytes >= BANDWIDTH_BOUND_BYTES:
+        out.append(Finding(
+            code="BW006", severity=Severity.WARN, probe=NAME,
+            title=(f"{sample.get('op')} peak busbw {peak:.3g} GB/s is {100 * peak / gbps:.0f}% of the ~{gbps:g} GB/s "
+                   f"this topology allows ({expected.get('bottleneck')})"),
+            ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence,
+            why=("The expectation is the slowest hop of the ring the GPUs form (NVLink, PCIe, the socket link or the "
+                 "NIC) times NCCL's usual efficiency; falling to half of it on sizes large enough to be "
+                 "bandwidth-bound means the data takes a slower path than the links offer: NCCL over sockets "
+                 "instead of InfiniBand, through host memory instead of P2P, or a link running below its rate."),
+            fix=("Run with NCCL_DEBUG=INFO and read the transport of each channel (\"via NET/Socket\" where "
+                 "\"NET/IB\" was meant, \"via SHM\" where \"P2P/IPC\" or NVLink was meant); check that "
+                 "NCCL_P2P_DISABLE, NCCL_SHM_DISABLE and NCCL_IB_DISABLE are unset, and the topology findings "
+                 "(TOP001 PCIe below its rate, TOP002 NVLinks down, TOP004 P2P blocked by ACS/IOMMU)."),
+        ))
+    wire = expected.get("wire_gbps")
+    if wire and peak > ABOVE_WIRE * float(wire):
+        out.append(Finding(
+            code="BW007", severity=Severity.INFO, probe=NAME,
+            title=(f"{sample.get('op')} busbw {peak:.3g} GB/s is above the {float(wire):g} GB/s its slowest link "
+                   "carries: "
+                   "the switch reduces in the network (NVLS on NVSwitch, CollNet/SHARP)"),
+            ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence,
+            why=("nccl-tests' busbw assumes every byte crosses the ring's links 2(n-1)/n times; with in-network "
+                 "reduction (NVLink SHARP on NVSwitch systems, CollNet/SHARP on InfiniBand switches) the switch "
+                 "adds the data, so less crosses the links and busbw can exceed their speed."),
+            fix=("Nothing to fix. Compare busbw with NCCL_NVLS_ENABLE=0 (and NCCL_COLLNET_ENABLE=0) to see the "
+                 "links' own figure; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING shows the algorithm NCCL chose."),
+        ))
+    return out
+
+
 def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str, Any], run: RunView,
              present: int) -> Finding:
     ranks = tuple(range(run.world_size))
@@ -406,6 +480,9 @@ def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str,
     if len(nodes) > 1:
         evidence["per_accelerator_network_gbps"] = round(
             busbw.per_accelerator_network_gbps(largest.busbw_gbps, len(nodes), run.world_size), 3)
+    evidence.update(_efficiency_evidence(summary, sample, run))
+    against = (f"; {evidence['efficiency_pct']:.0f}% of the ~{evidence['expected_busbw_gbps']:g} GB/s the topology "
+               "allows" if "efficiency_pct" in evidence else "")
     return Finding(
         code="BW000", severity=Severity.OK, probe=NAME,
         title=(f"{sample.get('op')} on {run.world_size} ranks: peak busbw {summary.peak_busbw_gbps:.3g} GB/s "
@@ -413,6 +490,6 @@ def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str,
                + (f"DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} bucket size" if on_bucket else
                   f"{_fmt_bytes(summary.bucket_size_bytes)} (the size nearest DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} "
                   "bucket)")
-               + f", {summary.latency_us:.0f} us for small messages"
+               + f", {summary.latency_us:.0f} us for small messages" + against
                + ("; every result correct" if checked else "; results not checked (--no-check)")),
         ranks=ranks, nodes=nodes, evidence=evidence)

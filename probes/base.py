@@ -24,6 +24,9 @@ class RunView:
     injected: tuple[str, ...] = ()
     # User-set thresholds a diagnosis honours (e.g. slow_threshold_pct); absent means the default.
     settings: Mapping[str, Any] = field(default_factory=dict)
+    # What the topology probe's facts say the collectives can reach (`expected_busbw` in
+    # topology_checks), for the allreduce probe's efficiency; empty when topology did not run.
+    expected_busbw: Mapping[str, Any] = field(default_factory=dict)
 
     def nodes_of(self, ranks: Any) -> tuple[str, ...]:
         return tuple(sorted({self.hosts[r] for r in ranks if r in self.hosts}))

@@ -421,7 +421,22 @@ def expectation(views: list[NodeView], facts: Facts, at_max: bool = False) -> Ex
     if not limited:
         return Expectation(None, "one GPU per node and one node: the all-reduce moves no data between GPUs")
     e, host = min(limited, key=lambda item: item[0].busbw_gbps)
-    return Expectation(e.busbw_gbps, f"{e.bottleneck} on {host}", e.hop)
+    return Expectation(e.busbw_gbps, f"{e.bottleneck} on {host}", e.hop, e.wire_gbps)
+
+
+def expected_busbw(facts: Mapping[Any, Mapping[str, Any]], run: RunView) -> dict[str, Any]:
+    """TOP007's figure as plain values, for the allreduce probe to set its measurement against:
+    `gbps` (None with `why` when not modelled), at the links' full speed, and the bottleneck."""
+    facts = {int(k): v for k, v in facts.items()}
+    views = node_views(facts, run)
+    if sum(len(v.job_gpus) for v in views) < 2:
+        hosts = ", ".join(sorted({v.host for v in views if v.node is not None and not v.gpus}))
+        return {"gbps": None, "why": f"{hosts} has no GPU topology" if hosts else "fewer than 2 GPUs in the job"}
+    now, at_max = expectation(views, facts), expectation(views, facts, at_max=True)
+    if now.busbw_gbps is None:
+        return {"gbps": None, "why": now.bottleneck}
+    return {"gbps": now.busbw_gbps, "at_full_link_gbps": at_max.busbw_gbps, "bottleneck": now.bottleneck,
+            "wire_gbps": now.wire_gbps, "model": "slowest ring hop x efficiency (docs/probes/topology.md)"}
 
 
 def expectation_finding(views: list[NodeView], facts: Facts) -> list[Finding]:

@@ -85,7 +85,6 @@ def test_an_mp_spawn_ddp_job_names_a_slower_rank(tmp_path):
     assert found["DOC010"]["evidence"]["effective_batch"] == 64 and found["DOC010"]["evidence"]["world_size"] == 2
 
 
-@pytest.mark.slow
 def test_a_healthy_mp_spawn_ddp_job_gives_no_warning(tmp_path):
     result = run_spawn(tmp_path, "healthy", "--epochs", "11")
     assert result["exit"] == 0, result["stderr"][-3000:]

@@ -90,7 +90,7 @@ def _config(*flags: str) -> CheckConfig:
 
 def test_defaults():
     cfg = _config()
-    assert cfg.probes == ("allreduce",)
+    assert cfg.probes == ("topology", "allreduce")
     assert cfg.command == "allreduce-bench"
     assert cfg.bench == BenchConfig(op="all_reduce", min_bytes=None, max_bytes=None, factor=None, dtype="float32",
                                     warmup=5, iters=20, check=True, localise="auto", min_busbw_gbps=None,
@@ -105,7 +105,7 @@ def test_every_bench_flag_lands_in_the_config(tmp_path):
                   "--dtype", "bfloat16", "--warmup", "0", "--iters", "7", "--no-check", "--localise", "always",
                   "--min-busbw", "12.5", "--csv", csv, "--plot", svg, "--nproc", "3", "--backend", "gloo",
                   "--device", "cpu", "--timeout", "9", "--inject", "slowlink:ranks=1,2,corrupt:rank=0")
-    assert cfg.probes == ("allreduce",)
+    assert cfg.probes == ("topology", "allreduce")
     assert cfg.command == "allreduce-bench"
     assert cfg.bench == BenchConfig(op="all_gather", min_bytes=1024, max_bytes=64 * 2**20, factor=4,
                                     dtype="bfloat16", warmup=0, iters=7, check=False, localise="always",
