@@ -158,10 +158,28 @@ def _init(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> None:
     else:
         ctx.device = torch.device("cpu")
     ctx.backend = backend
+    if backend == "nccl" and ctx.rank == 0 and "allreduce" in ctx.cfg.probes:
+        _ask_nccl_for_its_choices(ctx)
     with ctx.collective("init_process_group", backend=backend):
         dist.init_process_group(backend, store=ctx.channel.pg_store(), rank=ctx.rank,
                                 world_size=ctx.world_size,
                                 timeout=datetime.timedelta(seconds=ctx.cfg.timeout_s))
+
+
+def _ask_nccl_for_its_choices(ctx: RankContext) -> None:
+    """Before NCCL starts: its TUNING log in a folder of ours, so the bench can say which algorithm
+    NCCL chose per size. Rank 0 only (NCCL logs the choice there); never over the user's NCCL_DEBUG."""
+    import tempfile
+
+    from ddpdoctor import nccl_tuning
+
+    folder = tempfile.mkdtemp(prefix="ddpdoctor-nccl-")
+    extra = nccl_tuning.capture_env(os.environ, folder)
+    if not extra:
+        os.rmdir(folder)
+        return
+    os.environ.update(extra)
+    ctx.cache["nccl_tuning_dir"] = folder
 
 
 def _wait_for_ranks(channel: Channel, record: RunRecord, cfg: CheckConfig) -> None:

@@ -30,6 +30,11 @@ def render_bench(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any
     for in_place in placements:
         for col in ("time(us)", "algbw", "busbw", "#wrong"):
             table.add_column(col, justify="right")
+    # NCCL's own record of its choice, on rank 0 (absent off NCCL, or when the user's NCCL_DEBUG won).
+    chosen = (facts.get(min(facts)) or {}).get("nccl_algorithms") if facts else None
+    chosen = chosen if isinstance(chosen, Mapping) and chosen else None
+    if chosen:
+        table.add_column("nccl algo", justify="left")
     by_size: dict[int, dict[bool, SizeResult]] = defaultdict(dict)
     for r in results:
         by_size[r.size_bytes][r.in_place] = r
@@ -44,6 +49,8 @@ def render_bench(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any
                 continue
             cells += [f"{r.median_s * 1e6:.1f}", f"{r.algbw_gbps:.3f}", f"{r.busbw_gbps:.3f}",
                       "n/a" if r.wrong is None else str(r.wrong)]
+        if chosen:
+            cells.append(str(chosen.get(str(size), "")))
         table.add_row(*cells)
     console.print(table)
     _per_rank(results, facts, console)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping
 
-from ddpdoctor import busbw
+from ddpdoctor import busbw, nccl_tuning
 from ddpdoctor.collectives import PLACEMENTS, check_once, element_size, make_buffers, time_iterations, torch_dtype
 from ddpdoctor.findings import Finding, Severity, rank_ranges
 
@@ -64,6 +64,14 @@ class AllReduce:
                 del buffers
                 # What is measured so far reaches the report even if a later size hangs or crashes.
                 ctx.channel.set(f"result/{NAME}/{rank}", facts)
+        folder = ctx.cache.pop("nccl_tuning_dir", None)
+        if folder:  # what NCCL chose for the sweep's sizes, before the pairs' calls add theirs
+            import shutil
+
+            chosen = nccl_tuning.by_size(nccl_tuning.read_choices(folder), bench.op)
+            facts["nccl_algorithms"] = {str(size): chosen[size] for size in sizes if size in chosen}
+            shutil.rmtree(folder, ignore_errors=True)
+            ctx.channel.set(f"result/{NAME}/{rank}", facts)
         pair_size = min(sizes[-1], PAIR_CAP_BYTES.get(device.type, sizes[-1]))
         if bench.localise == "always" and n >= 2 or bench.localise == "auto" and n >= 3:
             facts["pairs"] = _measure_ring_pairs(ctx, pair_size, dtype, elem)
@@ -416,6 +424,14 @@ def _efficiency_evidence(summary: Any, sample: Mapping[str, Any], run: RunView) 
             "efficiency_pct": round(100 * summary.peak_busbw_gbps / expected["gbps"], 1)}
 
 
+def _nccl_choices(sample: Mapping[str, Any]) -> dict[int, str]:
+    """size -> "Algo/proto" as NCCL logged it on rank 0 (empty off NCCL or when the user's NCCL_DEBUG won)."""
+    recorded = sample.get("nccl_algorithms")
+    if not isinstance(recorded, Mapping):
+        return {}
+    return {int(k): str(v) for k, v in recorded.items() if str(k).isdigit()}
+
+
 def _against_topology(summary: Any, sample: Mapping[str, Any], run: RunView) -> list[Finding]:
     """BW006: far below what the links allow; BW007: above what they carry (in-network reduction)."""
     expected = _expected(sample, run)
@@ -445,12 +461,18 @@ def _against_topology(summary: Any, sample: Mapping[str, Any], run: RunView) -> 
                  "(TOP001 PCIe below its rate, TOP002 NVLinks down, TOP004 P2P blocked by ACS/IOMMU)."),
         ))
     wire = expected.get("wire_gbps")
+    at_peak = _nccl_choices(sample).get(summary.peak_size_bytes)
+    if at_peak:
+        evidence["nccl_algorithm_at_peak"] = at_peak
+    in_network = bool(at_peak) and at_peak.split("/")[0] in nccl_tuning.IN_NETWORK
     if wire and peak > ABOVE_WIRE * float(wire):
+        said = (f"NCCL chose {at_peak} there: the switch reduces in the network" if in_network else
+                f"NCCL chose {at_peak} there, which reduces on the GPUs: check the topology model" if at_peak else
+                "the switch reduces in the network (NVLS on NVSwitch, CollNet/SHARP)")
         out.append(Finding(
             code="BW007", severity=Severity.INFO, probe=NAME,
             title=(f"{sample.get('op')} busbw {peak:.3g} GB/s is above the {float(wire):g} GB/s its slowest link "
-                   "carries: "
-                   "the switch reduces in the network (NVLS on NVSwitch, CollNet/SHARP)"),
+                   f"carries: {said}"),
             ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence,
             why=("nccl-tests' busbw assumes every byte crosses the ring's links 2(n-1)/n times; with in-network "
                  "reduction (NVLink SHARP on NVSwitch systems, CollNet/SHARP on InfiniBand switches) the switch "
@@ -481,6 +503,9 @@ def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str,
         evidence["per_accelerator_network_gbps"] = round(
             busbw.per_accelerator_network_gbps(largest.busbw_gbps, len(nodes), run.world_size), 3)
     evidence.update(_efficiency_evidence(summary, sample, run))
+    chosen = _nccl_choices(sample)
+    if chosen:
+        evidence["nccl_algorithm_by_size"] = {_fmt_bytes(size): algo for size, algo in sorted(chosen.items())}
     against = (f"; {evidence['efficiency_pct']:.0f}% of the ~{evidence['expected_busbw_gbps']:g} GB/s the topology "
                "allows" if "efficiency_pct" in evidence else "")
     return Finding(

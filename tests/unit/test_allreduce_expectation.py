@@ -116,3 +116,68 @@ def test_unreadable_topology_facts_cost_only_the_expectation():
                         {"topology": {0: {"node": "garbage"}, 1: 7}, "allreduce": bench})
     [verdict] = AllReduce().diagnose(bench, view)
     assert verdict.evidence["expected_busbw"].startswith("not modelled")
+
+
+# -- what NCCL says it chose ------------------------------------------------------------------------
+# NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING lines. The AllGather pair is verbatim from a public
+# training log; the name-form bodies (two spellings) are as public write-ups quote them; the last
+# choice line follows NCCL's older format string "%ld Bytes -> Algo %d proto %d time %f". The
+# "gpu01:1234:1234 [0]" prefixes are ours, in NCCL's "host:pid:tid [dev] NCCL INFO" shape. None
+# was recorded here: no GPU was lent.
+REAL_LINES = """\
+node-0:309:309 [0] NCCL INFO AllGather: 37756928 Bytes -> Algo 1 proto 2 time 2860.208008
+node-3:278:278 [0] NCCL INFO AllGather: opCount 1606 sendbuff 0x93fd44a00 recvbuff 0x96d44e200 count 2359808 datatype 7
+gpu01:1234:1234 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo Tree proto LL channel{Lo..Hi}={0..1}
+gpu01:1234:1234 [0] NCCL INFO AllReduce: 268435456 Bytes -> Algo NVLS proto Simple channel{Lo..Hi}={0..15}
+gpu01:1234:1234 [0] NCCL INFO Broadcast:    32768 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..0}
+gpu01:1234:1234 [0] NCCL INFO 1048576 Bytes -> Algo 4 proto 2 time 35.500000
+gpu01:1234:1234 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC
+"""
+
+
+def test_nccls_choice_lines_of_every_shape_are_read():
+    from ddpdoctor.nccl_tuning import Choice, parse
+
+    assert parse(REAL_LINES) == [
+        Choice("AllGather", 37756928, "Ring", "Simple"),
+        Choice("AllReduce", 4096, "Tree", "LL"),
+        Choice("AllReduce", 268435456, "NVLS", "Simple"),
+        Choice("Broadcast", 32768, "Ring", "Simple"),
+        Choice(None, 1048576, "NVLS", "Simple"),
+    ]
+
+
+def test_the_choices_are_asked_for_in_a_file_of_ours_unless_the_user_logs_nccl(tmp_path):
+    from ddpdoctor.nccl_tuning import by_size, capture_env, read_choices
+
+    env = capture_env({}, str(tmp_path))
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "TUNING"
+    assert env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl-tuning.%h.%p.log")  # NCCL expands %h and %p
+    assert capture_env({"NCCL_DEBUG": "WARN"}, str(tmp_path)) == {}
+    (tmp_path / "nccl-tuning.gpu01.1234.log").write_text(REAL_LINES)
+    assert by_size(read_choices(str(tmp_path)), "all_reduce") == {4096: "Tree/LL", 268435456: "NVLS/Simple",
+                                                                  1048576: "NVLS/Simple"}
+    assert read_choices(str(tmp_path / "gone")) == []
+
+
+def test_a_recorded_nvls_choice_is_named_in_the_finding_and_the_table():
+    import io
+
+    from rich.console import Console
+
+    from ddpdoctor.probes.allreduce import merge_results
+    from ddpdoctor.render_bench import render_bench
+
+    topo = topology("dgx_h100_nvswitch.json")
+    bench = sweep(len(topo), {MiB: 40.0, 25 * MiB: 400.0, 256 * MiB: 480.0})
+    bench[0]["nccl_algorithms"] = {str(MiB): "Ring/LL128", str(25 * MiB): "NVLS/Simple", str(256 * MiB): "NVLS/Simple"}
+    found = judge(topo, bench)
+    [nvls] = [f for f in found if f.code == "BW007"]
+    assert "NCCL chose NVLS/Simple there: the switch reduces in the network" in nvls.title
+    assert nvls.evidence["nccl_algorithm_at_peak"] == "NVLS/Simple"
+    [verdict] = [f for f in found if f.code == "BW000"]
+    assert verdict.evidence["nccl_algorithm_by_size"] == {"1 MiB": "Ring/LL128", "25 MiB": "NVLS/Simple",
+                                                          "256 MiB": "NVLS/Simple"}
+    out = io.StringIO()
+    render_bench(merge_results(bench), bench, Console(file=out, width=200, color_system=None))
+    assert "nccl algo" in out.getvalue() and "NVLS/Simple" in out.getvalue()
