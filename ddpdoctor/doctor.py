@@ -596,6 +596,11 @@ class Doctor:
         if self._store is None or self.world_size < 2:
             return
         grace = max(2.0, min(10.0, self.deadline_s / 2))
+        # A store call can itself block past the grace (TCPStore serialises its clients): the exit
+        # must not wait on it. This timer ends the process if the calls below do not return.
+        backstop = threading.Timer(grace + 2.0, os._exit, (124,))
+        backstop.daemon = True
+        backstop.start()
         keys = [HANG_KEY.format(rank=r) for r in range(self.world_size)]
         try:
             self._store.set(keys[self.rank], "1")

@@ -153,6 +153,12 @@ class Watch:
             self._done.wait(0.25)
         if self._done.is_set() or self._initialised():
             return
+        if self.target.rank is None and (self.target.world_size or 1) <= 1:
+            # Nothing says this process belongs to a distributed job: a single-process run, or
+            # mp.spawn's parent, which never calls init_process_group itself. Not a hang.
+            log.info("ddpdoctor.watch: no process group after %g s and nothing names a rank or a world size "
+                     "larger than 1; not watching a single process", self.timeout_s)
+            return
         if not self.target.complete():
             self.finding = self._unresolved()
         else:
@@ -262,7 +268,8 @@ class Watch:
                 self.on_finding(finding)
             except Exception:
                 log.exception("ddpdoctor: on_finding raised")
-        if self.on_hang == "exit" and finding.code == "WATCH001":
+        if self.on_hang == "exit" and finding.code == "WATCH001" and self.target.rank is not None:
+            # Never end a process whose rank is unknown: it may be a launcher's parent, not a rank.
             self._leave()
             os._exit(124)
 

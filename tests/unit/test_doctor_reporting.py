@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -104,3 +107,25 @@ def test_other_data_parallel_wrappers_are_not_called_unwrapped():
 
     streamed = torch.utils.data.DataLoader(Stream(), batch_size=2)
     assert _unsharded_sampler(streamed, streamed.sampler) is None  # an IterableDataset shards itself
+
+
+STUCK_STORE = """
+import threading, time
+from ddpdoctor.doctor import Doctor
+class Stuck:  # a store whose calls never return, as a TCPStore held by another client can
+    def set(self, *args): threading.Event().wait()
+    def check(self, *args): threading.Event().wait()
+doctor = Doctor.__new__(Doctor)
+doctor._store, doctor.world_size, doctor.rank, doctor.deadline_s = Stuck(), 2, 0, 1.0
+doctor._wait_for_peers_reports()
+print("returned", flush=True)
+"""
+
+
+def test_leaving_after_a_hang_does_not_wait_on_a_store_that_never_answers():
+    # The grace is 2 s here; the backstop ends the process 2 s after it, with the "hung" status.
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", STUCK_STORE], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    assert proc.returncode == 124 and "returned" not in proc.stdout, proc.stderr
+    assert 3.5 <= took < 20, took

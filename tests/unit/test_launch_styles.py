@@ -183,3 +183,36 @@ def test_local_addresses_without_dns():
     assert is_local_address("127.0.0.1") and is_local_address("localhost") and is_local_address("::1")
     assert is_local_address(socket.gethostname()) and is_local_address("0.0.0.0")
     assert not is_local_address("192.0.2.1") and not is_local_address("node-that-needs-dns.example")
+
+
+# -- watch() in a process that is not a rank --------------------------------------------------------
+NOT_A_RANK = """
+import sys, time
+import ddpdoctor
+ddpdoctor.watch(timeout_s=0.5, json_path=sys.argv[1], on_hang="exit")
+time.sleep(2.0)  # well past the deadline, never calling init_process_group
+print("still running", flush=True)
+"""
+
+
+@pytest.mark.parametrize("world", [None, "2"])
+def test_watch_never_ends_a_process_whose_rank_is_unknown(tmp_path, world):
+    # A single-process run, or mp.spawn's parent (it never calls init_process_group): no exit 124.
+    # Only where something says the job has several ranks is the missing process group reported.
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    if world is not None:
+        env["WORLD_SIZE"] = world
+    report = tmp_path / "watch.json"
+    proc = subprocess.run([sys.executable, "-c", NOT_A_RANK, str(report)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and "still running" in proc.stdout, proc.stderr
+    written = list(tmp_path.glob("watch.json.rank*"))
+    if world is None:
+        assert written == [] and "ddpdoctor" not in proc.stderr
+    else:
+        [path] = written
+        [finding] = __import__("json").loads(path.read_text())["findings"]
+        assert finding["code"] == "WATCH001" and "has not called init_process_group" in finding["title"]
