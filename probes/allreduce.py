@@ -420,8 +420,19 @@ def _efficiency_evidence(summary: Any, sample: Mapping[str, Any], run: RunView) 
         return {}
     if expected.get("gbps") is None:
         return {"expected_busbw": f"not modelled: {expected.get('why', 'unknown')}"}
-    return {"expected_busbw_gbps": expected["gbps"], "expected_bottleneck": expected.get("bottleneck"),
-            "efficiency_pct": round(100 * summary.peak_busbw_gbps / expected["gbps"], 1)}
+    out = {"expected_busbw_gbps": expected["gbps"], "expected_bottleneck": expected.get("bottleneck"),
+           "efficiency_pct": round(100 * summary.peak_busbw_gbps / expected["gbps"], 1)}
+    if not _judged(expected):
+        out["expected_judged"] = ("no: across nodes the network figure counts every NIC of a node, used by this "
+                                  "job or not, and cannot see in-network reduction")
+    return out
+
+
+def _judged(expected: Mapping[str, Any]) -> bool:
+    """Only a one-node expectation is firm enough to judge by: across nodes the model adds every
+    NIC a node has (a job on 2 of 8 GPUs uses fewer), and CollNet/SHARP reductions in the switch
+    are invisible to it, so BW006 would cry wolf and BW007 would credit the wrong cause."""
+    return int(expected.get("nodes") or 1) == 1
 
 
 def _nccl_choices(sample: Mapping[str, Any]) -> dict[int, str]:
@@ -435,7 +446,7 @@ def _nccl_choices(sample: Mapping[str, Any]) -> dict[int, str]:
 def _against_topology(summary: Any, sample: Mapping[str, Any], run: RunView) -> list[Finding]:
     """BW006: far below what the links allow; BW007: above what they carry (in-network reduction)."""
     expected = _expected(sample, run)
-    if not expected.get("gbps") or not str(sample.get("device", "")).startswith("cuda"):
+    if not expected.get("gbps") or not _judged(expected) or not str(sample.get("device", "")).startswith("cuda"):
         return []
     ranks = tuple(range(run.world_size))
     peak, gbps = summary.peak_busbw_gbps, float(expected["gbps"])
@@ -506,8 +517,10 @@ def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str,
     chosen = _nccl_choices(sample)
     if chosen:
         evidence["nccl_algorithm_by_size"] = {_fmt_bytes(size): algo for size, algo in sorted(chosen.items())}
-    against = (f"; {evidence['efficiency_pct']:.0f}% of the ~{evidence['expected_busbw_gbps']:g} GB/s the topology "
-               "allows" if "efficiency_pct" in evidence else "")
+    against = ("" if "efficiency_pct" not in evidence else
+               f"; {evidence['efficiency_pct']:.0f}% of the ~{evidence['expected_busbw_gbps']:g} GB/s "
+               + ("the topology allows" if "expected_judged" not in evidence else
+                  "a rough across-node model gives (an upper bound, not judged)"))
     return Finding(
         code="BW000", severity=Severity.OK, probe=NAME,
         title=(f"{sample.get('op')} on {run.world_size} ranks: peak busbw {summary.peak_busbw_gbps:.3g} GB/s "

@@ -436,7 +436,8 @@ def expected_busbw(facts: Mapping[Any, Mapping[str, Any]], run: RunView) -> dict
     if now.busbw_gbps is None:
         return {"gbps": None, "why": now.bottleneck}
     return {"gbps": now.busbw_gbps, "at_full_link_gbps": at_max.busbw_gbps, "bottleneck": now.bottleneck,
-            "wire_gbps": now.wire_gbps, "model": "slowest ring hop x efficiency (docs/probes/topology.md)"}
+            "wire_gbps": now.wire_gbps, "nodes": len(views),
+            "model": "slowest ring hop x efficiency (docs/probes/topology.md)"}
 
 
 def expectation_finding(views: list[NodeView], facts: Facts) -> list[Finding]:

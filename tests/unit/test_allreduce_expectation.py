@@ -181,3 +181,21 @@ def test_a_recorded_nvls_choice_is_named_in_the_finding_and_the_table():
     out = io.StringIO()
     render_bench(merge_results(bench), bench, Console(file=out, width=200, color_system=None))
     assert "nccl algo" in out.getvalue() and "NVLS/Simple" in out.getvalue()
+
+
+def two_nodes(name: str) -> dict:
+    """The snapshot's node twice, as a 2-node job: ranks 8-15 on a second host."""
+    one = topology(name)
+    return {r + 8 * k: {**f, "host": f"{f['host']}-{k}", "rank": r + 8 * k} for k in (0, 1) for r, f in one.items()}
+
+
+@pytest.mark.parametrize("busbw", [5.0, 900.0])
+def test_across_nodes_the_model_is_shown_but_never_judged(busbw):
+    # The network figure counts every NIC of each node, and SHARP is invisible to it: neither a
+    # low (BW006) nor a high (BW007) measurement against it is a finding.
+    topo = two_nodes("dgx_h100_nvswitch.json")
+    found = judge(topo, sweep(len(topo), {MiB: 1.0, 25 * MiB: busbw, 256 * MiB: busbw}))
+    assert [f.code for f in found] == ["BW000"], [f.title for f in found]
+    [verdict] = found
+    assert verdict.evidence["expected_busbw_gbps"] > 0 and verdict.evidence["expected_judged"].startswith("no")
+    assert "not judged" in verdict.title and "the topology allows" not in verdict.title
