@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="time each ring pair of ranks to find a slow link (auto: with 3 or more ranks)")
     bench.add_argument("--min-busbw", type=_bounded(float, "a bandwidth in GB/s", 0.0001, 1e6), default=None,
                        metavar="GBPS", help="fail (exit 2) when busbw at the largest size is below this")
+    bench.add_argument("--nccl-algo", dest="nccl_algorithms", action="store_true",
+                       help="record the algorithm NCCL chose per size (all_reduce and broadcast; rank 0 logs "
+                            "every call while on, unless NCCL_DEBUG is already set)")
     bench.add_argument("--csv", dest="csv_path", metavar="PATH", help="also write the size table as CSV")
     bench.add_argument("--plot", dest="plot_path", metavar="PATH", help="also plot busbw vs size (.svg; .png needs matplotlib)")
     sub.add_parser("probes", help="list the probes with one line each")
@@ -318,7 +321,7 @@ def _bench_config(args: argparse.Namespace):
     return BenchConfig(op=args.op, min_bytes=args.min_bytes, max_bytes=args.max_bytes, factor=args.factor,
                        dtype=args.dtype, warmup=args.warmup, iters=args.iters, check=not args.no_check,
                        localise=args.localise, min_busbw_gbps=args.min_busbw, csv_path=args.csv_path,
-                       plot_path=args.plot_path)
+                       plot_path=args.plot_path, nccl_algorithms=args.nccl_algorithms)
 
 
 def _check(args: argparse.Namespace, argv: list[str]) -> int:

@@ -42,6 +42,9 @@ class BenchConfig:
     min_busbw_gbps: Optional[float] = None  # the gate: below it, the run is critical
     csv_path: Optional[str] = None
     plot_path: Optional[str] = None
+    # Ask NCCL (rank 0) to log the algorithm it chose per call: opt-in, because the log line it
+    # then writes on every call costs rank 0 time that was never measured on a GPU here.
+    nccl_algorithms: bool = False
 
 
 @dataclass(frozen=True)

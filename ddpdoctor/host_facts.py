@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from ddpdoctor.findings import rank_ranges
 from ddpdoctor.redact import relevant_env
@@ -80,8 +80,26 @@ def read_host() -> dict[str, Any]:
     }
 
 
+# Variables ddpdoctor sets in a rank for its own use (NCCL's TUNING log for the bench), with the
+# user's value from before (None: unset). The environment facts are the user's, not ours: a
+# setting only rank 0 got from us would otherwise be reported as a difference between ranks.
+_OURS: dict[str, Optional[str]] = {}
+
+
+def set_for_ourselves(values: Mapping[str, str]) -> None:
+    for name, value in values.items():
+        _OURS.setdefault(name, os.environ.get(name))
+        os.environ[name] = value
+
+
 def read_env() -> dict[str, str]:
-    return relevant_env()
+    environ = dict(os.environ)
+    for name, before in _OURS.items():
+        if before is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = before
+    return relevant_env(environ)
 
 
 def read_torch_gpu(index: int) -> dict[str, Any]:

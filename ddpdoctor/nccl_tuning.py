@@ -33,6 +33,9 @@ NCCL_OPS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatte
             "broadcast": "Broadcast", "all_to_all": "AllToAll"}
 LOG_NAME = "nccl-tuning.%h.%p.log"
 IN_NETWORK = ("NVLS", "NVLSTree", "CollNetDirect", "CollNetChain")
+# The ops whose logged byte count is the bench's size. For AllGather and ReduceScatter NCCL has
+# logged the per-rank count in some versions and the whole array in others: not matched.
+SIZES_AGREE = ("all_reduce", "broadcast")
 
 
 @dataclass(frozen=True)

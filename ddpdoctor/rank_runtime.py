@@ -22,7 +22,7 @@ from ddpdoctor.config import CheckConfig
 from ddpdoctor.context import RankContext, StageFailed
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import EXIT_CRITICAL, EXIT_UNKNOWN
-from ddpdoctor import host_load
+from ddpdoctor import host_load, nccl_tuning
 from ddpdoctor.inject import Injector, check_ranks, check_standalone, no_show
 from ddpdoctor.launch_env import BACKEND_VAR, DEVICE_VAR, LaunchEnv, launcher_pid
 from ddpdoctor.liveness import Heartbeat, SideChannel, Watchdog
@@ -158,7 +158,8 @@ def _init(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> None:
     else:
         ctx.device = torch.device("cpu")
     ctx.backend = backend
-    if backend == "nccl" and ctx.rank == 0 and "allreduce" in ctx.cfg.probes:
+    if backend == "nccl" and ctx.rank == 0 and "allreduce" in ctx.cfg.probes and ctx.cfg.bench.nccl_algorithms \
+            and ctx.cfg.bench.op in nccl_tuning.SIZES_AGREE:
         _ask_nccl_for_its_choices(ctx)
     with ctx.collective("init_process_group", backend=backend):
         dist.init_process_group(backend, store=ctx.channel.pg_store(), rank=ctx.rank,
@@ -169,16 +170,19 @@ def _init(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> None:
 def _ask_nccl_for_its_choices(ctx: RankContext) -> None:
     """Before NCCL starts: its TUNING log in a folder of ours, so the bench can say which algorithm
     NCCL chose per size. Rank 0 only (NCCL logs the choice there); never over the user's NCCL_DEBUG."""
+    import atexit
+    import shutil
     import tempfile
 
-    from ddpdoctor import nccl_tuning
+    from ddpdoctor.host_facts import set_for_ourselves
 
     folder = tempfile.mkdtemp(prefix="ddpdoctor-nccl-")
+    atexit.register(shutil.rmtree, folder, True)  # the probe removes it; this covers a probe that failed
     extra = nccl_tuning.capture_env(os.environ, folder)
     if not extra:
-        os.rmdir(folder)
+        shutil.rmtree(folder, True)
         return
-    os.environ.update(extra)
+    set_for_ourselves(extra)  # NCCL reads them at its init; the environment facts keep the user's own
     ctx.cache["nccl_tuning_dir"] = folder
 
 

@@ -199,3 +199,56 @@ def test_across_nodes_the_model_is_shown_but_never_judged(busbw):
     [verdict] = found
     assert verdict.evidence["expected_busbw_gbps"] > 0 and verdict.evidence["expected_judged"].startswith("no")
     assert "not judged" in verdict.title and "the topology allows" not in verdict.title
+
+
+ASK_AND_FAIL = """
+import os, sys
+from types import SimpleNamespace
+from ddpdoctor.rank_runtime import _ask_nccl_for_its_choices
+from ddpdoctor.host_facts import read_env
+ctx = SimpleNamespace(cache={})
+_ask_nccl_for_its_choices(ctx)
+folder = ctx.cache["nccl_tuning_dir"]
+print(folder, os.path.isdir(folder), os.environ["NCCL_DEBUG"], "NCCL_DEBUG" in read_env(),
+      "NCCL_DEBUG_FILE" in read_env(), flush=True)
+raise SystemExit(3)  # the probe never ran to read and remove it
+"""
+
+
+def test_the_nccl_log_folder_is_removed_and_never_counted_as_the_users_setting(tmp_path):
+    # NCCL gets the variables (it reads them at its init), the environment facts do not: HOM005
+    # would otherwise report the setting only rank 0 got from us. A run that fails leaves no folder.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")} | {"TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", ASK_AND_FAIL], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    folder, existed, debug, in_facts, file_in_facts = proc.stdout.split()
+    assert existed == "True" and debug == "INFO" and in_facts == "False" and file_in_facts == "False"
+    assert folder.startswith(str(tmp_path)) and not Path(folder).exists()
+
+
+def test_the_users_own_nccl_setting_stays_in_the_facts(monkeypatch):
+    from ddpdoctor import host_facts
+
+    monkeypatch.setattr(host_facts, "_OURS", {})
+    monkeypatch.setenv("NCCL_DEBUG_SUBSYS", "INIT")
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    host_facts.set_for_ourselves({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "TUNING"})
+    try:
+        facts = host_facts.read_env()
+        assert "NCCL_DEBUG" not in facts and facts["NCCL_DEBUG_SUBSYS"] == "INIT"
+    finally:
+        monkeypatch.delenv("NCCL_DEBUG", raising=False)
+
+
+def test_nccls_choices_are_asked_for_only_when_wanted_and_where_sizes_agree():
+    from ddpdoctor.cli import _bench_config, build_parser
+    from ddpdoctor.nccl_tuning import SIZES_AGREE
+
+    parser = build_parser()
+    assert _bench_config(parser.parse_args(["allreduce-bench"])).nccl_algorithms is False
+    assert _bench_config(parser.parse_args(["allreduce-bench", "--nccl-algo"])).nccl_algorithms is True
+    assert SIZES_AGREE == ("all_reduce", "broadcast")  # all_gather's logged bytes differ across NCCL versions
