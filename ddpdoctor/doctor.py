@@ -298,17 +298,21 @@ class Doctor:
             self._events.append((self._event_begin, self._record()))
         self._columns["wait"].append(self._timer.take_ms() if self._timer else 0.0)
         tensor = _first_tensor(self._batch)
-        self._columns["samples"].append(float(tensor.shape[0]) if tensor is not None and tensor.dim() else 1.0)
+        # 0: not known (no batch given, or a scalar): DOC010 is then not said rather than guessed.
+        self._columns["samples"].append(float(tensor.shape[0]) if tensor is not None and tensor.dim() else 0.0)
         self._steps += 1
-        if not self._dp_done:
-            self._data_parallel_step()
-        if self.distributed and (self._steps == 1 or self._steps % self.every == 0):
-            self._check()  # still inside the step for the watchdog: a stuck gather is a stuck step
-        elif not self.distributed and len(self._columns["step"]) > 2 * self.every:
-            for key in self._columns:  # one process: no check ever takes them, keep the last ones
-                self._columns[key] = self._columns[key][-self.every:]
-        self._began = 0.0
-        self._last_end = time.perf_counter()
+        try:
+            if not self._dp_done:
+                self._data_parallel_step()
+            if self.distributed and (self._steps == 1 or self._steps % self.every == 0):
+                self._check()  # still inside the step for the watchdog: a stuck gather is a stuck step
+            elif not self.distributed and len(self._columns["step"]) > 2 * self.every:
+                for key in self._columns:  # one process: no check ever takes them, keep the last ones
+                    self._columns[key] = self._columns[key][-self.every:]
+        finally:
+            # Also when a check raised (raise_on_finding): a step that is over must not be taken for a hang.
+            self._began = 0.0
+            self._last_end = time.perf_counter()
 
     def report(self) -> list[Finding]:
         """Every finding so far, on this rank (rank 0 holds the gathered ones)."""
@@ -404,7 +408,8 @@ class Doctor:
         if self._steps == 1 and self.optimizer is not None:  # once: the first gathered step shows the batch
             batch = {r: float(self.batch_size) if self.batch_size else (row.samples[-1] if row.samples else 0.0)
                      for r, row in rows.items()}
-            scaling = batch_scaling_finding(batch, _learning_rates(self.optimizer), self.rank, self.host)
+            scaling = batch_scaling_finding(batch, _learning_rates(self.optimizer),
+                                            [rows[r].host for r in sorted(rows)])
             found += [scaling] if scaling is not None else []
         same = any(f.code == "DOC001" for f in found)
         self._same_batch_checks = self._same_batch_checks + 1 if same else 0

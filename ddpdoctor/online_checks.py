@@ -237,8 +237,11 @@ def data_parallel_finding(gpus: Sequence[DataParallelGpu], steps: int, step_ms: 
                "scatters the batch from GPU 0 and gathers all outputs back on it, under one Python thread. GPU 0 "
                "needs more memory than the others, and all of them wait for it; DDP runs one process per GPU and "
                "overlaps the gradient all-reduce with the backward pass.")
+    # On one GPU (or none) DataParallel calls the module as is: nothing is lost yet, only the way
+    # to more GPUs is the wrong one. Said as information; the cost is a warning only where measured.
+    severity = Severity.WARN if len(gpus) > 1 else Severity.INFO
     return Finding(
-        code="DOC009", severity=Severity.WARN, probe=PROBE, title=title, ranks=(rank,), nodes=(host,),
+        code="DOC009", severity=severity, probe=PROBE, title=title, ranks=(rank,), nodes=(host,),
         evidence=evidence, why=why,
         fix=("Replace nn.DataParallel(model) with DistributedDataParallel: one process per GPU started by "
              "`torchrun --nproc_per_node=<GPUs> train.py`, init_process_group(\"nccl\"), "
@@ -248,8 +251,8 @@ def data_parallel_finding(gpus: Sequence[DataParallelGpu], steps: int, step_ms: 
     )
 
 
-def batch_scaling_finding(batch_by_rank: dict[int, float], learning_rates: Sequence[float], rank: int,
-                          host: str) -> Optional[Finding]:
+def batch_scaling_finding(batch_by_rank: dict[int, float], learning_rates: Sequence[float],
+                          nodes: Sequence[str]) -> Optional[Finding]:
     """DOC010 (info): the effective batch, and what the usual rules would make of the learning rate.
 
     It is information, not a verdict: whether the learning rate was tuned for one process's
@@ -274,7 +277,7 @@ def batch_scaling_finding(batch_by_rank: dict[int, float], learning_rates: Seque
              f"rule {', '.join(f'{x:.4g}' for x in root)}")
     return Finding(
         code="DOC010", severity=Severity.INFO, probe=PROBE, title=title, ranks=tuple(sorted(batch_by_rank)),
-        nodes=(host,),
+        nodes=tuple(dict.fromkeys(nodes)),
         evidence={"world_size": world, "batch_per_rank": {r: b for r, b in sorted(batch_by_rank.items())},
                   "effective_batch": effective, "learning_rates": lrs, "linear_rule": linear, "sqrt_rule": root},
         why=("Each optimizer step averages the gradients of every rank's batch, so the step is taken on the effective "

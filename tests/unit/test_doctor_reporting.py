@@ -129,3 +129,36 @@ def test_leaving_after_a_hang_does_not_wait_on_a_store_that_never_answers():
     took = time.monotonic() - started
     assert proc.returncode == 124 and "returned" not in proc.stdout, proc.stderr
     assert 3.5 <= took < 20, took
+
+
+def test_a_step_whose_check_raised_is_over_not_hung(monkeypatch):
+    # raise_on_finding raises out of step_end; the watchdog must not then report the ended step as stuck.
+    doctor = Doctor(nn.Linear(2, 2), raise_on_finding=True)
+    try:
+        def judged() -> None:
+            raise FindingRaised("DOC009: t")
+
+        monkeypatch.setattr(doctor, "_data_parallel_step", judged)
+        doctor._dp_done = False
+        with pytest.raises(FindingRaised):
+            with doctor.step(torch.randn(3, 2)):
+                pass
+        assert doctor._began == 0.0 and doctor._last_end > 0
+    finally:
+        doctor.close()
+
+
+def test_a_step_without_a_batch_counts_no_samples():
+    # Not a guessed batch of 1: DOC010 (the effective batch) is then not said at all.
+    from ddpdoctor.online_checks import batch_scaling_finding
+
+    doctor = Doctor(nn.Linear(2, 2))
+    try:
+        with doctor.step():
+            pass
+        with doctor.step(torch.randn(5, 2)):
+            pass
+        assert doctor._columns["samples"] == [0.0, 5.0]
+        assert batch_scaling_finding({0: 0.0, 1: 0.0}, [0.1], nodes=["h"]) is None
+    finally:
+        doctor.close()

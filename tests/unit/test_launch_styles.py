@@ -39,7 +39,7 @@ def test_a_data_parallel_model_on_the_cpu_is_flagged_after_its_first_steps(caplo
                 assert doctor.report() == []  # measured over the first 5 steps, then judged
         doctor.close()
     [finding] = doctor.report()
-    assert finding.code == "DOC009" and finding.severity == Severity.WARN
+    assert finding.code == "DOC009" and finding.severity == Severity.INFO  # no GPU: nothing lost yet
     assert finding.evidence["device_ids"] == [] and finding.evidence["steps_measured"] == 5
     assert "no GPU" in finding.title and "DistributedDataParallel" in finding.fix
     assert "DOC009" in caplog.text
@@ -82,7 +82,7 @@ def test_one_process_with_several_gpus_is_doc005_unless_it_is_data_parallel():
 
 # -- learning rate and batch ----------------------------------------------------------------------
 def test_the_effective_batch_and_both_rules_by_hand():
-    finding = batch_scaling_finding({0: 32.0, 1: 32.0, 2: 32.0, 3: 32.0}, [0.1], rank=0, host="h")
+    finding = batch_scaling_finding({0: 32.0, 1: 32.0, 2: 32.0, 3: 32.0}, [0.1], nodes=["h"])
     assert finding is not None and finding.severity == Severity.INFO
     assert finding.evidence["effective_batch"] == 128.0
     assert finding.evidence["linear_rule"] == [0.4] and finding.evidence["sqrt_rule"] == [0.2]
@@ -91,16 +91,21 @@ def test_the_effective_batch_and_both_rules_by_hand():
 
 
 def test_uneven_batches_and_several_groups_are_shown_as_they_are():
-    finding = batch_scaling_finding({0: 32.0, 1: 16.0}, [3e-4, 1e-3], rank=0, host="h")
+    finding = batch_scaling_finding({0: 32.0, 1: 16.0}, [3e-4, 1e-3], nodes=["h"])
     assert finding is not None and finding.evidence["effective_batch"] == 48.0
     assert "2 ranks, 16/32 per rank" in finding.title and "learning rates 0.0003, 0.001" in finding.title
     assert finding.evidence["sqrt_rule"] == [pytest.approx(3e-4 * 2**0.5), pytest.approx(1e-3 * 2**0.5)]
 
 
+def test_the_effective_batch_names_every_node_once():
+    finding = batch_scaling_finding({0: 8.0, 1: 8.0, 2: 8.0, 3: 8.0}, [0.1], nodes=["a", "a", "b", "b"])
+    assert finding is not None and finding.nodes == ("a", "b")
+
+
 def test_no_scaling_finding_for_one_rank_or_without_a_learning_rate():
-    assert batch_scaling_finding({0: 32.0}, [0.1], rank=0, host="h") is None
-    assert batch_scaling_finding({0: 32.0, 1: 32.0}, [], rank=0, host="h") is None
-    assert batch_scaling_finding({0: 32.0, 1: 0.0}, [0.1], rank=0, host="h") is None
+    assert batch_scaling_finding({0: 32.0}, [0.1], nodes=["h"]) is None
+    assert batch_scaling_finding({0: 32.0, 1: 32.0}, [], nodes=["h"]) is None
+    assert batch_scaling_finding({0: 32.0, 1: 0.0}, [0.1], nodes=["h"]) is None
 
 
 def test_the_base_rate_of_a_warm_up_schedule_is_read_not_its_first_step():
