@@ -168,12 +168,12 @@ def setup_findings(is_ddp: bool, world_size: int, visible_gpus: int, rank: int, 
             why="The job was started as one process; DDP needs one process per GPU.",
             fix=f"Start it with torchrun --nproc_per_node={visible_gpus} (or srun with one task per GPU).",
         ))
-    if world_size > 1 and unmeasured_wait:
+    if world_size > 1 and unmeasured_wait and rank == 0:  # the job's model, said once for every rank
         out.append(Finding(
             code="DOC011", severity=Severity.INFO, probe=PROBE,
             title=(f"Stragglers are judged on data loading only: the wait in collectives is not measured for "
                    f"{unmeasured_wait}"),
-            ranks=(rank,), nodes=(host,), evidence={"model": unmeasured_wait},
+            ranks=tuple(range(world_size)), nodes=(host,), evidence={"model": unmeasured_wait},
             why=("A synchronous step takes as long on every rank as on the slowest: only the time each rank waits "
                  "for the others tells the slow one from the waiting ones. ddpdoctor measures that wait through "
                  "DDP's comm hook; FSDP's collectives (and a job's own comm hook) are not timed, so a rank slow to "
