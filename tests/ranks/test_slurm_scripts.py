@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from .harness import TAG_VAR, free_port, tagged_processes
 
@@ -84,14 +86,21 @@ def run_batch_script(tmp_path: Path, script: str, **extra: str) -> tuple[subproc
     env.update(SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST="localhost", SLURM_NNODES="1", SLURM_JOB_NUM_NODES="1",
                SLURM_CPUS_PER_TASK="2", SLURM_NTASKS="1", DDPDOCTOR_REPORTS=str(tmp_path / "reports"),
                **{TAG_VAR: tag}, **extra)
+    # Its own session: on a timeout the whole script (torchrun, its ranks) is killed, not bash alone.
+    proc = subprocess.Popen(["bash", str(SLURM_DOCS / script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        done = subprocess.run(["bash", str(SLURM_DOCS / script)], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=120)
+        out, err = proc.communicate(timeout=120)
     finally:
-        assert not tagged_processes(tag)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert not tagged_processes(tag)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     return done, tmp_path / "reports" / f"preflight-{job_id}-0.json"
 
 
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="fakes a grant of 2 GPUs on a machine torch sees none on")
 def test_the_single_node_script_reads_the_gpus_slurm_granted_and_trains_on_a_warning(tmp_path):
     # A GPU allocation as Slurm describes it; this machine's torch sees none: GPU006, a warning.
     done, report = run_batch_script(tmp_path, "preflight-single-node.sbatch", SLURM_GPUS_ON_NODE="2",
