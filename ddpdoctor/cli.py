@@ -310,10 +310,15 @@ def _check_plot_path(path: str) -> None:
 
 
 def _bench_config(args: argparse.Namespace):
+    from ddpdoctor import nccl_tuning
     from ddpdoctor.config import BenchConfig
 
     if args.min_bytes is not None and args.max_bytes is not None and args.min_bytes > args.max_bytes:
         raise UsageError(f"--min-bytes {args.min_bytes} is larger than --max-bytes {args.max_bytes}")
+    if args.nccl_algorithms and args.op not in nccl_tuning.SIZES_AGREE:
+        raise UsageError(f"--nccl-algo records NCCL's choices for {' and '.join(nccl_tuning.SIZES_AGREE)} only "
+                         f"(its logged sizes for {args.op} differ between NCCL versions); drop --nccl-algo or "
+                         f"use --op all_reduce")
     _check_output_path("--csv", args.csv_path)
     _check_output_path("--plot", args.plot_path)
     if args.plot_path:

@@ -95,6 +95,7 @@ class Watch:
                  world_size: Optional[int] = None) -> None:
         self.timeout_s = timeout_s
         self.target = Target(rank, world_size, None, None)
+        self.given_world_size = world_size is not None and world_size > 1
         self.on_finding = on_finding
         self.json_path = json_path
         self.on_hang = on_hang
@@ -153,11 +154,9 @@ class Watch:
             self._done.wait(0.25)
         if self._done.is_set() or self._initialised():
             return
-        if self.target.rank is None and (self.target.world_size or 1) <= 1:
-            # Nothing says this process belongs to a distributed job: a single-process run, or
-            # mp.spawn's parent, which never calls init_process_group itself. Not a hang.
-            log.info("ddpdoctor.watch: no process group after %g s and nothing names a rank or a world size "
-                     "larger than 1; not watching a single process", self.timeout_s)
+        if not self._a_rank_of_a_job():
+            log.info("ddpdoctor.watch: no process group after %g s, and nothing says this process is one of "
+                     "several ranks; not a hang", self.timeout_s)
             return
         if not self.target.complete():
             self.finding = self._unresolved()
@@ -167,6 +166,22 @@ class Watch:
             self.finding = self._diagnose(int(self.target.rank), str(self.target.addr),  # type: ignore[arg-type]
                                           int(self.target.port))  # type: ignore[arg-type]
         self._emit(self.finding)
+
+    def _a_rank_of_a_job(self) -> bool:
+        """Whether a missing process group here keeps other processes waiting.
+
+        Not for a world of one (torchrun --nproc_per_node=1 running a script that skips
+        init_process_group when alone), nor for a process nothing names as a rank: a plain
+        script, or mp.spawn's parent, which never calls init_process_group itself, even where
+        its script exported WORLD_SIZE. A process multiprocessing started (mp.spawn's worker)
+        or one given world_size= is one, named by pid while its rank is unknown."""
+        import multiprocessing
+
+        if self.target.world_size == 1:
+            return False
+        if self.target.rank is not None:
+            return True
+        return self.given_world_size or multiprocessing.parent_process() is not None
 
     def _resolve(self) -> None:
         """Fill in what is still unknown: from the environment now (mp.spawn scripts set MASTER_ADDR

@@ -173,7 +173,8 @@ def setup_findings(is_ddp: bool, world_size: int, visible_gpus: int, rank: int, 
             code="DOC011", severity=Severity.INFO, probe=PROBE,
             title=(f"Stragglers are judged on data loading only: the wait in collectives is not measured for "
                    f"{unmeasured_wait}"),
-            ranks=tuple(range(world_size)), nodes=(host,), evidence={"model": unmeasured_wait},
+            # Every rank's node, which this rank does not know before the first gather: none named.
+            ranks=tuple(range(world_size)), nodes=(), evidence={"model": unmeasured_wait},
             why=("A synchronous step takes as long on every rank as on the slowest: only the time each rank waits "
                  "for the others tells the slow one from the waiting ones. ddpdoctor measures that wait through "
                  "DDP's comm hook; FSDP's collectives (and a job's own comm hook) are not timed, so a rank slow to "

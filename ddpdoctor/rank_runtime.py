@@ -158,8 +158,7 @@ def _init(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> None:
     else:
         ctx.device = torch.device("cpu")
     ctx.backend = backend
-    if backend == "nccl" and ctx.rank == 0 and "allreduce" in ctx.cfg.probes and ctx.cfg.bench.nccl_algorithms \
-            and ctx.cfg.bench.op in nccl_tuning.SIZES_AGREE:
+    if wants_nccl_choices(ctx.cfg, backend, ctx.rank):
         _ask_nccl_for_its_choices(ctx)
     with ctx.collective("init_process_group", backend=backend):
         dist.init_process_group(backend, store=ctx.channel.pg_store(), rank=ctx.rank,
@@ -167,23 +166,43 @@ def _init(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> None:
                                 timeout=datetime.timedelta(seconds=ctx.cfg.timeout_s))
 
 
+def wants_nccl_choices(cfg: CheckConfig, backend: str, rank: int) -> bool:
+    """Asked for (--nccl-algo), on NCCL, by the bench, where NCCL logs them (its rank 0), for an
+    op whose logged sizes are the bench's."""
+    return (backend == "nccl" and rank == 0 and "allreduce" in cfg.probes and cfg.bench.nccl_algorithms
+            and cfg.bench.op in nccl_tuning.SIZES_AGREE)
+
+
 def _ask_nccl_for_its_choices(ctx: RankContext) -> None:
     """Before NCCL starts: its TUNING log in a folder of ours, so the bench can say which algorithm
     NCCL chose per size. Rank 0 only (NCCL logs the choice there); never over the user's NCCL_DEBUG."""
-    import atexit
     import shutil
     import tempfile
 
     from ddpdoctor.host_facts import set_for_ourselves
 
+    global _NCCL_LOG_DIR
     folder = tempfile.mkdtemp(prefix="ddpdoctor-nccl-")
-    atexit.register(shutil.rmtree, folder, True)  # the probe removes it; this covers a probe that failed
     extra = nccl_tuning.capture_env(os.environ, folder)
     if not extra:
         shutil.rmtree(folder, True)
         return
     set_for_ourselves(extra)  # NCCL reads them at its init; the environment facts keep the user's own
     ctx.cache["nccl_tuning_dir"] = folder
+    _NCCL_LOG_DIR = folder
+
+
+# The folder NCCL logs its choices to: the probe removes it after reading; a rank that leaves
+# before that (a failed probe, a stage deadline) removes it on its way out. Ranks leave through
+# os._exit, which runs no atexit handler, so this is called from those exits.
+_NCCL_LOG_DIR: Optional[str] = None
+
+
+def _remove_nccl_log() -> None:
+    if _NCCL_LOG_DIR is not None:
+        import shutil
+
+        shutil.rmtree(_NCCL_LOG_DIR, True)
 
 
 def _wait_for_ranks(channel: Channel, record: RunRecord, cfg: CheckConfig) -> None:
@@ -283,7 +302,9 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
         channel.set(f"result/{INIT_PROBE}/{env.rank}", before_rendezvous(env, lookup, connect_s, record.started))
 
     def emergency_report() -> Optional[int]:
-        # Our own stage deadline fired on the reporter: say what we know before exiting.
+        # Our own stage deadline fired: the watchdog leaves through os._exit after this.
+        _remove_nccl_log()
+        # On the reporter: say what we know before exiting.
         if env.is_reporter:
             time.sleep(min(2.0, cfg.timeout_s / 2))
             return _write_report(ctx, record, side.channel, command, wait=False)
@@ -418,6 +439,7 @@ def _find_dead_ranks(channel: Channel, record: RunRecord, env: LaunchEnv, by_hea
 
 
 def _teardown() -> None:
+    _remove_nccl_log()
     try:
         import torch.distributed as dist
 

@@ -204,14 +204,15 @@ def test_across_nodes_the_model_is_shown_but_never_judged(busbw):
 ASK_AND_FAIL = """
 import os, sys
 from types import SimpleNamespace
-from ddpdoctor.rank_runtime import _ask_nccl_for_its_choices
+from ddpdoctor.rank_runtime import _ask_nccl_for_its_choices, _teardown
 from ddpdoctor.host_facts import read_env
 ctx = SimpleNamespace(cache={})
 _ask_nccl_for_its_choices(ctx)
 folder = ctx.cache["nccl_tuning_dir"]
 print(folder, os.path.isdir(folder), os.environ["NCCL_DEBUG"], "NCCL_DEBUG" in read_env(),
       "NCCL_DEBUG_FILE" in read_env(), flush=True)
-raise SystemExit(3)  # the probe never ran to read and remove it
+_teardown()  # what run_rank's finally does; the probe never ran to read and remove it
+os._exit(3)  # as ranks leave: no atexit handler runs
 """
 
 
@@ -245,10 +246,25 @@ def test_the_users_own_nccl_setting_stays_in_the_facts(monkeypatch):
 
 
 def test_nccls_choices_are_asked_for_only_when_wanted_and_where_sizes_agree():
+    from dataclasses import replace
+
     from ddpdoctor.cli import _bench_config, build_parser
-    from ddpdoctor.nccl_tuning import SIZES_AGREE
+    from ddpdoctor.config import CheckConfig
+    from ddpdoctor.errors import UsageError
+    from ddpdoctor.rank_runtime import wants_nccl_choices
 
     parser = build_parser()
-    assert _bench_config(parser.parse_args(["allreduce-bench"])).nccl_algorithms is False
-    assert _bench_config(parser.parse_args(["allreduce-bench", "--nccl-algo"])).nccl_algorithms is True
-    assert SIZES_AGREE == ("all_reduce", "broadcast")  # all_gather's logged bytes differ across NCCL versions
+    off = _bench_config(parser.parse_args(["allreduce-bench"]))
+    on = _bench_config(parser.parse_args(["allreduce-bench", "--nccl-algo"]))
+    assert off.nccl_algorithms is False and on.nccl_algorithms is True
+    bench = CheckConfig(probes=("topology", "allreduce"), bench=on)
+    assert wants_nccl_choices(bench, "nccl", 0)
+    assert not wants_nccl_choices(bench, "nccl", 1)  # NCCL logs its choices on its rank 0
+    assert not wants_nccl_choices(bench, "gloo", 0)
+    assert not wants_nccl_choices(replace(bench, bench=off), "nccl", 0)  # not asked for
+    assert not wants_nccl_choices(replace(bench, probes=("topology",)), "nccl", 0)
+    assert wants_nccl_choices(replace(bench, bench=replace(on, op="broadcast")), "nccl", 0)
+    # all_gather's logged bytes differ across NCCL versions: refused in one line, not silently empty.
+    assert not wants_nccl_choices(replace(bench, bench=replace(on, op="all_gather")), "nccl", 0)
+    with pytest.raises(UsageError, match="--nccl-algo records NCCL's choices for all_reduce and broadcast only"):
+        _bench_config(parser.parse_args(["allreduce-bench", "--nccl-algo", "--op", "all_gather"]))

@@ -190,34 +190,52 @@ def test_local_addresses_without_dns():
     assert not is_local_address("192.0.2.1") and not is_local_address("node-that-needs-dns.example")
 
 
-# -- watch() in a process that is not a rank --------------------------------------------------------
+# -- watch() in a process that is not a rank ---------------------------------------------------------
 NOT_A_RANK = """
-import sys, time
+import multiprocessing, sys, time
 import ddpdoctor
-ddpdoctor.watch(timeout_s=0.5, json_path=sys.argv[1], on_hang="exit")
-time.sleep(2.0)  # well past the deadline, never calling init_process_group
-print("still running", flush=True)
+
+def main():
+    ddpdoctor.watch(timeout_s=0.5, json_path=sys.argv[1], on_hang="exit", **eval(sys.argv[2]))
+    time.sleep(2.0)  # well past the deadline, never calling init_process_group
+    print("still running", flush=True)
+
+if __name__ == "__main__":
+    if sys.argv[3] == "child":  # as mp.spawn starts its workers
+        worker = multiprocessing.get_context("spawn").Process(target=main)
+        worker.start()
+        worker.join(30)
+        sys.exit(worker.exitcode)
+    main()
 """
 
 
-@pytest.mark.parametrize("world", [None, "2"])
-def test_watch_never_ends_a_process_whose_rank_is_unknown(tmp_path, world):
-    # A single-process run, or mp.spawn's parent (it never calls init_process_group): no exit 124.
-    # Only where something says the job has several ranks is the missing process group reported.
+@pytest.mark.parametrize("env, kwargs, where, reported", [
+    ({}, {}, "main", False),  # a plain script
+    ({"WORLD_SIZE": "2"}, {}, "main", False),  # mp.spawn's parent, its script exporting WORLD_SIZE
+    ({"RANK": "0", "WORLD_SIZE": "1"}, {}, "main", False),  # torchrun --nproc_per_node=1, no process group
+    ({}, {}, "child", True),  # mp.spawn's worker stuck before init_process_group, no rank= given
+    ({}, {"world_size": 2}, "main", True),  # told it is one of 2
+], ids=["plain", "spawn-parent", "world-of-one", "spawn-worker", "world-given"])
+def test_watch_never_ends_a_process_it_cannot_name_as_a_rank(tmp_path, env, kwargs, where, reported):
+    # Only where other processes wait is the missing process group reported (by pid while the
+    # rank is unknown), and only a process known to be a rank is ever ended (exit 124).
+    import json
     import os
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    if world is not None:
-        env["WORLD_SIZE"] = world
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    script = tmp_path / "job.py"
+    script.write_text(NOT_A_RANK)
     report = tmp_path / "watch.json"
-    proc = subprocess.run([sys.executable, "-c", NOT_A_RANK, str(report)], env=env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, str(script), str(report), repr(kwargs), where], env=base | env,
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "still running" in proc.stdout, proc.stderr
     written = list(tmp_path.glob("watch.json.rank*"))
-    if world is None:
+    if not reported:
         assert written == [] and "ddpdoctor" not in proc.stderr
     else:
         [path] = written
-        [finding] = __import__("json").loads(path.read_text())["findings"]
+        [finding] = json.loads(path.read_text())["findings"]
         assert finding["code"] == "WATCH001" and "has not called init_process_group" in finding["title"]
+        assert path.name.startswith("watch.json.rankpid") and "(pid " in finding["title"]
