@@ -42,6 +42,8 @@ _KEYS = {
     "diverge": {"rank": True},
     "corrupt": {"rank": True},  # the rank's collective results come out wrong (checked by allreduce)
     "slowlink": {"ranks": True},  # collectives between these two ranks crawl (localised by allreduce)
+    # Their own 2-rank collective crawls the first time only: a burst of noise, not a slow link.
+    "blip": {"ranks": True},
     "desync": {"rank": True},  # the rank calls another collective than its peers, once, in training
     "noshow": {"rank": True},  # the rank's process starts but never joins the rendezvous
     "badport": {"rank": True},  # the rank dials the rendezvous on a port where nothing listens
@@ -62,7 +64,7 @@ SLOW_LINK_BYTES_PER_S = 0.25e9
 _HELP = (
     "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init, "
     "hang:rank=1:stage=collective, kill:rank=1:stage=ddp, oom:rank=1:stage=probe:topology, "
-    "sigint:rank=0:stage=train, sigterm:rank=1:stage=init, diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, desync:rank=1, "
+    "sigint:rank=0:stage=train, sigterm:rank=1:stage=init, diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, blip:ranks=1,2, desync:rank=1, "
     "noshow:rank=1, badport:rank=1, badaddr:rank=1, dtype:rank=1, slowdata:rank=1:ms=20 or bigbatch:rank=1:factor=2; "
     "stages: "
     + ", ".join(FAULT_STAGES) + " or probe:NAME"
@@ -128,10 +130,10 @@ def _parse_one(item: str) -> Fault:
     if missing:
         raise UsageError(f"fault {kind!r} needs {', '.join(missing)} in --inject {item!r}: {_HELP}")
     peer = None
-    if kind == "slowlink":
+    if kind in ("slowlink", "blip"):
         ends = [e.strip() for e in values["ranks"].split(",")]
         if len(ends) != 2 or not all(e.isdigit() for e in ends) or ends[0] == ends[1]:
-            raise UsageError(f"slowlink needs two different ranks, e.g. slowlink:ranks=1,2, in --inject {item!r}")
+            raise UsageError(f"{kind} needs two different ranks, e.g. {kind}:ranks=1,2, in --inject {item!r}")
         rank, peer = int(ends[0]), int(ends[1])
     else:
         try:
@@ -216,6 +218,7 @@ class Injector:
         self.faults = tuple(f for f in faults if rank in (f.rank, f.peer))
         self.run_faults = faults  # every rank's: peers of a faulty rank must take part in its collective
         self.rank = rank
+        self._blipped: set[Fault] = set()  # blips already spent
 
     def at_stage(self, stage: str) -> None:
         for fault in self.faults:
@@ -277,6 +280,10 @@ class Injector:
         members = set(group_ranks)
         if any(f.kind == "slowlink" and {f.rank, f.peer} <= members for f in self.faults):
             return size_bytes / SLOW_LINK_BYTES_PER_S
+        for f in self.faults:
+            if f.kind == "blip" and {f.rank, f.peer} == members and f not in self._blipped:
+                self._blipped.add(f)
+                return size_bytes / SLOW_LINK_BYTES_PER_S
         return 0.0
 
 

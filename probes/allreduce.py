@@ -123,10 +123,35 @@ def _measure_ring_pairs(ctx: Any, size: int, dtype: Any, elem: int) -> dict[str,
 
     pairs = busbw.ring_pairs(ctx.world_size)
     groups = {pair: dist.new_group(list(pair)) for pair in pairs}  # every rank creates every group, in order
-    out = {"size_bytes": size, "times_s": _time_pairs(ctx, groups, size, dtype, elem, "pair_all_reduce")}
+    times = _time_pairs(ctx, groups, size, dtype, elem, "pair_all_reduce")
+    out: dict[str, Any] = {"size_bytes": size, "times_s": times}
+    suspects = _pairs_slow_so_far(ctx, times, size)
+    if suspects:
+        # Once more before anyone is blamed: a pair slowed by a burst of noise (another process on
+        # a busy host) is fast the second time, a slow link is slow every time. The best of both
+        # rounds judges it, so this can clear a pair and never accuse one.
+        again = _time_pairs(ctx, {pair: groups[pair] for pair in suspects}, size, dtype, elem, "pair_all_reduce")
+        for key, values in again.items():
+            times[key] = times[key] + values
+        out["retimed"] = [f"{a}-{b}" for a, b in suspects]
     with ctx.collective("localise_barrier"):
         dist.barrier()
     return out
+
+
+def _pairs_slow_so_far(ctx: Any, times: Mapping[str, list[float]], size: int) -> list[tuple[int, int]]:
+    """The pairs the diagnosis would call slow on the first round, the same list on every rank
+    (each reads every rank's timings from the store and applies the same rule)."""
+    import torch.distributed as dist
+
+    ctx.channel.set(f"localise/pairs/{ctx.rank}", times)
+    with ctx.collective("localise_barrier"):
+        dist.barrier()
+    facts = {r: {"pairs": {"size_bytes": size, "times_s": ctx.channel.get(f"localise/pairs/{r}") or {}}}
+             for r in range(ctx.world_size)}
+    pair_bw, _ = _pair_busbw(facts, "pairs", "times_s")
+    threshold = SLOW_LINK_RATIO["cuda" if ctx.device.type == "cuda" else "cpu"]
+    return sorted(busbw.slowest_link(pair_bw, threshold=threshold)) if pair_bw else []
 
 
 def _localise_iters(ctx: Any) -> int:

@@ -45,6 +45,7 @@ def _bench(*flags: str) -> list[str]:
     (_bench("--inject", "slowlink:ranks=1,1"), ["slowlink needs two different ranks", "slowlink:ranks=1,1"]),
     (_bench("--inject", "slowlink:ranks=a,b"), ["slowlink needs two different ranks"]),
     (_bench("--inject", "slowlink:rank=1"), ["bad option 'rank=1' for fault 'slowlink'"]),
+    (_bench("--inject", "blip:ranks=2"), ["blip needs two different ranks", "blip:ranks=2"]),
     (_bench("--inject", "corrupt:rank=x"), ["rank must be an integer", "corrupt:rank=x"]),
     (_bench("--inject", "corrupt:rank=-1"), ["rank must be >= 0"]),
     (_bench("--steps", "3"), ["unrecognized arguments: --steps 3"]),
@@ -180,3 +181,15 @@ def test_the_plot_writer_never_overwrites_unless_told(tmp_path, capsys):
     assert path.read_text() == "appeared during the sweep" and "wrote" in capsys.readouterr().err
     assert write_plot(results, str(path), "t", overwrite=True) == str(path)
     assert path.read_text().startswith("<svg")
+
+
+def test_a_blip_slows_the_pairs_own_collective_once_and_nothing_else():
+    from ddpdoctor.inject import Injector, parse_faults
+
+    faults = parse_faults("blip:ranks=1,2")
+    assert [(f.kind, f.rank, f.peer) for f in faults] == [("blip", 1, 2)]
+    injector = Injector(faults, rank=2)
+    assert injector.link_delay_s((0, 1, 2, 3), 2**20) == 0.0  # the whole group's sweep: not theirs alone
+    assert injector.link_delay_s((2, 1), 2**20) == pytest.approx(2**20 / 0.25e9)  # their pair, the first time
+    assert injector.link_delay_s((1, 2), 2**20) == 0.0  # and never again
+    assert Injector(faults, rank=0).link_delay_s((1, 2), 2**20) == 0.0  # only the two ends wait
