@@ -28,7 +28,6 @@ class RankContext:
     injector: Injector
     state: RankState
     watchdog: Watchdog
-    node_index: int = 0
     backend: str = ""  # chosen at init
     device: Any = None  # torch.device once init has chosen it
     cache: dict[str, Any] = field(default_factory=dict)  # shared workload results

@@ -182,6 +182,19 @@ def _default_store() -> Any:
         return None
 
 
+def gather_device(nccl: bool, model_device: Any) -> Any:
+    """Where the callback's own gather runs: the model's GPU under NCCL (its index, not the current
+    device, which a job that never called set_device leaves at 0 on every rank); CPU otherwise."""
+    import torch
+
+    if not nccl:
+        return torch.device("cpu")
+    if model_device.type == "cuda":
+        index = model_device.index if model_device.index is not None else torch.cuda.current_device()
+        return torch.device("cuda", index)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 class Doctor:
     """Rank, world size and device come from the process group and the model, never from torchrun's
     variables, so a job started with mp.spawn (or any launcher) is watched the same way."""
@@ -225,9 +238,11 @@ class Doctor:
         self._timer: Optional[_WaitTimer] = None
         # Without a process group there are no checks to read the events: CPU clocks only.
         self._cuda = self.device.type == "cuda" and self.distributed
-        # NCCL gathers CUDA tensors on the rank's current device; other backends take CPU tensors.
+        # NCCL gathers CUDA tensors on the rank's own GPU, which is the model's: the mp.spawn tutorial
+        # moves the model with .to(rank) and never calls set_device, so "current device" would be
+        # cuda:0 on every rank (NCCL's "Duplicate GPU detected"). Other backends take CPU tensors.
         nccl = self.distributed and dist.get_backend() == "nccl"
-        self._gather_device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        self._gather_device = gather_device(nccl, self.device)
         self._events: list[tuple[Any, Any]] = []
         self._event_begin: Any = None
         is_ddp = _is_wrapped(model, DistributedDataParallel)

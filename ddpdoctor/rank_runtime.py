@@ -118,11 +118,6 @@ def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:
                                f"({len(present)} of {ctx.world_size} arrived)")
     hellos = ctx.channel.collect("hello/{rank}", range(ctx.world_size))
     ctx.cache["hellos"] = hellos
-    hosts: list[str] = []
-    for r in range(ctx.world_size):
-        if hellos[r]["host"] not in hosts:
-            hosts.append(hellos[r]["host"])
-    ctx.node_index = hosts.index(ctx.env.hostname)
     return hellos
 
 

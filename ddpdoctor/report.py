@@ -68,8 +68,9 @@ class Report:
         return max((f.severity for f in self.findings), default=Severity.OK)
 
     def nodes(self) -> list[str]:
-        hosts = [self.record.host(r) for r in range(self.record.world_size)]
-        return sorted({h for h in hosts if h != "?"}, key=hosts.index)
+        # In order of first appearance; dict.fromkeys keeps this linear in the ranks.
+        return list(dict.fromkeys(h for h in (self.record.host(r) for r in range(self.record.world_size))
+                                  if h != "?"))
 
     def by_node(self) -> list[dict[str, Any]]:
         """Each node with its ranks and the findings that concern it, worst first: on a cluster
@@ -99,6 +100,7 @@ class Report:
         rec = self.record
         fates = rank_fates(rec)
         nodes = self.nodes()
+        index_of = {host: i for i, host in enumerate(nodes)}
         return {
             "schema": SCHEMA,
             "ddpdoctor_version": __version__,
@@ -122,7 +124,7 @@ class Report:
                 {
                     "rank": r,
                     "host": rec.host(r),
-                    "node_index": nodes.index(rec.host(r)) if rec.host(r) in nodes else None,
+                    "node_index": index_of.get(rec.host(r)),
                     "local_rank": (rec.hellos.get(r) or {}).get("local_rank"),
                     "pid": (rec.hellos.get(r) or {}).get("pid"),
                     "state": fates[r].kind,

@@ -75,7 +75,9 @@ class AllReduce:
         pair_size = min(sizes[-1], PAIR_CAP_BYTES.get(device.type, sizes[-1]))
         if bench.localise == "always" and n >= 2 or bench.localise == "auto" and n >= 3:
             facts["pairs"] = _measure_ring_pairs(ctx, pair_size, dtype, elem)
-            hosts = [str((ctx.channel.get(f"hello/{r}") or {}).get("host", "?")) for r in range(n)]
+            # The hellos read at rendezvous: every rank re-reading N keys would be N² store calls.
+            hellos = ctx.cache.get("hellos") or {r: ctx.channel.get(f"hello/{r}") for r in range(n)}
+            hosts = [str((hellos.get(r) or {}).get("host", "?")) for r in range(n)]
             if len(set(hosts)) > 1:
                 facts["nodes"] = _measure_nodes(ctx, hosts, pair_size, dtype, elem)
         return facts

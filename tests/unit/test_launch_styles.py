@@ -239,3 +239,16 @@ def test_watch_never_ends_a_process_it_cannot_name_as_a_rank(tmp_path, env, kwar
         [finding] = json.loads(path.read_text())["findings"]
         assert finding["code"] == "WATCH001" and "has not called init_process_group" in finding["title"]
         assert path.name.startswith("watch.json.rankpid") and "(pid " in finding["title"]
+
+
+# -- mp.spawn under NCCL: the callback's own gather ---------------------------------------------
+def test_under_nccl_the_gather_runs_on_the_models_gpu_not_the_current_device(monkeypatch):
+    """The tutorial's ranks move the model with .to(rank) and never call set_device: gathering on
+    the current device would put every rank on cuda:0 (NCCL: "Duplicate GPU detected")."""
+    from ddpdoctor.doctor import gather_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert gather_device(True, torch.device("cuda", 3)) == torch.device("cuda", 3)
+    assert gather_device(True, torch.device("cuda")) == torch.device("cuda", 0)  # no index: current
+    assert gather_device(True, torch.device("cpu")) == torch.device("cuda", 0)
+    assert gather_device(False, torch.device("cuda", 3)) == torch.device("cpu")  # gloo takes CPU tensors
