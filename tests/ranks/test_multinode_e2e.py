@@ -49,9 +49,8 @@ def test_two_healthy_nodes_give_one_report_grouped_by_node(tmp_path):
     assert run.codes == [0, 0], run.explain()
 
 
-# Slow tier: the default tier's healthy pair already crosses grouping by node; this adds the
-# node-level judging (HOM005, HOM006 by node), which unit tests on snapshots also cover.
-@pytest.mark.slow
+# The node-level judging (HOM005, HOM006 by node) across real nodes; the unit tests on recorded
+# snapshots cover the same titles on GPU facts.
 def test_a_node_with_another_environment_and_a_slow_node_are_each_named_as_that_node(tmp_path):
     with namespace_nodes(2) as nodes:
         run = run_nodes(tmp_path, nodes, ["--timeout", "30", "--probes", "homogeneity",

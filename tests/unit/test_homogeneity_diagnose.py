@@ -445,6 +445,19 @@ def test_a_gpu_25_percent_slower_is_flagged_by_rank_and_bus_id():
     assert "HOM000" not in codes(findings)
 
 
+def test_every_gpu_of_one_node_slower_is_named_as_that_node():
+    # Three H100 nodes; every GPU of the second one computes 30% slower (a node capped by its
+    # power or cooling, not one bad board): one finding that names the node, not 8 ranks.
+    facts = three_nodes()
+    slow_host = facts[8]["host"]
+    for r in on_node(facts, slow_host):
+        scale_speed(facts[r], 0.7)
+    slow = one(diagnose(facts), "HOM006")
+    assert slow.ranks == tuple(on_node(facts, slow_host)) and slow.nodes == (slow_host,)
+    assert slow.title.startswith(f"Node {slow_host} (ranks 8-15) computes up to 3"), slow.title
+    assert all(29 < pct < 32 for pct in slow.evidence["slower_than_peers_pct"].values()), slow.evidence
+
+
 def test_a_gpu_5_percent_slower_is_within_the_default():
     facts = load(H100)
     scale_speed(facts[5], 0.95)
