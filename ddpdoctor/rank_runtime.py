@@ -314,6 +314,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
 
     healthy = True
     code = 0
+    reported = False  # the report is written and the verdict given: a late SIGTERM changes neither
     try:
         try:
             with ctx.stage("rendezvous"):
@@ -328,15 +329,20 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
         # The reporter waits for every other rank's stages, and the others wait for its
         # verdict, so this deadline spans a whole run's stages, not one.
         report_deadline = cfg.run_deadline_s if env.store_host != "launcher" else cfg.timeout_s
-        with ctx.stage("report", deadline_s=report_deadline):
+        # A rank's own part of the stage (its collective record, "done") has the usual deadline, so a
+        # rank stuck there is named as itself within --timeout; only the waiting that follows gets
+        # the long one (else the reporter, waiting as long as the stuck rank, would be named too).
+        with ctx.stage("report", deadline_s=cfg.timeout_s):
             if healthy:
                 if ctx.backend:
                     # torch's own record of every collective, compared across ranks by the report.
                     channel.set(f"fr/{env.rank}", fr_snapshot.take())
                 channel.set(f"done/{env.rank}", time.time())
+            ctx.watchdog.arm("report", report_deadline)
             if env.is_reporter:
                 code = _write_report(ctx, record, channel, command)
                 channel.set("verdict", code)
+                reported = True
             else:
                 if env.store_host != "launcher":
                     # Wait for the verdict so the store (on rank 0) outlives nobody's reads, but
@@ -357,6 +363,11 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
             code = EXIT_CRITICAL
     except (Terminated, KeyboardInterrupt):
         watchdog.close()
+        if reported:
+            # srun --kill-on-bad-exit (or torchrun's agent) ends the step once another rank exits 1,
+            # while this rank holds the store for the others' goodbyes: the report stands as written,
+            # and rewriting it as "stopped" would replace the diagnosis with an interruption.
+            return code
         side.set(f"terminated/{env.rank}", time.time())
         if env.store_host != "launcher":
             # torchrun's agent stops every worker when one fails: name the one that failed.

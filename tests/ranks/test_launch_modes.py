@@ -44,16 +44,54 @@ def test_torchrun_names_the_crashed_rank_even_when_it_is_the_reporter(tmp_path, 
     assert_nothing_left(run)
 
 
-def _start_ranks(tmp_path, world_size, started, tag, timeout=4):
+def _start_ranks(tmp_path, world_size, started, tag, timeout=4, args=(), extra_env=None):
     port = free_port()
     procs = []
     for rank in started:
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", **{TAG_VAR: tag})
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", **{TAG_VAR: tag}, **(extra_env or {}))
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "ddpdoctor", "check", "--timeout", str(timeout), "--json",
-             str(tmp_path / f"r{rank}.json")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+             str(tmp_path / f"r{rank}.json"), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return port, procs
+
+
+def test_a_rank_stuck_in_the_report_stage_is_named_alone_and_a_late_sigterm_keeps_the_report(tmp_path):
+    # Ranks started as srun starts them (rank 0 serves the store). Rank 1 hangs on entering the
+    # report stage: it is named within --timeout, not after the whole run's deadline with rank 0
+    # (who only waited for it) named too. Rank 0 then holds the store up to 3 s for goodbyes that
+    # rank 1 never says; srun --kill-on-bad-exit ends such a step with SIGTERM, which must leave
+    # the written report and rank 0's exit code (the verdict) as they are.
+    tag = "report-stage-" + str(time.time())
+    start = time.monotonic()
+    _, procs = _start_ranks(tmp_path, 2, [0, 1], tag, args=("--probes", "init-hang"),
+                            extra_env={"DDPDOCTOR_INJECT": "hang:rank=1:stage=report"})
+    try:
+        report = tmp_path / "r0.json"
+        while not report.exists() and time.monotonic() - start < 40:
+            time.sleep(0.05)
+        assert report.exists(), [p.poll() for p in procs]
+        written = time.monotonic() - start
+        time.sleep(0.5)  # rank 0 is in its goodbye wait now
+        assert procs[0].poll() is None, "rank 0 should still wait for rank 1's goodbye"
+        procs[0].terminate()
+        out0 = procs[0].communicate(timeout=30)
+        procs[1].communicate(timeout=30)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    import json
+
+    data = json.loads(report.read_text())
+    hung = [f for f in data["findings"] if f["code"] == "RUN004"]
+    assert [f["ranks"] for f in hung] == [[1]], data["findings"]
+    assert data["interrupted"] is None and data["exit_code"] == 2
+    assert written < 15, f"the report took {written:.1f}s with --timeout 4"
+    assert procs[0].returncode == 2, out0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".json") == ["r0.json"]  # no second report
+    assert not tagged_processes(tag)
 
 
 def test_world_size_larger_than_the_ranks_launched_names_the_missing_rank(tmp_path):
