@@ -90,11 +90,19 @@ def make_buffers(op: str, count: int, n: int, rank: int, in_place: bool, dtype: 
 
 
 def count_wrong(buffers: Buffers) -> int:
+    """Every expected value is an integer, exact in the dtype while it stays under 2^mantissa: then
+    an element off by one is wrong, whatever the rank count (a relative tolerance would let an
+    off-by-one pass once sums reach 100). Past that, the dtype's own rounding of the sum is allowed."""
     import torch
 
     got = buffers.output.double()
     want = buffers.expected()
-    return int(torch.count_nonzero(~torch.isclose(got, want, rtol=1e-2, atol=1e-3)))
+    if got.numel() == 0:
+        return 0
+    dtype = buffers.output.dtype
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    tolerance = max(0.25, 2.0 * eps * float(want.abs().max()))
+    return int(torch.count_nonzero((got - want).abs() > tolerance))
 
 
 def time_iterations(buffers: Buffers, device: Any, warmup: int, iters: int, extra_delay_s: float = 0.0) -> list[float]:

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.busbw import SizeResult, format_size
+from ddpdoctor.busbw import SizeResult, format_size, per_accelerator_network_gbps
 from ddpdoctor.findings import rank_ranges
 
 _REDOP = {"all_reduce": "sum", "reduce_scatter": "sum"}
@@ -54,6 +54,21 @@ def render_bench(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any
         table.add_row(*cells)
     console.print(table)
     _per_rank(results, facts, console)
+    _network_share(results, facts, console)
+
+
+def _network_share(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:
+    """Across nodes, busbw counts NVLink and network hops alike; what one accelerator's NIC carried
+    is the figure to hold against its line rate (nccl-tests' busbw * (k-1)/(n-1))."""
+    nodes = len({str(f.get("host")) for f in facts.values()})
+    if nodes < 2 or len(facts) < 2:
+        return
+    top = max(r.size_bytes for r in results)
+    best = max(r.busbw_gbps for r in results if r.size_bytes == top)
+    share = per_accelerator_network_gbps(best, nodes, len(facts))
+    console.print(Text(f"across {nodes} nodes, {len(facts)} ranks: per-accelerator network busbw {share:.3g} GB/s "
+                       f"at {format_size(top)} (busbw x (k-1)/(n-1); hold it against one NIC's line rate, "
+                       "e.g. 400 Gb/s = 50 GB/s)", style="dim"))
 
 
 def _per_rank(results: list[SizeResult], facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:

@@ -10,7 +10,7 @@ as nccl-tests does, from the median.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ddpdoctor import busbw, nccl_tuning
 from ddpdoctor.collectives import PLACEMENTS, check_once, element_size, make_buffers, time_iterations, torch_dtype
@@ -98,8 +98,11 @@ class AllReduce:
         findings += _slow_nodes(facts, run)
         if summary is not None:
             findings += _against_topology(summary, sample, run)
-        if summary is not None and not any(f.severity >= Severity.WARN for f in findings):
-            findings.insert(0, _verdict(summary, results, sample, run, len(facts)))
+        if summary is not None:
+            # The measured figures stay in the report when something is wrong too: a failed gate or a
+            # slow link is read against them. Beside a problem the summary is information, not "ok".
+            troubled = [f.code for f in findings if f.severity >= Severity.WARN]
+            findings.insert(0, _verdict(summary, results, sample, run, len(facts), troubled))
         return findings
 
     def write_outputs(self, facts: Mapping[int, Mapping[str, Any]], cfg: Any) -> None:
@@ -522,7 +525,7 @@ def _against_topology(summary: Any, sample: Mapping[str, Any], run: RunView) -> 
 
 
 def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str, Any], run: RunView,
-             present: int) -> Finding:
+             present: int, troubled: Sequence[str] = ()) -> Finding:
     ranks = tuple(range(run.world_size))
     largest = _largest(results)
     nodes = run.nodes_of(ranks)
@@ -549,12 +552,14 @@ def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str,
                + ("the topology allows" if "expected_judged" not in evidence else
                   "a rough across-node model gives (an upper bound, not judged)"))
     return Finding(
-        code="BW000", severity=Severity.OK, probe=NAME,
+        code="BW000", severity=Severity.INFO if troubled else Severity.OK, probe=NAME,
         title=(f"{sample.get('op')} on {run.world_size} ranks: peak busbw {summary.peak_busbw_gbps:.3g} GB/s "
                f"(at {_fmt_bytes(summary.peak_size_bytes)}), {summary.busbw_at_bucket_gbps:.3g} GB/s at "
                + (f"DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} bucket size" if on_bucket else
                   f"{_fmt_bytes(summary.bucket_size_bytes)} (the size nearest DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} "
                   "bucket)")
                + f", {summary.latency_us:.0f} us for small messages" + against
-               + ("; every result correct" if checked else "; results not checked (--no-check)")),
+               + ("; results not checked (--no-check)" if not checked else
+                  "" if "BW001" in troubled else "; every result correct")
+               + (f"; see {', '.join(dict.fromkeys(troubled))}" if troubled else "")),
         ranks=ranks, nodes=nodes, evidence=evidence)

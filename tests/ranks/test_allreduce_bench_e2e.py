@@ -122,6 +122,10 @@ def test_min_busbw_gates_the_exit_code(tmp_path):
     assert run.returncode == 2, run.explain()
     gate = run.findings("BW002")
     assert len(gate) == 1 and gate[0]["evidence"]["required_gbps"] == 1000
+    # The gate failed, and what was measured is still there to read it against.
+    [summary] = run.findings("BW000")
+    assert summary["severity"] == "info" and summary["evidence"]["peak_busbw_gbps"] > 0, summary
+    assert summary["title"].endswith("; see BW002")
     assert run.report["settings"] == {"min_busbw_gbps": 1000.0}
     assert_nothing_left(run)
 

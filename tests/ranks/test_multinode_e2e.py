@@ -73,6 +73,25 @@ def test_a_node_with_another_environment_and_a_slow_node_are_each_named_as_that_
     assert {"HOM005", "HOM006"} <= set(report["by_node"][1]["findings"]), report["by_node"]
 
 
+def test_two_healthy_slurm_nodes_give_one_report_from_rank_0_over_their_own_addresses(tmp_path):
+    # srun --nodes=2 --ntasks-per-node=2: no launcher of ours and no torchrun; rank 0 serves the
+    # store at the first host of SLURM_STEP_NODELIST, which each node resolves through its hosts file.
+    with namespace_nodes(2) as nodes:
+        run = run_slurm_tasks(tmp_path, nodes, 2, ["--timeout", "30", "--probes", "init-hang,homogeneity"])
+        _assert_nothing_left(run)
+    report = run.report
+    assert report is not None, run.explain()
+    hosts = [n.host for n in nodes]
+    assert report["mode"] == "slurm" and report["nodes"] == hosts and report["world_size"] == 4
+    assert [(r["rank"], r["host"], r["node_index"]) for r in report["ranks"]] == [
+        (0, hosts[0], 0), (1, hosts[0], 0), (2, hosts[1], 1), (3, hosts[1], 1)]
+    init = _probe(report, "init-hang")["facts"]
+    assert {r: f["route"]["source"] for r, f in init.items()} == {
+        "0": nodes[0].addr, "1": nodes[0].addr, "2": nodes[1].addr, "3": nodes[1].addr}, init
+    assert not [f for f in report["findings"] if f["severity"] in ("warn", "critical")], run.explain()
+    assert run.codes == [0, 0, 0, 0] and report["exit_code"] == 0, run.explain()
+
+
 def test_a_slurm_node_whose_tasks_never_start_is_named_by_its_host_name(tmp_path):
     # srun across 2 nodes; node 1's tasks never start (a node that failed to launch the step).
     with namespace_nodes(2) as nodes:
