@@ -101,9 +101,10 @@ def test_a_pair_slow_once_is_timed_again_and_not_blamed(tmp_path):
 
 
 # Every op and placement is checked for correctness on one rank in the unit tier
-# (test_allreduce_diagnose.py); here two ops cross real processes: one with both placements
-# and the one with chunked exchange between every pair of ranks.
-@pytest.mark.parametrize("op", [pytest.param("all_gather", marks=pytest.mark.slow), "all_to_all"])
+# (test_allreduce_diagnose.py); here they cross real processes. The default tier takes the one
+# with chunked exchange between every pair of ranks; the slow tier the others.
+@pytest.mark.parametrize("op", [pytest.param(op, marks=pytest.mark.slow)
+                                for op in ("all_gather", "reduce_scatter", "broadcast")] + ["all_to_all"])
 def test_other_collectives_are_measured_and_checked(tmp_path, op):
     run = _bench(tmp_path, "--nproc", "2", "--op", op, "--min-bytes", "4K", "--max-bytes", "64K", "--factor", "16",
                  "--warmup", "1", "--iters", "3", "--localise", "never")
