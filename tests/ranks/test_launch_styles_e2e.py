@@ -125,6 +125,10 @@ def test_fsdp_without_a_sampler_then_a_rank_stuck_mid_training(tmp_path):
     assert "time.sleep(3600)" in "\n".join(stuck["evidence"]["python_stack"])
     waiting = "\n".join([f for f in result["findings"][0] if f["code"] == "DOC007"][0]["evidence"]["python_stack"])
     assert "time.sleep" not in waiting and "fsdp" in waiting.lower()  # rank 0 waits inside FSDP's collectives
+    # FSDP1's waits are not measured either: said once, by rank 0, for the job.
+    [unmeasured] = [f for f in result["findings"][0] if f["code"] == "DOC011"]
+    assert "FullyShardedDataParallel" in unmeasured["title"] and unmeasured["ranks"] == [0, 1], unmeasured
+    assert all(f["code"] != "DOC011" for f in result["findings"].get(1, []))
 
 
 def test_two_mp_spawn_jobs_with_one_hard_coded_port(tmp_path):
