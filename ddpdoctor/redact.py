@@ -24,8 +24,10 @@ REDACTED = "<redacted>"
 RELEVANT_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "CUDA_", "OMP_",
                      "MKL_NUM_THREADS", "UCX_", "FI_", "NVIDIA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF")
 
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|API_?KEY|ACCESS_?KEY|PRIVATE|COOKIE|SESSION)",
-                          re.IGNORECASE)
+# KEY only where a word of the name starts with it (NCCL_IB_KEY, SSH_KEYFILE, KEY_PATH): the
+# InfiniBand partition key NCCL_IB_PKEY is a setting to compare across ranks, not a secret.
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|API_?KEY|ACCESS_?KEY|PRIVATE|COOKIE|SESSION"
+                          r"|(?<![a-z0-9])KEY)", re.IGNORECASE)
 # The password runs to the last "@" before the path, as urllib reads it (p@ss is one password).
 # A scheme starts a word (the lookbehind): tried from every letter of a long word, the
 # pattern would cost time quadratic in its length, and log lines can be megabytes.

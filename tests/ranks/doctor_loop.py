@@ -13,6 +13,7 @@ Two ways to start it, as users do:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -112,6 +113,11 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
     doctor.close()
     time.sleep(args.hold)
     dist.barrier()  # rank 0 hosts the store: nobody leaves while another still needs it
+    # FSDP's state holds gloo work objects; released here, not at interpreter teardown, where a
+    # spawned FSDP2 rank once aborted ("terminate called without an active exception") after the
+    # whole run, its report included, was done.
+    del model, optimizer, doctor
+    gc.collect()
     dist.destroy_process_group()
 
 

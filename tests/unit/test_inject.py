@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ddpdoctor.errors import UsageError
-from ddpdoctor.inject import FAULT_STAGES, STAGES, Fault, Injector, check_ranks, check_standalone, parse_faults
+from ddpdoctor.inject import (_KEYS, FAULT_STAGES, PROBE_STAGE_PREFIX, STAGES, Fault, Injector, check_ranks,
+                              check_standalone, parse_faults)
 
 FAST = settings(database=None, deadline=None, max_examples=200,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -231,10 +232,14 @@ def _parses_or_usage_error(text: str) -> None:
     else:
         assert isinstance(result, tuple)
         for fault in result:
-            assert fault.kind in ("slow", "hang", "crash", "diverge")
+            # Whatever the parser accepts is a fault the runtime knows: one of its kinds, a real
+            # stage (or a probe's), a factor in range, the other end of a link only for a link.
+            assert fault.kind in _KEYS
             assert fault.rank >= 0
-            assert fault.stage is None or fault.stage in STAGES
+            assert fault.stage is None or fault.stage in FAULT_STAGES or fault.stage.startswith(PROBE_STAGE_PREFIX)
+            assert fault.stage is None or _KEYS[fault.kind].get("stage")
             assert fault.factor is None or 1.0 <= fault.factor <= 1000.0
+            assert (fault.peer is not None) == bool(_KEYS[fault.kind].get("ranks"))
 
 
 @FAST
@@ -242,6 +247,12 @@ def _parses_or_usage_error(text: str) -> None:
 @example("crash:rank=1\u2028:stage=init")
 @example("slow:rank=1:factor=" + "9" * 5000)
 @example("crash:rank=" + "1" * 5000 + ":stage=init")
+@example("kill:rank=0:stage=init")
+@example("oom:rank=0:stage=train")
+@example("hang:rank=0:stage=collective")
+@example("crash:rank=1:stage=probe:topology")
+@example("slowlink:ranks=1,2")
+@example("bigbatch:rank=1:factor=2")
 def test_any_text_parses_or_raises_one_line_usage_error(text):
     _parses_or_usage_error(text)
 

@@ -58,10 +58,17 @@ def test_relevant_env_reads_the_process_environment(monkeypatch):
 
 @pytest.mark.parametrize("name", ["NCCL_IB_PASSWORD", "CUDA_SECRET_KEY", "UCX_AUTH", "NCCL_PLUGIN_TOKEN",
                                   "FI_API_KEY", "NCCL_ACCESSKEY", "OMP_PRIVATE_THING", "NCCL_COOKIE",
-                                  "TORCH_DISTRIBUTED_SESSION", "NCCL_CREDENTIALS_FILE", "nccl_ib_passwd"])
+                                  "TORCH_DISTRIBUTED_SESSION", "NCCL_CREDENTIALS_FILE", "nccl_ib_passwd",
+                                  "NCCL_IB_KEY", "UCX_SSH_KEY", "CUDA_KEY", "NCCL_KEYFILE", "KEY_PATH"])
 def test_secret_looking_names_are_redacted_whatever_the_value(name):
     assert redact_value(name, "abc") == REDACTED
     assert redact_value(name, "") == REDACTED
+
+
+@pytest.mark.parametrize("name", ["NCCL_IB_PKEY", "NCCL_MONKEY_PATCH", "CUDA_HOTKEYS"])
+def test_key_inside_a_word_is_not_a_secret(name):
+    # The InfiniBand partition key is compared across ranks: a mismatch is a real finding.
+    assert redact_value(name, "0x8001") == "0x8001"
 
 
 # -- secrets by shape, under innocent names ------------------------------------------------------
