@@ -104,19 +104,45 @@ def _node_placement(environ: Mapping[str, str], rank: int) -> dict[str, Any]:
     return out
 
 
+# What the other ranks need of every rank's hello (the backend choice, node grouping, whose
+# processes share a machine): rank 0 reads the N hellos once and publishes this digest, so the
+# rendezvous costs O(N) store calls, not every rank reading every hello (N² on the one store).
+HELLO_DIGEST = "hellos/digest"
+_DIGEST_FIELDS = ("rank", "host", "machine", "pid", "local_rank", "local_world_size", "cuda_devices")
+
+
+def _not_arrived(missing: list[int], arrived: int, world_size: int, wait_s: float) -> RuntimeError:
+    return RuntimeError(f"ranks {missing} did not arrive within {wait_s:g}s ({arrived} of {world_size} arrived)")
+
+
 def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:
     """Everyone says hello; a missing rank is named here, before any collective waits on it."""
     ctx.channel.set(f"hello/{ctx.rank}", _hello(ctx))
     keys = [f"hello/{r}" for r in range(ctx.world_size)]
+    # Shorter than the stage deadline, so a missing rank is an orderly finding, not a watchdog exit;
+    # the others wait a little longer than rank 0, whose digest says who is missing.
+    wait_s = ctx.cfg.timeout_s * 0.8
     with ctx.collective("rendezvous"):
-        # Shorter than the stage deadline, so a missing rank is an orderly finding, not a watchdog exit.
-        wait_s = ctx.cfg.timeout_s * 0.8
-        present = ctx.channel.wait(keys, wait_s)
-        missing = [r for r in range(ctx.world_size) if f"hello/{r}" not in present]
-        if missing:
-            raise RuntimeError(f"ranks {missing} did not arrive within {wait_s:g}s "
-                               f"({len(present)} of {ctx.world_size} arrived)")
-    hellos = ctx.channel.collect("hello/{rank}", range(ctx.world_size))
+        if ctx.rank == 0:
+            present = ctx.channel.wait(keys, wait_s)
+            missing = [r for r in range(ctx.world_size) if f"hello/{r}" not in present]
+            if missing:
+                ctx.channel.set(HELLO_DIGEST, {"missing": missing, "arrived": len(present)})
+                raise _not_arrived(missing, len(present), ctx.world_size, wait_s)
+            # Rank 0 goes by the digest too, so every rank decides (the backend first) from the same facts.
+            hellos = {r: {k: h.get(k) for k in _DIGEST_FIELDS}
+                      for r, h in ctx.channel.collect("hello/{rank}", range(ctx.world_size)).items()}
+            ctx.channel.set(HELLO_DIGEST, {"hellos": {str(r): h for r, h in hellos.items()}})
+        else:
+            if not ctx.channel.wait([HELLO_DIGEST], wait_s + ctx.cfg.timeout_s * 0.1):
+                # Rank 0 never published: it is missing or stuck itself. Look once at who said hello.
+                present = ctx.channel.wait(keys, 0.0)
+                missing = [r for r in range(ctx.world_size) if f"hello/{r}" not in present]
+                raise _not_arrived(missing or [0], len(present), ctx.world_size, wait_s)
+            digest = ctx.channel.get(HELLO_DIGEST) or {}
+            if "missing" in digest:
+                raise _not_arrived(list(digest["missing"]), int(digest.get("arrived", 0)), ctx.world_size, wait_s)
+            hellos = {int(r): h for r, h in digest["hellos"].items()}
     ctx.cache["hellos"] = hellos
     return hellos
 

@@ -13,6 +13,7 @@ import io
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,3 +87,77 @@ def test_the_median_of_the_others_is_the_median_without_that_rank(values):
     got = _median_of_others(by_rank)
     for r in by_rank:
         assert got[r] == statistics.median([v for p, v in by_rank.items() if p != r])
+
+
+# -- the rendezvous: the gather's first step -----------------------------------------------------
+
+def _rendezvous_reads(n: int, missing: int | None = None) -> tuple[dict[int, int], dict[int, Any]]:
+    """n ranks in threads on one in-process store, each through the real _rendezvous: how many
+    values each rank read from the store, and what each got (or the error it raised)."""
+    import contextlib
+    import threading
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from ddpdoctor.channel import Channel
+    from ddpdoctor.rank_runtime import _rendezvous
+
+    class Counting(Channel):
+        def __init__(self, store: Any) -> None:
+            super().__init__(store)
+            self.reads = 0
+
+        def get(self, key: str) -> Any:
+            self.reads += 1
+            return super().get(key)
+
+    class Ctx:
+        def __init__(self, rank: int) -> None:
+            self.rank, self.world_size, self.channel = rank, n, Counting(store)
+            self.cfg, self.cache = SimpleNamespace(timeout_s=5.0), {}
+            self.env = SimpleNamespace(hostname=f"node{rank // PER_NODE}", local_rank=rank % PER_NODE,
+                                       local_world_size=PER_NODE, mode="env")
+
+        @contextlib.contextmanager
+        def collective(self, op: str, **detail: Any) -> Any:
+            yield
+
+    store = dist.HashStore()
+    ctxs = {r: Ctx(r) for r in range(n) if r != missing}
+    outcome: dict[int, Any] = {}
+
+    def run(ctx: Ctx) -> None:
+        try:
+            outcome[ctx.rank] = _rendezvous(ctx)
+        except RuntimeError as exc:
+            outcome[ctx.rank] = exc
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in ctxs.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return {r: c.channel.reads for r, c in ctxs.items()}, outcome
+
+
+def test_the_rendezvous_reads_each_hello_once_on_rank_0_and_one_digest_elsewhere():
+    reads, got = _rendezvous_reads(64)
+    assert reads[0] == 64 and all(reads[r] == 1 for r in range(1, 64)), reads  # was 64 reads on every rank
+    # Every rank knows every rank's host and machine, and agrees.
+    assert all(got[r] == got[0] for r in range(64))
+    assert [got[5][r]["host"] for r in (0, 8, 63)] == ["node0", "node1", "node7"]
+    assert {"machine", "pid", "cuda_devices", "local_world_size"} <= set(got[5][63])
+
+
+def test_a_missing_rank_is_named_by_every_rank_through_the_digest():
+    reads, got = _rendezvous_reads(6, missing=4)
+    for rank in (0, 1, 2, 3, 5):
+        assert isinstance(got[rank], RuntimeError), got[rank]
+        assert str(got[rank]).startswith("ranks [4] did not arrive within 4s (5 of 6 arrived)"), got[rank]
+
+
+def test_when_rank_0_never_arrives_the_others_name_it_themselves():
+    reads, got = _rendezvous_reads(4, missing=0)
+    for rank in (1, 2, 3):
+        assert str(got[rank]).startswith("ranks [0] did not arrive within 4s (3 of 4 arrived)"), got[rank]
