@@ -42,7 +42,7 @@ def _bare(buffers, n: int, size: int) -> float:
         buffers.run()
     mean = torch.tensor([(time.perf_counter() - t0) / ITERS], dtype=torch.float64)
     dist.all_reduce(mean, op=dist.ReduceOp.MAX)
-    from ddpdoctor.busbw import busbw_gbps
+    from ddpdoctor.judge.busbw import busbw_gbps
 
     return busbw_gbps("all_reduce", n, size, float(mean))
 
@@ -62,7 +62,7 @@ def _bare_per_call(buffers, n: int, size: int) -> float:
         times.append(time.perf_counter() - t0)
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    from ddpdoctor.busbw import busbw_gbps
+    from ddpdoctor.judge.busbw import busbw_gbps
 
     return busbw_gbps("all_reduce", n, size, statistics.median(slowest.tolist()))
 
@@ -71,8 +71,8 @@ def _ours(buffers, n: int, size: int, device) -> float:
     import torch
     import torch.distributed as dist
 
-    from ddpdoctor.busbw import SizeResult
-    from ddpdoctor.collectives import time_iterations
+    from ddpdoctor.judge.busbw import SizeResult
+    from ddpdoctor.measure.collectives import time_iterations
 
     times = torch.tensor(time_iterations(buffers, device, WARMUP, ITERS), dtype=torch.float64)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # = busbw.slowest_per_iteration across ranks
@@ -93,7 +93,7 @@ def rank_main(rounds: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from ddpdoctor.collectives import make_buffers
+    from ddpdoctor.measure.collectives import make_buffers
 
     dist.init_process_group("gloo")
     n, rank, device = dist.get_world_size(), dist.get_rank(), torch.device("cpu")

@@ -2,7 +2,7 @@
 
     python benchmarks/scaling_table.py --nproc 4 [--seconds 2] [-- extra ddpdoctor scaling args]
 
-Each row comes from the ranks' own step medians in the JSON report (probes/scaling_judge.py's
+Each row comes from the ranks' own step medians in the JSON report (probes/scaling/judge.py's
 arithmetic); nothing is computed here that the report does not already hold.
 """
 
@@ -33,7 +33,7 @@ def main() -> int:
         with open(path, encoding="utf-8") as handle:
             report = json.load(handle)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from ddpdoctor.probes.scaling_judge import evaluate
+    from ddpdoctor.probes.scaling.judge import evaluate
 
     facts = next(p for p in report["probes"] if p["name"] == "scaling")["facts"]
     print(f"{report['world_size']} ranks, {report['backend']}/{report['device']}, {os.cpu_count()} CPUs, "

@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):  # `ddpdoctor.Doctor` without importing torch for the CLI
     if name in ("Doctor", "FindingRaised"):
-        from ddpdoctor import doctor
+        from ddpdoctor.callback import doctor
 
         return getattr(doctor, name)
     if name in ("adapters", "api"):
@@ -17,7 +17,7 @@ def __getattr__(name: str):  # `ddpdoctor.Doctor` without importing torch for th
 
         return importlib.import_module(f"ddpdoctor.{name}")
     if name == "watch":
-        from ddpdoctor.init_watch import watch
+        from ddpdoctor.callback.watch import watch
 
         return watch
     raise AttributeError(f"module 'ddpdoctor' has no attribute {name!r}")

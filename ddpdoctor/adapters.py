@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpdoctor.doctor import Doctor
+from ddpdoctor.callback.doctor import Doctor
 
 
 def _ddp_holding(model: Any) -> Any:

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from typing import Any, Callable, Optional, Union
 
-from ddpdoctor.errors import UsageError
+from ddpdoctor.core.errors import UsageError
 
 Factory = Union[str, Callable[..., Any], None]
 RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "TORCHELASTIC_RUN_ID")

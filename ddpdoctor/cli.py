@@ -13,9 +13,9 @@ import sys
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ddpdoctor import __version__
-from ddpdoctor.errors import UsageError
-from ddpdoctor.rank_state import Terminated
-from ddpdoctor.findings import EXIT_UNKNOWN
+from ddpdoctor.core.errors import UsageError
+from ddpdoctor.runtime.rank_state import Terminated
+from ddpdoctor.core.findings import EXIT_UNKNOWN
 
 DEBUG_VAR = "DDPDOCTOR_DEBUG"
 
@@ -47,7 +47,7 @@ _percent = _bounded(float, "a percentage", 1, 90)
 
 
 def _size(text: str) -> int:
-    from ddpdoctor.busbw import parse_size
+    from ddpdoctor.judge.busbw import parse_size
 
     try:
         value = parse_size(text)
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "result checked, and a ring of rank pairs to find a slow link. Runs standalone, "
                                        "under torchrun or under srun, like `check`.")
     _add_run_args(bench)
-    from ddpdoctor.busbw import OPS
+    from ddpdoctor.judge.busbw import OPS
 
     bench.add_argument("--op", choices=OPS, default="all_reduce", help="the collective (default all_reduce)")
     bench.add_argument("--min-bytes", type=_size, default=None, metavar="SIZE",
@@ -246,8 +246,8 @@ def _refuse_existing(outputs: Sequence[tuple[str, Optional[str]]], force: bool) 
 
 def _config(args: argparse.Namespace):
     from ddpdoctor import probes
-    from ddpdoctor.config import DEFAULT_TIMEOUT_S, BenchConfig, CheckConfig
-    from ddpdoctor.inject import ENV_VAR, parse_faults
+    from ddpdoctor.runtime.config import DEFAULT_TIMEOUT_S, BenchConfig, CheckConfig
+    from ddpdoctor.runtime.inject import ENV_VAR, parse_faults
 
     _check_output_path("--json", args.json_path)
     spec = args.inject if args.inject is not None else os.environ.get(ENV_VAR)
@@ -261,7 +261,7 @@ def _config(args: argparse.Namespace):
                            **common)
     model = _model_spec(args)
     if args.command == "scaling":
-        from ddpdoctor.config import DEFAULT_EFFICIENCY_TARGETS, ScalingConfig
+        from ddpdoctor.runtime.config import DEFAULT_EFFICIENCY_TARGETS, ScalingConfig
 
         scaling = ScalingConfig(sizes=args.sizes or (), seconds_per_size=args.seconds, batch=args.batch_size,
                                 knobs=not args.no_knobs, lr=args.lr,
@@ -282,8 +282,8 @@ def _config(args: argparse.Namespace):
 def _model_spec(args: argparse.Namespace) -> Any:
     """--model/--batch resolved now: a wrong path is one line before any rank starts, and the
     launcher (not every rank) also builds the model once and runs a batch through it."""
-    from ddpdoctor import launch_env
-    from ddpdoctor.user_model import ModelSpec, resolve, validate
+    from ddpdoctor.runtime import launch_env
+    from ddpdoctor.runtime.user_model import ModelSpec, resolve, validate
 
     spec = ModelSpec(model=args.model, batch=args.batch)
     if spec.model is None and spec.batch is None:
@@ -300,7 +300,7 @@ def _check_plot_path(path: str) -> None:
     """Before any rank starts: a plot that cannot be made is a usage error, not a lost run."""
     import importlib.util
 
-    from ddpdoctor.bench_output import PLOT_SUFFIXES
+    from ddpdoctor.probes.allreduce.outputs import PLOT_SUFFIXES
 
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in PLOT_SUFFIXES:
@@ -310,8 +310,8 @@ def _check_plot_path(path: str) -> None:
 
 
 def _bench_config(args: argparse.Namespace):
-    from ddpdoctor import nccl_tuning
-    from ddpdoctor.config import BenchConfig
+    from ddpdoctor.measure import nccl_tuning
+    from ddpdoctor.runtime.config import BenchConfig
 
     if args.min_bytes is not None and args.max_bytes is not None and args.min_bytes > args.max_bytes:
         raise UsageError(f"--min-bytes {args.min_bytes} is larger than --max-bytes {args.max_bytes}")
@@ -330,7 +330,7 @@ def _bench_config(args: argparse.Namespace):
 
 
 def _check(args: argparse.Namespace, argv: list[str]) -> int:
-    from ddpdoctor import launch_env
+    from ddpdoctor.runtime import launch_env
 
     outputs = [("--json", args.json_path), ("--csv", getattr(args, "csv_path", None)),
                ("--plot", getattr(args, "plot_path", None))]
@@ -346,10 +346,10 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     launch_env.check_thread_vars(os.environ)
     command = ["ddpdoctor", *argv]
     if env is None:
-        from ddpdoctor.launcher import run_standalone
+        from ddpdoctor.runtime.launcher import run_standalone
 
         return run_standalone(cfg, argv, command)
-    from ddpdoctor.rank_runtime import run_rank
+    from ddpdoctor.runtime.session import run_rank
 
     code = run_rank(cfg, env, command)
     # Everything this rank knows is published and flushed; interpreter teardown with torch
@@ -374,8 +374,8 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from ddpdoctor.render import make_console, render_diagnosis
-    from ddpdoctor.report import atomic_write_json
+    from ddpdoctor.render.console import make_console, render_diagnosis
+    from ddpdoctor.core.report import atomic_write_json
     from ddpdoctor.snapshot import diagnose_inputs, load_inputs
 
     _check_output_path("--json", args.json_path)
@@ -391,10 +391,10 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from ddpdoctor.explain import explain
-    from ddpdoctor.render import make_console
-    from ddpdoctor.render_explain import render_explanation
-    from ddpdoctor.report import atomic_write_json
+    from ddpdoctor.explain.command import explain
+    from ddpdoctor.render.console import make_console
+    from ddpdoctor.render.explain import render_explanation
+    from ddpdoctor.core.report import atomic_write_json
 
     _check_output_path("--json", args.json_path)
     _refuse_existing([("--json", args.json_path)], args.force)

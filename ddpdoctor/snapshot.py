@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from ddpdoctor import __version__
-from ddpdoctor.errors import UsageError
-from ddpdoctor.findings import Finding, Severity, exit_code_for
+from ddpdoctor.core.errors import UsageError
+from ddpdoctor.core.findings import Finding, Severity, exit_code_for
 
 # A snapshot is a few KiB per device and a report of 1000 ranks a few MiB: a file past this
 # is not one of ours, and json would hold ~10x its size in memory.
@@ -41,8 +41,8 @@ def _devices() -> list[Any]:
 
 def take_snapshot(measure: bool = True) -> dict[str, Any]:
     """This node's facts, one entry per device, as ranks 0..n-1 of this node would read them."""
-    from ddpdoctor.node_facts import read_device_facts, read_gpu_state
-    from ddpdoctor.throughput import measure_matmul
+    from ddpdoctor.measure.node import read_device_facts, read_gpu_state
+    from ddpdoctor.measure.throughput import measure_matmul
 
     host = socket.gethostname()
     devices = _devices()
@@ -65,9 +65,9 @@ def take_snapshot(measure: bool = True) -> dict[str, Any]:
 def _topology_entries(host: str, devices: list[Any], measure: bool) -> list[dict[str, Any]]:
     """The topology probe's facts as ranks 0..n-1 of this node read them; no CPU placement,
     since this process is not a rank (its affinity says nothing about how a job binds ranks)."""
-    from ddpdoctor.host_layout import numa_nodes
-    from ddpdoctor.probes.topology import read_node, read_rank
-    from ddpdoctor.topology_reading import read_link_under_load
+    from ddpdoctor.measure.host_layout import numa_nodes
+    from ddpdoctor.probes.topology.probe import read_node, read_rank
+    from ddpdoctor.measure.topology import read_link_under_load
 
     numa = numa_nodes()
     entries = []
@@ -272,7 +272,7 @@ class Diagnosis:
         return list(dict.fromkeys(self.inputs.hosts[r] for r in sorted(self.inputs.hosts)))
 
     def to_json(self) -> dict[str, Any]:
-        from ddpdoctor.report import VERDICTS
+        from ddpdoctor.core.report import VERDICTS
 
         return {"schema": DIAGNOSIS_SCHEMA, "ddpdoctor_version": __version__, "inputs": self.inputs.files,
                 "world_size": self.inputs.world_size, "nodes": self.nodes(), "settings": self.inputs.settings,
@@ -308,7 +308,7 @@ def default_snapshot_path() -> str:
 
 def write_snapshot(snapshot: Mapping[str, Any], path: Optional[str], *, overwrite: bool = False) -> str:
     """Returns where it went: `path`, or a sibling name when `path` appeared meanwhile."""
-    from ddpdoctor.report import atomic_write_json
+    from ddpdoctor.core.report import atomic_write_json
 
     target = path or f"ddpdoctor-snapshot-{snapshot['host']}.json"
     return atomic_write_json(snapshot, target, overwrite=overwrite)

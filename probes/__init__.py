@@ -5,17 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
-from ddpdoctor.errors import UsageError
+from ddpdoctor.core.errors import UsageError
 
-from .allreduce import AllReduce
-from .base import Probe, RunView
-from .ddp_smoke import DdpSmoke
-from .scaling import Scaling
-from .gpu_count import GpuCount
-from .homogeneity import Homogeneity
-from .init_hang import InitHang
-from .stragglers import Stragglers
-from .topology import Topology
+from ddpdoctor.probes.allreduce.probe import AllReduce
+from ddpdoctor.probes.base import Probe, RunView
+from ddpdoctor.probes.ddp_smoke import DdpSmoke
+from ddpdoctor.probes.scaling.probe import Scaling
+from ddpdoctor.probes.gpu_count import GpuCount
+from ddpdoctor.probes.homogeneity.probe import Homogeneity
+from ddpdoctor.probes.init_hang import InitHang
+from ddpdoctor.probes.stragglers.probe import Stragglers
+from ddpdoctor.probes.topology.probe import Topology
 
 _PROBES: dict[str, Probe] = {p.name: p for p in (InitHang(), DdpSmoke(), Topology(), GpuCount(), Homogeneity(),
                                                   AllReduce(), Stragglers(), Scaling())}
@@ -33,7 +33,7 @@ def with_context(view: RunView, facts_by_probe: Mapping[str, Mapping[Any, Any]])
     topology = facts_by_probe.get("topology")
     if not topology or "allreduce" not in facts_by_probe:
         return view
-    from .topology_checks import expected_busbw
+    from ddpdoctor.probes.topology.checks import expected_busbw
 
     try:
         return replace(view, expected_busbw=expected_busbw(topology, view))

@@ -9,10 +9,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.core.findings import Finding, Severity
 
 if TYPE_CHECKING:
-    from ddpdoctor.context import RankContext
+    from ddpdoctor.runtime.context import RankContext
 
 
 @dataclass(frozen=True)

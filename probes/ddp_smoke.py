@@ -11,10 +11,10 @@ import statistics
 from dataclasses import asdict
 from typing import Any, Mapping
 
-from ddpdoctor.findings import Finding, Severity, rank_ranges
-from ddpdoctor.workload import run_workload
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+from ddpdoctor.runtime.workload import run_workload
 
-from .base import RunView
+from ddpdoctor.probes.base import RunView
 
 NAME = "ddp-smoke"
 

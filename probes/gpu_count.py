@@ -12,12 +12,12 @@ import os
 from collections import defaultdict
 from typing import Any, Mapping, Optional
 
-from ddpdoctor.cuda_visible import parse as parse_visible
-from ddpdoctor.device_reading import contexts_of, read_env, read_nvml, read_torch
-from ddpdoctor.findings import Finding, Severity, rank_ranges
-from ddpdoctor.workload import run_workload
+from ddpdoctor.measure.cuda_visible import parse as parse_visible
+from ddpdoctor.measure.device import contexts_of, read_env, read_nvml, read_torch
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+from ddpdoctor.runtime.workload import run_workload
 
-from .base import RunView
+from ddpdoctor.probes.base import RunView
 
 NAME = "gpu-count"
 NCCL_DUPLICATE_ERRORS = ("Duplicate GPU detected : rank 0 and rank 1 both on CUDA device",

@@ -14,10 +14,10 @@ import socket
 import time
 from typing import Any, Mapping
 
-from ddpdoctor import net_facts
-from ddpdoctor.findings import Finding, Severity, rank_ranges
+from ddpdoctor.measure import net as net_facts
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
-from .base import RunView
+from ddpdoctor.probes.base import RunView
 
 NAME = "init-hang"
 # A rank this much later than the first is worth a word: every other rank sat idle that long,

@@ -14,7 +14,7 @@ import os
 import torch
 from torch import nn
 
-from ddpdoctor.slow_compute import spin
+from ddpdoctor.measure.slow_compute import spin
 
 STEPS = 90
 

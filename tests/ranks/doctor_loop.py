@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
 import ddpdoctor
-from ddpdoctor.slow_compute import spin
+from ddpdoctor.measure.slow_compute import spin
 
 BATCH = 32
 BATCHES = 8  # per rank and epoch

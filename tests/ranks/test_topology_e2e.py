@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from ddpdoctor.host_layout import cpulist
+from ddpdoctor.measure.host_layout import cpulist
 
 from .harness import probe_section, run_hand_set_ranks, tagged_processes
 

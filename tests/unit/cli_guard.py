@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-import ddpdoctor.launcher
-import ddpdoctor.rank_runtime
+import ddpdoctor.runtime.launcher
+import ddpdoctor.runtime.session
 
 
 @pytest.fixture(autouse=True)
@@ -29,8 +29,8 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     def must_not_start(*args, **kwargs):
         raise AssertionError("bad input was accepted and ranks were about to start")
 
-    monkeypatch.setattr(ddpdoctor.launcher, "run_standalone", must_not_start)
-    monkeypatch.setattr(ddpdoctor.rank_runtime, "run_rank", must_not_start)
+    monkeypatch.setattr(ddpdoctor.runtime.launcher, "run_standalone", must_not_start)
+    monkeypatch.setattr(ddpdoctor.runtime.session, "run_rank", must_not_start)
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -48,7 +48,7 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
 def assert_usage_error(capsys: pytest.CaptureFixture[str], argv: list[str], words: list[str]) -> None:
     """`ddpdoctor ARGV` exits 3 with one line naming `words`, before importing torch."""
     from ddpdoctor import cli
-    from ddpdoctor.findings import EXIT_UNKNOWN
+    from ddpdoctor.core.findings import EXIT_UNKNOWN
 
     before = "torch" in sys.modules
     assert cli.main(argv) == EXIT_UNKNOWN == 3

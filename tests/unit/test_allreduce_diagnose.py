@@ -1,5 +1,5 @@
-"""probes/allreduce.py's pure side (merge, diagnose, ring phases), the bench table, and
-ddpdoctor.collectives on a one-process gloo group.
+"""probes/allreduce/probe.py's pure side (merge, diagnose, ring phases), the bench table, and
+ddpdoctor.measure.collectives on a one-process gloo group.
 
 Every figure below is worked out by hand from the hand-built facts: 4 ranks, all_reduce,
 float32, in place, bus factor 2(n-1)/n = 1.5, GB = 1e9 bytes.
@@ -12,13 +12,13 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from ddpdoctor import busbw
-from ddpdoctor.collectives import PLACEMENTS, check_once, make_buffers, time_iterations
-from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.inject import Fault, Injector
-from ddpdoctor.render_bench import render_bench
-from probes.allreduce import AllReduce, _phases, merge_results
-from probes.base import RunView
+from ddpdoctor.judge import busbw
+from ddpdoctor.measure.collectives import PLACEMENTS, check_once, make_buffers, time_iterations
+from ddpdoctor.core.findings import Finding, Severity
+from ddpdoctor.runtime.inject import Fault, Injector
+from ddpdoctor.probes.allreduce.render import render_bench
+from ddpdoctor.probes.allreduce.probe import AllReduce, _phases, merge_results
+from ddpdoctor.probes.base import RunView
 
 MiB = 2**20
 
@@ -403,7 +403,7 @@ def test_all_reduce_checks_other_dtypes(gloo_group, dtype):
 def test_an_element_off_by_one_is_wrong_however_large_the_sum(dtype):
     # What a 1024-rank all_reduce of the pattern gives (values up to 2n): exact in float32, so an
     # element off by one is wrong. A 1% relative tolerance would have let it pass from sums of 100.
-    from ddpdoctor.collectives import Buffers, count_wrong
+    from ddpdoctor.measure.collectives import Buffers, count_wrong
 
     want = (torch.arange(4096, dtype=torch.float64) % 3) * 1024 + 1000
     got = want.to(dtype)
@@ -414,7 +414,7 @@ def test_an_element_off_by_one_is_wrong_however_large_the_sum(dtype):
 
 
 def test_bf16_sums_past_its_mantissa_are_allowed_its_own_rounding():
-    from ddpdoctor.collectives import Buffers, count_wrong
+    from ddpdoctor.measure.collectives import Buffers, count_wrong
 
     want = torch.full((64,), 1001.0, dtype=torch.float64)  # bf16 holds 1000 or 1008, not 1001
     got = want.to(torch.bfloat16)

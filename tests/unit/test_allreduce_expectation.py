@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.findings import Severity
+from ddpdoctor.core.findings import Severity
 from ddpdoctor.probes import RunView, with_context
-from ddpdoctor.probes.allreduce import AllReduce
+from ddpdoctor.probes.allreduce.probe import AllReduce
 from ddpdoctor.snapshot import load_inputs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "topology"
@@ -138,7 +138,7 @@ gpu01:1234:1234 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC
 
 
 def test_nccls_choice_lines_of_every_shape_are_read():
-    from ddpdoctor.nccl_tuning import Choice, parse
+    from ddpdoctor.measure.nccl_tuning import Choice, parse
 
     assert parse(REAL_LINES) == [
         Choice("AllGather", 37756928, "Ring", "Simple"),
@@ -150,7 +150,7 @@ def test_nccls_choice_lines_of_every_shape_are_read():
 
 
 def test_the_choices_are_asked_for_in_a_file_of_ours_unless_the_user_logs_nccl(tmp_path):
-    from ddpdoctor.nccl_tuning import by_size, capture_env, read_choices
+    from ddpdoctor.measure.nccl_tuning import by_size, capture_env, read_choices
 
     env = capture_env({}, str(tmp_path))
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "TUNING"
@@ -167,8 +167,8 @@ def test_a_recorded_nvls_choice_is_named_in_the_finding_and_the_table():
 
     from rich.console import Console
 
-    from ddpdoctor.probes.allreduce import merge_results
-    from ddpdoctor.render_bench import render_bench
+    from ddpdoctor.probes.allreduce.probe import merge_results
+    from ddpdoctor.probes.allreduce.render import render_bench
 
     topo = topology("dgx_h100_nvswitch.json")
     bench = sweep(len(topo), {MiB: 40.0, 25 * MiB: 400.0, 256 * MiB: 480.0})
@@ -206,8 +206,8 @@ def test_across_nodes_the_model_is_shown_but_never_judged(busbw):
 ASK_AND_FAIL = """
 import os, sys
 from types import SimpleNamespace
-from ddpdoctor.rank_runtime import _ask_nccl_for_its_choices, _teardown
-from ddpdoctor.host_facts import read_env
+from ddpdoctor.runtime.session import _ask_nccl_for_its_choices, _teardown
+from ddpdoctor.measure.host import read_env
 ctx = SimpleNamespace(cache={})
 _ask_nccl_for_its_choices(ctx)
 folder = ctx.cache["nccl_tuning_dir"]
@@ -234,7 +234,7 @@ def test_the_nccl_log_folder_is_removed_and_never_counted_as_the_users_setting(t
 
 
 def test_the_users_own_nccl_setting_stays_in_the_facts(monkeypatch):
-    from ddpdoctor import host_facts
+    from ddpdoctor.measure import host as host_facts
 
     monkeypatch.setattr(host_facts, "_OURS", {})
     monkeypatch.setenv("NCCL_DEBUG_SUBSYS", "INIT")
@@ -251,9 +251,9 @@ def test_nccls_choices_are_asked_for_only_when_wanted_and_where_sizes_agree():
     from dataclasses import replace
 
     from ddpdoctor.cli import _bench_config, build_parser
-    from ddpdoctor.config import CheckConfig
-    from ddpdoctor.errors import UsageError
-    from ddpdoctor.rank_runtime import wants_nccl_choices
+    from ddpdoctor.runtime.config import CheckConfig
+    from ddpdoctor.core.errors import UsageError
+    from ddpdoctor.runtime.session import wants_nccl_choices
 
     parser = build_parser()
     off = _bench_config(parser.parse_args(["allreduce-bench"]))

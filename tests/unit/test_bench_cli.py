@@ -9,9 +9,9 @@ import os
 import pytest
 
 from ddpdoctor import cli
-from ddpdoctor.config import BenchConfig, CheckConfig
-from ddpdoctor.findings import EXIT_UNKNOWN
-from ddpdoctor.inject import Fault, parse_faults
+from ddpdoctor.runtime.config import BenchConfig, CheckConfig
+from ddpdoctor.core.findings import EXIT_UNKNOWN
+from ddpdoctor.runtime.inject import Fault, parse_faults
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
@@ -157,10 +157,10 @@ def test_an_existing_csv_or_plot_is_refused_before_any_rank_starts(capsys, tmp_p
 
 
 def test_force_accepts_existing_csv_and_plot(tmp_path, monkeypatch):
-    import ddpdoctor.launcher
+    import ddpdoctor.runtime.launcher
 
     seen = []
-    monkeypatch.setattr(ddpdoctor.launcher, "run_standalone", lambda cfg, argv, command: seen.append(cfg) or 0)
+    monkeypatch.setattr(ddpdoctor.runtime.launcher, "run_standalone", lambda cfg, argv, command: seen.append(cfg) or 0)
     csv, svg = tmp_path / "sweep.csv", tmp_path / "sweep.svg"
     csv.write_text("old")
     svg.write_text("old")
@@ -170,8 +170,8 @@ def test_force_accepts_existing_csv_and_plot(tmp_path, monkeypatch):
 
 
 def test_the_plot_writer_never_overwrites_unless_told(tmp_path, capsys):
-    from ddpdoctor.bench_output import write_plot
-    from ddpdoctor.busbw import SizeResult
+    from ddpdoctor.probes.allreduce.outputs import write_plot
+    from ddpdoctor.judge.busbw import SizeResult
 
     results = [SizeResult(op="all_reduce", size_bytes=1 << k, count=(1 << k) // 4, dtype="float32", in_place=False,
                           world_size=4, per_iter_s=[1e-5 * k], wrong=0) for k in range(10, 14)]
@@ -184,7 +184,7 @@ def test_the_plot_writer_never_overwrites_unless_told(tmp_path, capsys):
 
 
 def test_a_blip_slows_the_pairs_own_collective_once_and_nothing_else():
-    from ddpdoctor.inject import Injector, parse_faults
+    from ddpdoctor.runtime.inject import Injector, parse_faults
 
     faults = parse_faults("blip:ranks=1,2")
     assert [(f.kind, f.rank, f.peer) for f in faults] == [("blip", 1, 2)]

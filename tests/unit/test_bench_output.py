@@ -6,10 +6,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from ddpdoctor import bench_output
-from ddpdoctor.bench_output import to_csv, to_svg, write_plot
-from ddpdoctor.busbw import SizeResult, sweep_sizes
-from ddpdoctor.errors import UsageError
+from ddpdoctor.probes.allreduce import outputs as bench_output
+from ddpdoctor.probes.allreduce.outputs import to_csv, to_svg, write_plot
+from ddpdoctor.judge.busbw import SizeResult, sweep_sizes
+from ddpdoctor.core.errors import UsageError
 
 SVG = "{http://www.w3.org/2000/svg}"
 

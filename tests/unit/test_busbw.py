@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpdoctor.busbw import (
+from ddpdoctor.judge.busbw import (
     DDP_BUCKET_BYTES,
     OPS,
     SizeResult,

@@ -6,11 +6,11 @@ import io
 
 from rich.console import Console
 
-from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.probes import RunView
-from ddpdoctor.render import render_report
-from ddpdoctor.report import Report
-from ddpdoctor.run_record import ExitInfo, RunRecord
+from ddpdoctor.render.console import render_report
+from ddpdoctor.core.report import Report
+from ddpdoctor.core.run_record import ExitInfo, RunRecord
 
 
 def _report(findings: list[Finding]) -> Report:

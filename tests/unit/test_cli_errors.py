@@ -8,7 +8,7 @@ import os
 import pytest
 
 from ddpdoctor import cli
-from ddpdoctor.findings import EXIT_UNKNOWN
+from ddpdoctor.core.findings import EXIT_UNKNOWN
 
 from . import cli_guard
 from .cli_guard import assert_usage_error, one_error_line
@@ -107,8 +107,8 @@ class _Started(BaseException):
 
 @pytest.fixture
 def record_launch(monkeypatch):
-    import ddpdoctor.launcher
-    import ddpdoctor.rank_runtime
+    import ddpdoctor.runtime.launcher
+    import ddpdoctor.runtime.session
 
     def standalone(cfg, argv, command):
         raise _Started(cfg, argv)
@@ -116,8 +116,8 @@ def record_launch(monkeypatch):
     def rank(cfg, env, command):
         raise _Started(cfg)
 
-    monkeypatch.setattr(ddpdoctor.launcher, "run_standalone", standalone)
-    monkeypatch.setattr(ddpdoctor.rank_runtime, "run_rank", rank)
+    monkeypatch.setattr(ddpdoctor.runtime.launcher, "run_standalone", standalone)
+    monkeypatch.setattr(ddpdoctor.runtime.session, "run_rank", rank)
 
 
 @pytest.mark.parametrize("command", [["check"], ["scaling"], ["allreduce-bench"],

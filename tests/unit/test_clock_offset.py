@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ddpdoctor import clock_offset
+from ddpdoctor.measure import clock_offset
 
 
 @pytest.fixture()

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ddpdoctor.findings import Severity
+from ddpdoctor.core.findings import Severity
 from ddpdoctor.probes import RunView, get_probe
-from ddpdoctor.workload import StepTiming, WorkloadResult
+from ddpdoctor.runtime.workload import StepTiming, WorkloadResult
 
 SHA = hashlib.sha256(b"replica weights after 7 steps").hexdigest()
 OTHER_SHA = hashlib.sha256(b"weights that drifted by 1e-3").hexdigest()

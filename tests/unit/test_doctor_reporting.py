@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from ddpdoctor.doctor import Doctor, FindingRaised, _first_tensor, _fingerprint
-from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.callback.doctor import Doctor, FindingRaised, _first_tensor, _fingerprint
+from ddpdoctor.core.findings import Finding, Severity
 
 
 def finding(code: str = "DOC003", severity: Severity = Severity.WARN) -> Finding:
@@ -85,7 +85,7 @@ def test_batch_fingerprints_tell_batches_apart_and_find_the_first_tensor():
 def test_other_data_parallel_wrappers_are_not_called_unwrapped():
     from torch.nn.parallel import DistributedDataParallel
 
-    from ddpdoctor.doctor import _is_wrapped, _unsharded_sampler
+    from ddpdoctor.callback.doctor import _is_wrapped, _unsharded_sampler
 
     class FSDPLinear(nn.Linear):  # what FSDP2's fully_shard makes of an nn.Linear
         pass
@@ -111,7 +111,7 @@ def test_other_data_parallel_wrappers_are_not_called_unwrapped():
 
 STUCK_STORE = """
 import threading, time
-from ddpdoctor.doctor import Doctor
+from ddpdoctor.callback.doctor import Doctor
 class Stuck:  # a store whose calls never return, as a TCPStore held by another client can
     def set(self, *args): threading.Event().wait()
     def check(self, *args): threading.Event().wait()
@@ -150,7 +150,7 @@ def test_a_step_whose_check_raised_is_over_not_hung(monkeypatch):
 
 def test_a_step_without_a_batch_counts_no_samples():
     # Not a guessed batch of 1: DOC010 (the effective batch) is then not said at all.
-    from ddpdoctor.online_checks import batch_scaling_finding
+    from ddpdoctor.callback.online_checks import batch_scaling_finding
 
     doctor = Doctor(nn.Linear(2, 2))
     try:

@@ -69,7 +69,7 @@ def test_world_size_flag_counts_ranks_that_printed_nothing(tmp_path: Path) -> No
         f"[rank{r}]:[E1123 10:00:0{r}.0 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective operation "
         "timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for 600010 "
         "milliseconds before timing out.\n" for r in range(3)))
-    from ddpdoctor.explain import explain
+    from ddpdoctor.explain.command import explain
 
     assert explain([str(log)]).explanation.findings[0].code == "RUN008"
     named = explain([str(log)], world_size=4).explanation.findings[0]
@@ -89,8 +89,8 @@ def test_srun_naming_a_task_that_exited_non_zero_is_that_ranks_failure(tmp_path:
 def test_the_terminal_keeps_the_first_cause_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rich.console import Console
 
-    from ddpdoctor.findings import Finding, Severity
-    from ddpdoctor.render import render_findings
+    from ddpdoctor.core.findings import Finding, Severity
+    from ddpdoctor.render.console import render_findings
 
     found = [Finding("RUN009", Severity.CRITICAL, "the desync", "explain"),
              Finding("RUN002", Severity.CRITICAL, "an exit after it", "explain"),
@@ -106,7 +106,7 @@ def test_the_terminal_keeps_the_first_cause_first(tmp_path: Path, capsys: pytest
 
 
 def test_no_title_has_a_placeholder_left_in_it() -> None:
-    from ddpdoctor.explain import explain
+    from ddpdoctor.explain.command import explain
 
     root = Path(__file__).parent.parent / "fixtures" / "explain"
     logs = sorted(p for p in (root / "real").glob("*.log")) + sorted((root / "published").glob("*.log"))
@@ -123,7 +123,7 @@ def test_no_title_has_a_placeholder_left_in_it() -> None:
 ])
 def test_a_message_that_leaves_a_value_out_gives_a_title_without_a_hole(tmp_path: Path, line: str,
                                                                           title: str) -> None:
-    from ddpdoctor.explain import explain
+    from ddpdoctor.explain.command import explain
 
     (tmp_path / "x.log").write_text(line + "\n")
     assert explain([str(tmp_path / "x.log")]).explanation.findings[0].title == title
@@ -131,7 +131,7 @@ def test_a_message_that_leaves_a_value_out_gives_a_title_without_a_hole(tmp_path
 
 def test_srun_tasks_over_torchrun_are_nodes_even_without_labels(tmp_path: Path) -> None:
     # `srun torchrun ...` on two nodes, no --label: srun's task 1 is node02's torchrun, not rank 1.
-    from ddpdoctor.explain import explain
+    from ddpdoctor.explain.command import explain
 
     log = tmp_path / "slurm-9.out"
     log.write_text(

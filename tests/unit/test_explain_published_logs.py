@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ddpdoctor.explain import explain
-from ddpdoctor.findings import Severity
+from ddpdoctor.explain.command import explain
+from ddpdoctor.core.findings import Severity
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "fixtures" / "explain" / "published"
 TRUTH: dict[str, dict[str, Any]] = json.loads((PUBLISHED / "truth.json").read_text())
@@ -52,9 +52,9 @@ def test_every_story_has_a_code() -> None:
 
 def test_every_signature_is_matched_by_a_real_or_published_message() -> None:
     """No signature without a message from a fixture log behind it (READMEs are not scanned)."""
-    from ddpdoctor.log_reader import discover
-    from ddpdoctor.log_scan import scan
-    from ddpdoctor.log_signatures import SIGNATURES
+    from ddpdoctor.explain.read import discover
+    from ddpdoctor.explain.scan import scan
+    from ddpdoctor.explain.signatures import SIGNATURES
 
     logs = sorted(str(p) for p in PUBLISHED.parent.rglob("*.log"))
     seen = {e.sig for e in scan(discover(logs).logs).events}

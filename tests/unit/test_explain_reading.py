@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpdoctor.errors import UsageError
-from ddpdoctor.explain import explain
-from ddpdoctor.flight_recorder import compare, read_dumps
-from ddpdoctor.log_prefix import line_time, split_prefixes
-from ddpdoctor.log_reader import discover, rank_from_name, read_chunks
-from ddpdoctor.log_scan import scan
-from ddpdoctor.log_signatures import BY_ID, SIGNATURES, match_line, trigger_words
+from ddpdoctor.core.errors import UsageError
+from ddpdoctor.explain.command import explain
+from ddpdoctor.judge.flight_recorder import compare, read_dumps
+from ddpdoctor.explain.prefixes import line_time, split_prefixes
+from ddpdoctor.explain.read import discover, rank_from_name, read_chunks
+from ddpdoctor.explain.scan import scan
+from ddpdoctor.explain.signatures import BY_ID, SIGNATURES, match_line, trigger_words
 
 
 @pytest.mark.parametrize("line, rank, local_rank, host, message", [
@@ -91,7 +91,7 @@ def test_chunks_end_on_lines_and_lose_nothing(tmp_path: Path) -> None:
 
 
 def test_line_numbers_are_right_across_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ddpdoctor.log_reader as reader
+    import ddpdoctor.explain.read as reader
 
     monkeypatch.setattr(reader, "CHUNK_BYTES", 256)
     body = [f"[rank0]: step {i}" for i in range(400)]

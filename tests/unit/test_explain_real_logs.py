@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ddpdoctor.explain import explain
-from ddpdoctor.findings import Severity
+from ddpdoctor.explain.command import explain
+from ddpdoctor.core.findings import Severity
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "explain" / "real"
 SCENARIOS: dict[str, dict[str, Any]] = json.loads((REAL / "scenarios.json").read_text())

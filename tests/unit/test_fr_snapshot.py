@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpdoctor import fr_snapshot
+from ddpdoctor.measure import fr_snapshot
 
 
 @pytest.fixture()

@@ -27,11 +27,12 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-import ddpdoctor.launcher
-import ddpdoctor.rank_runtime
+import ddpdoctor.runtime.launcher
+import ddpdoctor.runtime.session
 import ddpdoctor.snapshot
-from ddpdoctor import cli, cuda_visible
-from ddpdoctor.errors import UsageError
+from ddpdoctor import cli
+from ddpdoctor.measure import cuda_visible
+from ddpdoctor.core.errors import UsageError
 from ddpdoctor.probes import all_probes
 from ddpdoctor.snapshot import MAX_INPUT_BYTES, REPORT_SCHEMA, SCHEMA, load_inputs
 
@@ -70,8 +71,8 @@ def accept_instead_of_starting(no_launch: None, monkeypatch: pytest.MonkeyPatch)
     def snapshot(measure: bool = True) -> dict[str, Any]:
         raise Accepted("snapshot")
 
-    monkeypatch.setattr(ddpdoctor.launcher, "run_standalone", standalone)
-    monkeypatch.setattr(ddpdoctor.rank_runtime, "run_rank", rank)
+    monkeypatch.setattr(ddpdoctor.runtime.launcher, "run_standalone", standalone)
+    monkeypatch.setattr(ddpdoctor.runtime.session, "run_rank", rank)
     monkeypatch.setattr(ddpdoctor.snapshot, "take_snapshot", snapshot)
 
 
@@ -193,7 +194,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _real_report() -> dict[str, Any]:
-    from ddpdoctor.report import build_report
+    from ddpdoctor.core.report import build_report
 
     from .test_report import COMMAND, healthy_record
 

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpdoctor import nvml
-from ddpdoctor.cuda_visible import parse
-from ddpdoctor.device_reading import ENV_KEYS, contexts_of, read_nvml
-from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.measure import nvml
+from ddpdoctor.measure.cuda_visible import parse
+from ddpdoctor.measure.device import ENV_KEYS, contexts_of, read_nvml
+from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.probes import RunView, get_probe
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpu_count"

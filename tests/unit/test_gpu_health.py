@@ -8,7 +8,8 @@ from typing import Any, Optional
 
 import pytest
 
-from ddpdoctor import gpu_health, nvml
+from ddpdoctor.measure import gpu_health
+from ddpdoctor.measure import nvml
 
 
 class FakeNVMLError(Exception):

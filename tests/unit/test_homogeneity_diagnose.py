@@ -25,12 +25,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpdoctor import gpu_health, host_facts, nvml
-from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.measure import gpu_health
+from ddpdoctor.measure import host as host_facts
+from ddpdoctor.measure import nvml
+from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.probes import RunView
-from ddpdoctor.probes.homogeneity import Homogeneity
+from ddpdoctor.probes.homogeneity.probe import Homogeneity
 from ddpdoctor.snapshot import diagnose_inputs, load_inputs
-from ddpdoctor.throughput import MatmulThroughput
+from ddpdoctor.measure.throughput import MatmulThroughput
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "homogeneity"
 H100, H100_2 = "dgx_h100_healthy.json", "dgx_h100_healthy_node2.json"

@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from ddpdoctor.host_load import CpuSample, foreign_load, our_processes, sample
+from ddpdoctor.measure.host_load import CpuSample, foreign_load, our_processes, sample
 
 
 def test_a_real_busy_process_is_foreign_load_and_we_are_not():

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ddpdoctor import net_facts
+from ddpdoctor.measure import net as net_facts
 from ddpdoctor.probes import RunView
 from ddpdoctor.probes.init_hang import LATE_ARRIVAL_S, InitHang
 from tests.dropping_port import dropping_port

@@ -1,4 +1,4 @@
-"""ddpdoctor.inject: the --inject / DDPDOCTOR_INJECT grammar, parsed without starting a rank."""
+"""ddpdoctor.runtime.inject: the --inject / DDPDOCTOR_INJECT grammar, parsed without starting a rank."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ddpdoctor.errors import UsageError
-from ddpdoctor.inject import (_KEYS, FAULT_STAGES, PROBE_STAGE_PREFIX, STAGES, Fault, Injector, check_ranks,
+from ddpdoctor.core.errors import UsageError
+from ddpdoctor.runtime.inject import (_KEYS, FAULT_STAGES, PROBE_STAGE_PREFIX, STAGES, Fault, Injector, check_ranks,
                               check_standalone, parse_faults)
 
 FAST = settings(database=None, deadline=None, max_examples=200,
@@ -293,7 +293,7 @@ def test_launcher_signals_need_our_own_launcher():
 def test_injected_oom_is_a_real_memory_error_and_leaves_the_rank_able_to_allocate():
     import resource
 
-    from ddpdoctor.inject import run_out_of_memory
+    from ddpdoctor.runtime.inject import run_out_of_memory
 
     before = resource.getrlimit(resource.RLIMIT_AS)
     with pytest.raises(MemoryError):

@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 import ddpdoctor
-from ddpdoctor.findings import Severity
-from ddpdoctor.init_watch import Target, port_conflict, target_from_call, target_from_env
-from ddpdoctor.online_checks import DataParallelGpu, batch_scaling_finding, data_parallel_finding, setup_findings
-from ddpdoctor.port_holders import foreign_listeners, is_local_address
+from ddpdoctor.core.findings import Severity
+from ddpdoctor.callback.watch import Target, port_conflict, target_from_call, target_from_env
+from ddpdoctor.callback.online_checks import DataParallelGpu, batch_scaling_finding, data_parallel_finding, setup_findings
+from ddpdoctor.measure.port_holders import foreign_listeners, is_local_address
 
 GiB = 2**30
 
@@ -109,7 +109,7 @@ def test_no_scaling_finding_for_one_rank_or_without_a_learning_rate():
 
 
 def test_the_base_rate_of_a_warm_up_schedule_is_read_not_its_first_step():
-    from ddpdoctor.doctor import _learning_rates
+    from ddpdoctor.callback.doctor import _learning_rates
 
     model = nn.Linear(2, 2)
     optimizer = torch.optim.AdamW([{"params": [model.weight]}, {"params": [model.bias], "lr": 1e-4}], lr=3e-4)
@@ -245,7 +245,7 @@ def test_watch_never_ends_a_process_it_cannot_name_as_a_rank(tmp_path, env, kwar
 def test_under_nccl_the_gather_runs_on_the_models_gpu_not_the_current_device(monkeypatch):
     """The tutorial's ranks move the model with .to(rank) and never call set_device: gathering on
     the current device would put every rank on cuda:0 (NCCL: "Duplicate GPU detected")."""
-    from ddpdoctor.doctor import gather_device
+    from ddpdoctor.callback.doctor import gather_device
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert gather_device(True, torch.device("cuda", 3)) == torch.device("cuda", 3)

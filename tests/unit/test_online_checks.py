@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ddpdoctor.findings import Severity
-from ddpdoctor.online_checks import History, RankWindow, data_findings, memory_growth, setup_findings
+from ddpdoctor.core.findings import Severity
+from ddpdoctor.callback.online_checks import History, RankWindow, data_findings, memory_growth, setup_findings
 
 
 def row(rank: int, fingerprint: int = 0, loader_len: int = 8, stale: bool = False, peak: int = 2**30,

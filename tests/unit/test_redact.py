@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpdoctor.redact import REDACTED, is_relevant, redact_value, relevant_env
+from ddpdoctor.core.redact import REDACTED, is_relevant, redact_value, relevant_env
 
 GHP = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 HF = "hf_" + "Zq7Xw2Vb9Nm4Lk8Jh3Gf6Ds1Ap5"
@@ -165,7 +165,7 @@ def test_a_url_password_never_survives(user, password, host):
     ("curl -H 'Authorization: Basic dXNlcjpwYXNzd29yZA=='", "curl -H"),
 ])
 def test_secrets_in_source_lines_headers_and_json_text_are_blanked(line, kept):
-    from ddpdoctor.redact import redact_text
+    from ddpdoctor.core.redact import redact_text
 
     out = redact_text(line)
     assert kept in out and "<redacted>" in out
@@ -173,7 +173,7 @@ def test_secrets_in_source_lines_headers_and_json_text_are_blanked(line, kept):
 
 
 def test_ordinary_messages_with_colons_are_kept():
-    from ddpdoctor.redact import redact_text
+    from ddpdoctor.core.redact import redact_text
 
     line = "rank 1 (vm) failed in stage train: RuntimeError: Connection closed by peer [127.0.0.1]:8107"
     assert redact_text(line) == line

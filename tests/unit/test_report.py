@@ -1,4 +1,4 @@
-"""ddpdoctor.report: the JSON report built from a hand-made RunRecord, and its atomic write."""
+"""ddpdoctor.core.report: the JSON report built from a hand-made RunRecord, and its atomic write."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from ddpdoctor import __version__
-from ddpdoctor import report as report_mod
-from ddpdoctor.findings import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, Severity
+from ddpdoctor.core import report as report_mod
+from ddpdoctor.core.findings import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, Severity
 from ddpdoctor.probes import get_probe
-from ddpdoctor.report import SCHEMA, build_report, write_json
-from ddpdoctor.run_record import ExitInfo, RunRecord
-from ddpdoctor.workload import StepTiming, WorkloadResult
+from ddpdoctor.core.report import SCHEMA, build_report, write_json
+from ddpdoctor.core.run_record import ExitInfo, RunRecord
+from ddpdoctor.runtime.workload import StepTiming, WorkloadResult
 
 T0 = 1_700_000_000.0
 SHA = "9f2c" * 16
@@ -217,7 +217,7 @@ def test_write_json_never_replaces_a_file_that_appeared_meanwhile(tmp_path, caps
 def test_write_outputs_follows_the_force_setting(tmp_path, capsys, force):
     """The reporter (launcher, or rank 0 under torchrun) writes through write_outputs with the
     CheckConfig it parsed from the same argv: --force reaches it as cfg.force."""
-    from ddpdoctor.config import CheckConfig
+    from ddpdoctor.runtime.config import CheckConfig
 
     path = tmp_path / "r.json"
     path.write_text(OLD)
@@ -330,7 +330,7 @@ def test_a_file_system_without_hard_links_still_never_overwrites(tmp_path, monke
 
 _KILLED_WRITER = """
 import os, sys, time
-from ddpdoctor import report
+from ddpdoctor.core import report
 def half_then_wait(fd, data):
     os.write(fd, data[: len(data) // 2])
     print("half", flush=True)

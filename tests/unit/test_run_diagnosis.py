@@ -1,4 +1,4 @@
-"""ddpdoctor.run_diagnosis on hand-made RunRecords, and the ddpdoctor.findings helpers.
+"""ddpdoctor.judge.run_diagnosis on hand-made RunRecords, and the ddpdoctor.core.findings helpers.
 
 The records are filled the way the channel and the standalone launcher fill them:
 hello/timeline/error/timeout values are the JSON the ranks publish, exits are ExitInfo.
@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpdoctor.findings import (EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, Finding, Severity, exit_code_for,
+from ddpdoctor.core.findings import (EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, Finding, Severity, exit_code_for,
                                 rank_ranges)
-from ddpdoctor.inject import INJECTED_CRASH_EXIT
-from ddpdoctor.run_diagnosis import diagnose_run, rank_fates
-from ddpdoctor.run_record import ExitInfo, RunRecord
+from ddpdoctor.runtime.inject import INJECTED_CRASH_EXIT
+from ddpdoctor.judge.run_diagnosis import diagnose_run, rank_fates
+from ddpdoctor.core.run_record import ExitInfo, RunRecord
 
 T0 = 1_700_000_000.0
 STACK = ('Thread 0x7f00 (most recent call first):\n'

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from ddpdoctor.probes import RunView
-from ddpdoctor.probes.homogeneity import Homogeneity
-from ddpdoctor.render import render_report
-from ddpdoctor.report import build_report
-from ddpdoctor.run_record import ExitInfo, RunRecord
+from ddpdoctor.probes.homogeneity.probe import Homogeneity
+from ddpdoctor.render.console import render_report
+from ddpdoctor.core.report import build_report
+from ddpdoctor.core.run_record import ExitInfo, RunRecord
 
 CPU_ENTRY = Path(__file__).resolve().parent.parent / "fixtures" / "homogeneity" / "cpu_vm_2core_recorded.json"
 PER_NODE = 8
@@ -81,7 +81,7 @@ def test_the_diagnosis_and_the_report_grow_linearly_with_the_ranks():
 def test_the_median_of_the_others_is_the_median_without_that_rank(values):
     import statistics
 
-    from ddpdoctor.probes.homogeneity_speed import _median_of_others
+    from ddpdoctor.probes.homogeneity.speed import _median_of_others
 
     by_rank = dict(enumerate(values))
     got = _median_of_others(by_rank)
@@ -100,8 +100,8 @@ def _rendezvous_reads(n: int, missing: int | None = None) -> tuple[dict[int, int
 
     import torch.distributed as dist
 
-    from ddpdoctor.channel import Channel
-    from ddpdoctor.rank_runtime import _rendezvous
+    from ddpdoctor.runtime.channel import Channel
+    from ddpdoctor.runtime.session import _rendezvous
 
     class Counting(Channel):
         def __init__(self, store: Any) -> None:

@@ -1,6 +1,6 @@
 """The scaling verdict on hand-built facts: the arithmetic, the targets, and the named cause.
 
-Each case sets the per-rank medians a real run records (ddpdoctor/scaling_run.py) so that
+Each case sets the per-rank medians a real run records (ddpdoctor/runtime/scaling_run.py) so that
 one cause dominates, and checks the judge names that cause and no other.
 """
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ddpdoctor.findings import Severity
+from ddpdoctor.core.findings import Severity
 from ddpdoctor.probes import RunView
-from ddpdoctor.probes.scaling_judge import diagnose_scaling, evaluate, target_pct
+from ddpdoctor.probes.scaling.judge import diagnose_scaling, evaluate, target_pct
 
 DEFAULT = "defaults (bucket_cap_mb=25)"
 
@@ -135,7 +135,7 @@ def test_a_small_largest_part_is_no_single_cause() -> None:
 
 
 def test_sizes_always_start_at_one_and_never_exceed_the_ranks() -> None:
-    from ddpdoctor.scaling_run import sizes_for
+    from ddpdoctor.runtime.scaling_run import sizes_for
 
     assert sizes_for((), 6) == [1, 2, 4, 6] and sizes_for((2, 4), 4) == [1, 2, 4]
     assert sizes_for((8, 16), 4) == [1] and sizes_for((3,), 3) == [1, 3]

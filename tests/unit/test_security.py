@@ -22,7 +22,7 @@ from typing import Iterator, Optional
 import pytest
 
 from ddpdoctor import cli
-from ddpdoctor.redact import REDACTED
+from ddpdoctor.core.redact import REDACTED
 
 from . import cli_guard
 
@@ -43,7 +43,7 @@ UNPICKLING_CALLS = {"pickle.load", "pickle.loads", "_pickle.load", "_pickle.load
                     "cloudpickle.loads", "joblib.load", "yaml.load", "yaml.unsafe_load", "pandas.read_pickle"}
 PICKLE_MODULES = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "shelve", "marshal", "joblib"}
 # The one place that may import pickle: its Unpickler subclass refuses every global.
-UNPICKLER_HOME = "ddpdoctor/flight_recorder.py"
+UNPICKLER_HOME = "ddpdoctor/judge/flight_recorder.py"
 
 
 def _aliases(tree: ast.AST) -> dict[str, str]:
@@ -121,7 +121,7 @@ def _relative(path: Path) -> str:
 
 def test_the_scan_covers_the_packages():
     names = {_relative(p) for p in SOURCES}
-    assert {"ddpdoctor/cli.py", "ddpdoctor/launcher.py", UNPICKLER_HOME, "probes/allreduce.py"} <= names
+    assert {"ddpdoctor/cli.py", "ddpdoctor/runtime/launcher.py", UNPICKLER_HOME, "probes/allreduce/probe.py"} <= names
     assert len(names) > 60
 
 
@@ -138,7 +138,7 @@ def test_the_only_unpickler_is_the_refusing_one():
                   and any(_dotted(b, aliases) == "pickle.Unpickler" for b in n.bases)]
     assert [c.name for c in unpicklers] == ["_PlainDataUnpickler"] and _refuses_globals(unpicklers[0])
     users = [p for p in SOURCES if "flight_recorder import" in p.read_text() and "loads_plain" in p.read_text()]
-    assert {_relative(p) for p in users} <= {"ddpdoctor/fr_snapshot.py", "ddpdoctor/explain.py", UNPICKLER_HOME}
+    assert {_relative(p) for p in users} <= {"ddpdoctor/measure/fr_snapshot.py", "ddpdoctor/explain/command.py", UNPICKLER_HOME}
 
 
 @pytest.mark.parametrize("source", [
@@ -187,7 +187,7 @@ class _RunsShell:
 
 
 def test_the_refusing_unpickler_refuses_code_and_keeps_plain_data(tmp_path):
-    from ddpdoctor.flight_recorder import loads_plain
+    from ddpdoctor.judge.flight_recorder import loads_plain
 
     marker = tmp_path / "PWNED"
     with pytest.raises(pickle.UnpicklingError, match="refused"):
@@ -245,8 +245,8 @@ def _other_addresses() -> Iterator[str]:
 
 def test_the_launchers_store_listens_on_127_0_0_1_only():
     """The launcher's own code path: _listen binds the port, the store takes its fd."""
-    from ddpdoctor.channel import Channel
-    from ddpdoctor.launcher import _listen
+    from ddpdoctor.runtime.channel import Channel
+    from ddpdoctor.runtime.launcher import _listen
 
     sock, port = _listen(None)
     channel = Channel.connect("127.0.0.1", port, 5.0, is_master=True, listen_fd=sock.detach())
@@ -267,8 +267,8 @@ def test_the_launchers_store_listens_on_127_0_0_1_only():
 
 
 def test_a_busy_port_is_one_clear_error():
-    from ddpdoctor.errors import UsageError
-    from ddpdoctor.launcher import _listen
+    from ddpdoctor.core.errors import UsageError
+    from ddpdoctor.runtime.launcher import _listen
 
     sock, port = _listen(None)
     try:
@@ -296,7 +296,7 @@ def test_a_report_file_carries_no_secret_from_env_command_errors_or_logs(tmp_pat
     """Every place a run record holds free text: facts (an env dict, as a collector that forgot
     relevant_env would record it), the command line, an exception's message and traceback,
     a watchdog's stack, a rank's log tail."""
-    from ddpdoctor.report import build_report, write_json
+    from ddpdoctor.core.report import build_report, write_json
 
     from .test_report import COMMAND, SHA, crashed_record, healthy_record
 
@@ -350,7 +350,7 @@ def test_explains_json_carries_no_secret_from_the_logs(capsys, tmp_path):
                    "[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:6528\n")
     out = tmp_path / "why.json"
     assert cli.main(["explain", str(log), "--json", str(out)]) == 2
-    from ddpdoctor.explain import explain
+    from ddpdoctor.explain.command import explain
 
     for text in (out.read_text(), json.dumps(explain([str(log)]).to_json())):
         _assert_clean(text)

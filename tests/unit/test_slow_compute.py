@@ -7,7 +7,7 @@ import time
 import torch
 from torch import nn
 
-from ddpdoctor.slow_compute import SlowCompute
+from ddpdoctor.measure.slow_compute import SlowCompute
 
 
 def test_forward_and_backward_are_stretched_before_the_gradients_exist():

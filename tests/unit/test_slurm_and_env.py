@@ -1,4 +1,4 @@
-"""ddpdoctor.slurm (host lists) and ddpdoctor.launch_env.detect on plain dict environments."""
+"""ddpdoctor.runtime.slurm (host lists) and ddpdoctor.runtime.launch_env.detect on plain dict environments."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from ddpdoctor import launch_env, slurm
-from ddpdoctor.errors import UsageError
-from ddpdoctor.launch_env import LaunchEnv, detect
+from ddpdoctor.runtime import launch_env
+from ddpdoctor.runtime import slurm
+from ddpdoctor.core.errors import UsageError
+from ddpdoctor.runtime.launch_env import LaunchEnv, detect
 
 FAST = settings(database=None, deadline=None, max_examples=200,
                 suppress_health_check=[HealthCheck.too_slow])

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 import ddpdoctor
-from ddpdoctor.errors import UsageError
-from ddpdoctor.redact import REDACTED
+from ddpdoctor.core.errors import UsageError
+from ddpdoctor.core.redact import REDACTED
 from ddpdoctor.snapshot import REPORT_SCHEMA, SCHEMA, load_inputs, take_snapshot, write_snapshot
-from ddpdoctor.throughput import ROUNDS, MatmulThroughput
+from ddpdoctor.measure.throughput import ROUNDS, MatmulThroughput
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "homogeneity"
 CPU = FIXTURES / "cpu_vm_2core_recorded.json"

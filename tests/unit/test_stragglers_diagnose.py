@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ddpdoctor.findings import Severity
+from ddpdoctor.core.findings import Severity
 from ddpdoctor.probes import get_probe
 from ddpdoctor.probes.base import RunView
-from ddpdoctor.probes.straggler_scores import diagnose_stragglers, score
+from ddpdoctor.probes.stragglers.scores import diagnose_stragglers, score
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stragglers"
 HEALTHY = sorted(p.name for p in FIXTURES.glob("healthy_*.json"))

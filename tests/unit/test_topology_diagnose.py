@@ -21,11 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.link_model import Hop, hop_gbps, pcie_gbps, ring_expectation
+from ddpdoctor.core.findings import Finding, Severity
+from ddpdoctor.judge.link_model import Hop, hop_gbps, pcie_gbps, ring_expectation
 from ddpdoctor.probes import RunView
-from ddpdoctor.probes.topology_checks import cell, diagnose_topology, node_views
-from ddpdoctor.probes.topology_render import render_matrices
+from ddpdoctor.probes.topology.checks import cell, diagnose_topology, node_views
+from ddpdoctor.probes.topology.render import render_matrices
 from ddpdoctor.snapshot import load_inputs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "topology"

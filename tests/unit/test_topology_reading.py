@@ -16,7 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpdoctor import host_layout, nvml, topology_reading
+from ddpdoctor.measure import host_layout
+from ddpdoctor.measure import nvml
+from ddpdoctor.measure import topology as topology_reading
 
 
 def _write(path: Path, text: str) -> None:

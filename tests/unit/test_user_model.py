@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor import cli
-from ddpdoctor.findings import EXIT_UNKNOWN
-from ddpdoctor.user_model import ModelSpec, validate
+from ddpdoctor.core.findings import EXIT_UNKNOWN
+from ddpdoctor.runtime.user_model import ModelSpec, validate
 
 TINY = str(Path(__file__).resolve().parents[1] / "ranks" / "tiny_model.py")
 
@@ -72,9 +72,9 @@ def test_bad_scaling_flags_are_one_line(capsys, argv, words) -> None:
 
 def test_the_api_passes_functions_to_the_ranks_by_name(monkeypatch) -> None:
     from ddpdoctor import api
-    from ddpdoctor.errors import UsageError
+    from ddpdoctor.core.errors import UsageError
 
-    assert api.factory_spec(validate, "model") == "ddpdoctor.user_model:validate"
+    assert api.factory_spec(validate, "model") == "ddpdoctor.runtime.user_model:validate"
     assert api.factory_spec("m:f", "model") == "m:f" and api.factory_spec(None, "model") is None
 
     def nested() -> None:
@@ -109,7 +109,7 @@ def test_user_code_that_exits_imports_a_missing_package_or_leaves_parameters_unu
 
 def test_the_api_refuses_to_recurse_from_a_script_loaded_as_a_factory(monkeypatch) -> None:
     from ddpdoctor import api
-    from ddpdoctor.errors import UsageError
+    from ddpdoctor.core.errors import UsageError
 
     monkeypatch.setenv(api.CHILD_VAR, "1")
     with pytest.raises(UsageError, match="calls the API at import"):

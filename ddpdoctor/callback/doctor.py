@@ -1,0 +1,631 @@
+"""`Doctor`: the probes inside a user's own training loop, at negligible cost.
+
+    doctor = ddpdoctor.Doctor(ddp_model, loader=loader)
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
+        for batch in loader:
+            with doctor.step(batch):
+                loss = ddp_model(batch).sum(); loss.backward(); optimizer.step()
+
+Per step it only reads clocks (and, through a DDP comm hook, when each gradient bucket's
+all-reduce starts and ends). Every `every` steps it makes one collective of its own: an
+all_gather of one small float64 tensor per rank holding those steps' timings, a
+fingerprint of the current batch, the loader's length, the sampler's epoch state and the
+peak memory. Rank 0 judges (`online_checks`, and the `stragglers` probe's scores on the
+same columns) and reports each new finding once: to the `ddpdoctor` logger, to a JSON file,
+and to `on_finding`. A step that outlives its deadline is reported by every rank's own
+watchdog thread with its Python stacks. Nothing raises into the training loop unless
+`raise_on_finding` asks for it, and then on every rank at the same step (all ranks judge
+the same gathered table), so no rank is left waiting in the next all-reduce.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator, Optional
+
+from ddpdoctor.core.findings import Finding, Severity
+from ddpdoctor.callback.online_checks import (PROBE, DataParallelGpu, History, RankWindow, batch_scaling_finding,
+                                     data_findings, data_parallel_finding, memory_growth, setup_findings)
+
+log = logging.getLogger("ddpdoctor")
+HEADER = 8  # rank, step, loader_len, stale_epoch, peak_mem, fingerprint, wait_measured, steps in the row
+HOST_KEY = "ddpdoctor/host/{rank}"
+HANG_KEY = "ddpdoctor/hang/{rank}"
+MIN_COST_SHARE = 0.05
+# Stragglers are judged on the kept windows once they hold this many steps: 8 windows of 10.
+ONLINE_MIN_STEPS = 80
+# A DataParallel model's GPUs are measured over this many steps (or `every`, if fewer), then judged.
+DATA_PARALLEL_STEPS = 20
+
+
+class FindingRaised(RuntimeError):
+    """Raised into the loop only when `raise_on_finding` is set and a finding reaches it."""
+
+
+def _fingerprint(batch: Any) -> int:
+    """52 bits of a SHA-1 over strided samples of the batch's first tensors (exact in a float64).
+
+    Several tensors, so a constant first one (a mask, say) does not make two ranks' batches
+    look the same. Only on check steps: on a GPU reading the batch is a device-to-host copy."""
+    import torch
+
+    digest = hashlib.sha1()
+    for tensor in _tensors(batch)[:4]:
+        flat = tensor.detach().reshape(-1)
+        stride = max(1, flat.numel() // 4096)
+        sample = flat[::stride][:4096].to("cpu", torch.float64).contiguous()
+        digest.update(bytes(sample.view(torch.uint8).tolist()))  # no numpy needed
+    if digest.digest() == hashlib.sha1().digest():  # no tensor in the batch
+        return 0
+    return int.from_bytes(digest.digest()[:7], "big") >> 4 or 1
+
+
+def _tensors(batch: Any) -> list[Any]:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return [batch] if batch.layout == torch.strided and batch.numel() else []
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return [t for item in batch for t in _tensors(item)]
+    return []
+
+
+def _first_tensor(batch: Any) -> Any:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, Mapping):  # dicts, and Hugging Face's BatchEncoding (a UserDict)
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+class _WaitTimer:
+    """DDP comm hook state: an ordinary all-reduce, with the wait for the last bucket timed."""
+
+    def __init__(self, group: Any, size: int) -> None:
+        self.group = group  # DDP's own process group: a subgroup's gradients stay in the subgroup
+        self.size = size
+        self.last_launch = 0.0
+        self.last_done = 0.0
+
+    def take_ms(self) -> float:
+        ms = max(0.0, self.last_done - self.last_launch) * 1e3 if self.last_launch else 0.0
+        self.last_launch = self.last_done = 0.0
+        return ms
+
+
+def _wait_hook(state, bucket):  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
+    state.last_launch = time.perf_counter()
+    buffer = bucket.buffer()
+    buffer.div_(state.size)
+
+    def done(fut: Any) -> Any:
+        state.last_done = time.perf_counter()
+        return fut.value()[0]
+
+    return dist.all_reduce(buffer, group=state.group, async_op=True).get_future().then(done)
+
+
+def _is_wrapped(model: Any, ddp_class: Any) -> bool:
+    """DDP, or another data-parallel wrapper that averages gradients (FSDP, DeepSpeed), or
+    torch.compile of one of them: not DOC004."""
+    inner = getattr(model, "_orig_mod", model)  # torch.compile(DDP(m))
+    if isinstance(inner, ddp_class):
+        return True
+    name = type(inner).__name__
+    # FSDP1's wrapper, FSDP2's fully_shard (it renames the class "FSDP<name>"), a DeepSpeed engine.
+    return "FullyShardedDataParallel" in name or name.startswith("FSDP") or "DeepSpeed" in name
+
+
+def _data_parallel_ids(model: Any) -> Optional[list[int]]:
+    """The GPUs of a torch.nn.DataParallel model (possibly empty: no GPU), or None for any other model."""
+    import torch
+
+    inner = getattr(model, "_orig_mod", model)
+    if not isinstance(inner, torch.nn.DataParallel):
+        return None
+    return [int(getattr(d, "index", d)) for d in (inner.device_ids or [])]
+
+
+def _learning_rates(optimizer: Any) -> list[float]:
+    """Each parameter group's base rate: a scheduler's `initial_lr` (the warm-up's start is not the rate)."""
+    out = []
+    for group in getattr(optimizer, "param_groups", None) or []:
+        lr = group.get("initial_lr", group.get("lr"))
+        if hasattr(lr, "item"):  # a tensor learning rate (capturable optimizers)
+            lr = lr.item()
+        if isinstance(lr, (int, float)):
+            out.append(float(lr))
+    return out
+
+
+def _unsharded_sampler(loader: Any, sampler: Any) -> Optional[str]:
+    """The sampler's class name when nothing in the loader shards the data; None otherwise.
+
+    Frameworks shard in their own ways: Lightning swaps in a DistributedSampler, Accelerate
+    (Hugging Face) wraps the loader and its batch sampler ("...Shard")."""
+    if loader is None or sampler is None:
+        return None
+    names = [type(x).__name__ for x in (loader, sampler, getattr(loader, "batch_sampler", None)) if x is not None]
+    if any("Distributed" in n or "Shard" in n or "Dispatcher" in n or n.startswith("_Infinite") for n in names):
+        return None  # sharded, dispatched by Accelerate, or an IterableDataset (which shards itself)
+    return type(sampler).__name__
+
+
+def _default_store() -> Any:
+    """The job's own rendezvous store (torch keeps no public handle to it), or None."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def gather_device(nccl: bool, model_device: Any) -> Any:
+    """Where the callback's own gather runs: the model's GPU under NCCL (its index, not the current
+    device, which a job that never called set_device leaves at 0 on every rank); CPU otherwise."""
+    import torch
+
+    if not nccl:
+        return torch.device("cpu")
+    if model_device.type == "cuda":
+        index = model_device.index if model_device.index is not None else torch.cuda.current_device()
+        return torch.device("cuda", index)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class Doctor:
+    """Rank, world size and device come from the process group and the model, never from torchrun's
+    variables, so a job started with mp.spawn (or any launcher) is watched the same way."""
+
+    def __init__(self, model: Any, optimizer: Any = None, loader: Any = None, sampler: Any = None, *,
+                 every: int = 50, step_deadline_s: float = 600.0, json_path: Optional[str] = None,
+                 on_finding: Optional[Callable[[Finding], None]] = None, raise_on_finding: bool = False,
+                 on_hang: str = "report", measure_comm: bool = True, batch_size: Optional[int] = None) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        if on_hang not in ("report", "exit"):
+            raise ValueError(f"on_hang must be 'report' or 'exit', not {on_hang!r}")
+        self.every = max(2, int(every))
+        self.deadline_s = float(step_deadline_s)
+        self.json_path = json_path
+        self.on_finding = on_finding
+        self.raise_on_finding = raise_on_finding
+        self.on_hang = on_hang
+        self.loader = loader
+        self.optimizer = optimizer
+        self.batch_size = int(batch_size) if batch_size else None
+        self.sampler = sampler if sampler is not None else getattr(loader, "sampler", None)
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.host = os.uname().nodename
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self.findings: list[Finding] = []
+        self._seen: set[tuple[str, tuple[int, ...]]] = set()
+        self._lock = threading.Lock()
+        self._same_batch_checks = 0  # consecutive checks where every rank had the same batch
+        self._history = History(keep=max(4, -(-ONLINE_MIN_STEPS // self.every)))
+        self._steps = 0
+        self._columns: dict[str, list[float]] = {"step": [], "data": [], "wait": [], "samples": []}
+        self._began = 0.0
+        self._last_end = 0.0
+        self._batch: Any = None
+        self._epoch0 = getattr(self.sampler, "epoch", None)
+        self._timer: Optional[_WaitTimer] = None
+        # Without a process group there are no checks to read the events: CPU clocks only.
+        self._cuda = self.device.type == "cuda" and self.distributed
+        # NCCL gathers CUDA tensors on the rank's own GPU, which is the model's: the mp.spawn tutorial
+        # moves the model with .to(rank) and never calls set_device, so "current device" would be
+        # cuda:0 on every rank (NCCL's "Duplicate GPU detected"). Other backends take CPU tensors.
+        nccl = self.distributed and dist.get_backend() == "nccl"
+        self._gather_device = gather_device(nccl, self.device)
+        self._events: list[tuple[Any, Any]] = []
+        self._event_begin: Any = None
+        is_ddp = _is_wrapped(model, DistributedDataParallel)
+        # Only DDP's comm hook has the (state, bucket) form the timer is: FSDP's register_comm_hook
+        # takes another signature, and its hook would fail inside the user's backward pass.
+        if isinstance(getattr(model, "_orig_mod", model), DistributedDataParallel) and measure_comm and self.distributed:
+            group = getattr(model, "process_group", None)
+            timer = _WaitTimer(group, dist.get_world_size(group) if group is not None else self.world_size)
+            try:
+                model.register_comm_hook(timer, _wait_hook)
+                self._timer = timer
+            except Exception:  # the job has a comm hook of its own: step times only
+                self._timer = None
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        sampler_name = _unsharded_sampler(loader, self.sampler)
+        self._dp_ids = _data_parallel_ids(model)
+        self._dp_util: dict[int, list[float]] = {i: [] for i in self._dp_ids or []}
+        self._dp_done = self._dp_ids is None
+        unmeasured = None
+        if is_ddp and self._timer is None and self.distributed:
+            inner = getattr(model, "_orig_mod", model)
+            if not isinstance(inner, DistributedDataParallel):
+                unmeasured = type(inner).__name__
+            else:
+                unmeasured = ("DistributedDataParallel (measure_comm=False)" if not measure_comm
+                              else "DistributedDataParallel (the job has its own comm hook)")
+        for finding in setup_findings(is_ddp, self.world_size, gpus, self.rank, self.host, sampler_name,
+                                      data_parallel=self._dp_ids is not None, unmeasured_wait=unmeasured):
+            self._emit(finding)
+        self._store = _default_store()
+        self._hosts: dict[int, str] = {self.rank: self.host}
+        if self._store is not None:
+            # The node names travel through the job's own store, not a collective.
+            self._store.set(HOST_KEY.format(rank=self.rank), self.host)
+        self._watchdog = threading.Thread(target=self._watch, name="ddpdoctor-step-watchdog", daemon=True)
+        self._stop = threading.Event()
+        self._watchdog.start()
+        self._closed = False
+        atexit.register(self.close)
+
+    # -- the loop's side --------------------------------------------------------
+    @contextlib.contextmanager
+    def step(self, batch: Any = None) -> Iterator[None]:
+        self.step_begin(batch)
+        try:
+            yield
+        except BaseException:
+            # The loop's own error ends the step: no check (a collective other ranks may not
+            # reach), and no hang report for a step that is over.
+            self._began = 0.0
+            raise
+        self.step_end()
+
+    def step_begin(self, batch: Any = None) -> None:
+        now = time.perf_counter()
+        self._columns["data"].append((now - self._last_end) * 1e3 if self._last_end else 0.0)
+        self._batch = batch
+        self._began = now
+        if self._cuda:
+            self._event_begin = self._record()
+
+    def step_end(self) -> None:
+        now = time.perf_counter()
+        began = self._began
+        self._columns["step"].append((now - began) * 1e3)
+        if self._cuda:
+            # GPU work runs behind the CPU: events on the stream, read only at the next check.
+            self._events.append((self._event_begin, self._record()))
+        self._columns["wait"].append(self._timer.take_ms() if self._timer else 0.0)
+        tensor = _first_tensor(self._batch)
+        # 0: not known (no batch given, or a scalar): DOC010 is then not said rather than guessed.
+        self._columns["samples"].append(float(tensor.shape[0]) if tensor is not None and tensor.dim() else 0.0)
+        self._steps += 1
+        try:
+            if not self._dp_done:
+                self._data_parallel_step()
+            if self.distributed and (self._steps == 1 or self._steps % self.every == 0):
+                self._check()  # still inside the step for the watchdog: a stuck gather is a stuck step
+            elif not self.distributed and len(self._columns["step"]) > 2 * self.every:
+                for key in self._columns:  # one process: no check ever takes them, keep the last ones
+                    self._columns[key] = self._columns[key][-self.every:]
+        finally:
+            # Also when a check raised (raise_on_finding): a step that is over must not be taken for a hang.
+            self._began = 0.0
+            self._last_end = time.perf_counter()
+
+    def report(self) -> list[Finding]:
+        """Every finding so far, on this rank (rank 0 holds the gathered ones)."""
+        return list(self.findings)
+
+    def close(self) -> None:
+        """Stop watching and write the final summary (once; also at interpreter exit if never called)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        atexit.unregister(self.close)
+        if not self._dp_done and self._steps:
+            self._data_parallel_judge()
+        if self.rank != 0 and not self.findings:
+            return
+        worst = max((f.severity for f in self.findings), default=Severity.OK)
+        log.warning("ddpdoctor: rank %d, %d steps: %s", self.rank, self._steps,
+                    "no findings" if not self.findings else
+                    f"{len(self.findings)} finding(s), worst {worst.label}: "
+                    + "; ".join(f"{f.code} {f.title}" for f in self.findings[:5]))
+
+    # -- every `every` steps: one collective ------------------------------------------
+    def _check(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        n = self.every
+        if self._cuda and self._events:
+            self._device_times()
+        cols = {k: (v[-n:] + [0.0] * n)[:n] for k, v in self._columns.items()}
+        count = min(n, len(self._columns["step"]))
+        row = torch.zeros(HEADER + 4 * n, dtype=torch.float64)
+        row[:HEADER] = torch.tensor([self.rank, self._steps, *self._local_facts(), float(self._timer is not None),
+                                     float(count)], dtype=torch.float64)
+        for i, key in enumerate(("step", "data", "wait", "samples")):
+            row[HEADER + i * n:HEADER + (i + 1) * n] = torch.tensor(cols[key], dtype=torch.float64)
+        row = row.to(self._gather_device)
+        gathered = torch.empty(self.world_size * row.numel(), dtype=torch.float64, device=self._gather_device)
+        # torch 2.13 renamed all_gather_into_tensor (and warns on the old name); older torch has only that.
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(gathered, row)
+        if self._steps > 1:  # what was sent is not sent again (step 1's check is for the data and setup)
+            for key in self._columns:
+                self._columns[key] = []
+        # Every rank judges the same table the same way, so a raise (when asked for) happens on
+        # every rank at the same step; only rank 0 reports.
+        try:
+            found = self._judge(self._rows(gathered.cpu().reshape(self.world_size, -1), n))
+        except Exception as exc:  # a bug of ours must not end the user's job
+            log.warning("ddpdoctor: judging failed on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
+            return
+        new = [f for f in found if (f.code, f.ranks) not in self._seen]
+        for finding in new:
+            if self.rank == 0:
+                self._emit(finding, may_raise=False)
+            else:
+                self._seen.add((finding.code, finding.ranks))
+        if self.raise_on_finding and any(f.severity >= Severity.WARN for f in new):
+            worst = max(new, key=lambda f: f.severity)
+            raise FindingRaised(f"{worst.code}: {worst.title}")
+
+    def _local_facts(self) -> list[float]:
+        """Loader length, stale epoch, peak memory, batch fingerprint: placeholders where one fails,
+        because a rank that raised here would never join the gather its peers wait in."""
+        out = []
+        for read, default in ((self._loader_len, -1.0), (lambda: float(self._stale_epoch()), 0.0),
+                              (self._peak_mem, 0.0),
+                              (lambda: float(_fingerprint(self._batch)) if self._batch is not None else 0.0, 0.0)):
+            try:
+                out.append(float(read()))
+            except Exception:
+                out.append(default)
+        return out
+
+    def _rows(self, table: Any, n: int) -> dict[int, RankWindow]:
+        rows = {}
+        for values in table.tolist():
+            rank, step, loader_len, stale, peak, fingerprint, measured, count = values[:HEADER]
+            c = int(count)
+            col = [values[HEADER + i * n:HEADER + i * n + c] for i in range(4)]
+            rows[int(rank)] = RankWindow(rank=int(rank), host=self._host_of(int(rank)),
+                                         step=int(step), step_ms=col[0], data_ms=col[1], wait_ms=col[2],
+                                         samples=col[3], fingerprint=int(fingerprint), loader_len=int(loader_len),
+                                         stale_epoch=bool(stale), peak_mem_bytes=int(peak), wait_measured=bool(measured))
+        return rows
+
+    def _judge(self, rows: dict[int, RankWindow]) -> list[Finding]:
+        from ddpdoctor.probes.base import RunView
+        from ddpdoctor.probes.stragglers.scores import diagnose_stragglers
+
+        found = data_findings(rows)
+        if self._steps == 1 and self.optimizer is not None:  # once: the first gathered step shows the batch
+            batch = {r: float(self.batch_size) if self.batch_size else (row.samples[-1] if row.samples else 0.0)
+                     for r, row in rows.items()}
+            scaling = batch_scaling_finding(batch, _learning_rates(self.optimizer),
+                                            [rows[r].host for r in sorted(rows)])
+            found += [scaling] if scaling is not None else []
+        same = any(f.code == "DOC001" for f in found)
+        self._same_batch_checks = self._same_batch_checks + 1 if same else 0
+        if same and self._same_batch_checks < 2:  # one coincidence is not a missing sampler
+            found = [f for f in found if f.code != "DOC001"]
+        if len(next(iter(rows.values())).step_ms) > 1:
+            self._history.add(rows)
+            found += memory_growth(self._history)
+        facts = self._history.facts()
+        if facts and min(len(f["steps"]["step_ms"]) for f in facts.values()) >= ONLINE_MIN_STEPS:
+            run = RunView(world_size=self.world_size, hosts={r: row.host for r, row in rows.items()})
+            # In a live job a straggler must also cost something: tiny steps make a few percent of
+            # noise look like a rank, and a rank that costs under MIN_COST_SHARE of a step is not worth a page.
+            # Here a step is only data (before step_begin) and work inside the step, so a real
+            # straggler's extra time shows in one of them; extra time in neither ("host overhead")
+            # is noise between medians, not a rank.
+            found += [f for f in diagnose_stragglers(facts, run) if f.severity >= Severity.WARN
+                      and (f.code != "STR001" or (f.evidence.get("cause") != "host overhead"
+                                                  and f.evidence.get("cost_ms_per_step", 0.0)
+                                                  >= MIN_COST_SHARE * f.evidence.get("median_step_ms", 0.0)))]
+        return found
+
+    def _host_of(self, rank: int) -> str:
+        if rank not in self._hosts and self._store is not None:
+            key = HOST_KEY.format(rank=rank)
+            try:
+                if self._store.check([key]):
+                    self._hosts[rank] = self._store.get(key).decode("utf-8", "replace")
+            except Exception:
+                pass
+        return self._hosts.get(rank, f"rank{rank}")
+
+    def _record(self) -> Any:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def _device_times(self) -> None:
+        """Step and between-step times from the CUDA events: one sync, on the last event, per check."""
+        events = self._events[-len(self._columns["step"]):]
+        events[-1][1].synchronize()
+        steps = [begin.elapsed_time(end) for begin, end in events]
+        gaps = [0.0] + [prev[1].elapsed_time(cur[0]) for prev, cur in zip(events, events[1:])]
+        k = len(steps)
+        self._columns["step"][-k:] = steps
+        self._columns["data"][-k + 1:] = gaps[1:] if k > 1 else self._columns["data"][-k + 1:]
+        self._events = self._events[-1:]  # the last one starts the next check's first gap
+
+    # -- DataParallel: one process, several GPUs, measured over its first steps --------
+    def _data_parallel_step(self) -> None:
+        try:
+            self._data_parallel_sample()
+        except Exception:  # a reading that fails is missing; it never stops the training
+            pass
+        if self._steps >= min(self.every, DATA_PARALLEL_STEPS):
+            self._data_parallel_judge()
+
+    def _data_parallel_sample(self) -> None:
+        if not self._dp_ids:
+            return
+        import torch
+
+        from ddpdoctor.measure import nvml
+
+        for index in self._dp_ids:
+            uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+            handle = nvml.query("nvmlDeviceGetHandleByUUID", f"GPU-{uuid}") if uuid else nvml.Unknown("no uuid")
+            if isinstance(handle, nvml.Unknown):
+                continue
+            util = nvml.query("nvmlDeviceGetUtilizationRates", handle, convert=lambda u: float(u.gpu))
+            if not isinstance(util, nvml.Unknown):
+                self._dp_util[index].append(util)
+
+    def _data_parallel_judge(self) -> None:
+        self._dp_done = True
+        gpus = []
+        for index in self._dp_ids or []:
+            try:
+                import torch
+
+                peak = int(torch.cuda.max_memory_allocated(index))
+            except Exception:
+                peak = 0
+            gpus.append(DataParallelGpu(index=index, peak_mem_bytes=peak, util_pct=self._dp_util.get(index, [])))
+        self._emit(data_parallel_finding(gpus, self._steps, self._columns["step"], self.rank, self.host),
+                   may_raise=not self._closed)
+
+    # -- local facts ---------------------------------------------------------------
+    def _loader_len(self) -> float:
+        try:
+            return float(len(self.loader)) if self.loader is not None else -1.0
+        except TypeError:  # an iterable-style dataset has no length
+            return -1.0
+
+    def _stale_epoch(self) -> bool:
+        """A second pass over the loader began and the sampler's epoch never changed."""
+        length = self._loader_len()
+        if self._epoch0 is None or length <= 0 or not getattr(self.sampler, "shuffle", False):
+            return False
+        return self._steps > length and getattr(self.sampler, "epoch", None) == self._epoch0
+
+    def _peak_mem(self) -> float:
+        if self.device.type == "cuda":
+            import torch
+
+            return float(torch.cuda.max_memory_allocated(self.device))
+        import resource
+
+        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+    # -- reporting ---------------------------------------------------------------
+    def _emit(self, finding: Finding, may_raise: bool = True) -> None:
+        with self._lock:  # the watchdog thread reports too
+            key = (finding.code, finding.ranks)
+            if key in self._seen:
+                return
+            self._seen.add(key)
+            self.findings.append(finding)
+            self._report(finding)
+        if may_raise and self.raise_on_finding and finding.severity >= Severity.WARN:
+            raise FindingRaised(f"{finding.code}: {finding.title}")
+
+    def _report(self, finding: Finding) -> None:
+        log.warning("ddpdoctor %s %s: %s (ranks %s)", finding.severity.label, finding.code, finding.title,
+                    ",".join(map(str, finding.ranks)))
+        if self.json_path:
+            self._write_json()
+        if self.on_finding is not None:
+            try:
+                self.on_finding(finding)
+            except Exception:  # a broken hook must not break training
+                log.exception("ddpdoctor: on_finding raised")
+
+    def _write_json(self) -> None:
+        from ddpdoctor.core.report import atomic_write_json
+
+        path = self.json_path if self.rank == 0 else f"{self.json_path}.rank{self.rank}"
+        try:
+            atomic_write_json({"rank": self.rank, "world_size": self.world_size, "steps": self._steps,
+                               "findings": [f.to_json() for f in self.findings]}, path)
+        except OSError as exc:
+            log.error("ddpdoctor: cannot write %s: %s", path, exc)
+
+    # -- the step deadline -------------------------------------------------------------
+    def _watch(self) -> None:
+        reported = 0.0
+        while not self._stop.wait(min(1.0, self.deadline_s / 4)):
+            began = self._began
+            if not began or began == reported or time.perf_counter() - began < self.deadline_s:
+                continue
+            reported = began
+            self._emit_hang(time.perf_counter() - began)
+
+    def _emit_hang(self, elapsed_s: float) -> None:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        stack = traceback.format_stack(main) if main is not None else []
+        where = stack[-1].strip().splitlines()[0] if stack else "unknown"
+        finding = Finding(
+            code="DOC007", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"Step {self._steps + 1} on rank {self.rank} has run for {elapsed_s:.0f} s "
+                  f"(deadline {self.deadline_s:g} s): stuck at {where}",
+            ranks=(self.rank,), nodes=(self.host,),
+            evidence={"python_stack": [line.rstrip() for line in "".join(stack[-12:]).splitlines()],
+                      "flight_recorder": ("set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+                                          "to have NCCL's Flight Recorder dump what every rank was in; then "
+                                          "`ddpdoctor explain` the dumps")},
+            why=("A rank stuck in a collective waits for a peer that never arrives; a rank stuck elsewhere (data, "
+                 "I/O, a deadlock) is the one the others wait for. Every rank's stack tells which is which."),
+            fix="Compare the ranks' stacks: the rank that is not in the collective is the cause.",
+        )
+        sys.stderr.write(f"ddpdoctor: rank {self.rank}: {finding.title}\n" + "".join(stack[-12:]))
+        sys.stderr.flush()
+        self._emit(finding, may_raise=False)  # the watchdog thread cannot raise into the loop
+        if self.on_hang == "exit":
+            # The first peer to leave resets this rank's connections, and its main thread may die of
+            # that error before this thread exits: the exit status stays "hung", not the error's 1.
+            atexit.register(os._exit, 124)
+            self._wait_for_peers_reports()
+            os._exit(124)
+
+    def _wait_for_peers_reports(self) -> None:
+        """Before leaving, give the other ranks' watchdogs the time to report their own stacks.
+
+        The ranks' deadlines pass within one watchdog tick of each other; the first to exit
+        would reset the others' connections, and a rank failing on that error (exit 1, no
+        report) would hide where it was. Bounded: a peer that never reports costs the grace."""
+        if self._store is None or self.world_size < 2:
+            return
+        grace = max(2.0, min(10.0, self.deadline_s / 2))
+        # A store call can itself block past the grace (TCPStore serialises its clients): the exit
+        # must not wait on it. This timer ends the process if the calls below do not return.
+        backstop = threading.Timer(grace + 2.0, os._exit, (124,))
+        backstop.daemon = True
+        backstop.start()
+        keys = [HANG_KEY.format(rank=r) for r in range(self.world_size)]
+        try:
+            self._store.set(keys[self.rank], "1")
+            end = time.monotonic() + grace
+            while time.monotonic() < end and not self._store.check(keys):
+                time.sleep(0.1)
+        except Exception:  # the store went away with its host: nobody is left to wait for
+            pass

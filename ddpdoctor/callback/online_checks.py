@@ -1,0 +1,291 @@
+"""Judging what the training callback gathered from every rank: pure, tested without processes.
+
+Every `every` steps each rank contributes one row (`RankWindow`): its last steps' timings,
+a fingerprint of its current batch, its loader length, whether it saw a new epoch without
+`set_epoch`, its peak memory. Straggler scores are the `stragglers` probe's own, computed on
+the same columns, so a job's verdict and a pre-flight check's verdict agree.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+
+PROBE = "callback"
+MEMORY_GROWTH_SHARE = 0.10  # peak memory that rose this much over the kept windows, steadily
+MEMORY_GROWTH_BYTES = 256 * 2**20
+
+
+@dataclass
+class RankWindow:
+    rank: int
+    host: str
+    step: int  # steps done on this rank when the row was made
+    step_ms: list[float]  # per step: begin to end
+    data_ms: list[float]  # per step: end of the previous step to begin (the loader)
+    wait_ms: list[float]  # per step: the gradient all-reduce wait (0 when not measured)
+    samples: list[float]
+    fingerprint: int  # of the batch of the last step; 0: none given
+    loader_len: int  # -1: unknown
+    stale_epoch: bool  # a second pass over the loader began with the sampler's epoch unchanged
+    peak_mem_bytes: int
+    wait_measured: bool = True
+
+    def to_facts(self) -> dict[str, Any]:
+        """In the `stragglers` probe's shape: the in-step work is 'forward', data is apart.
+
+        Where the wait in collectives is not measured (FSDP, a job's own comm hook), the whole
+        step may be waiting, so it counts as wait and only the data time is judged: a rank slow
+        to load is still named, a rank slow to compute cannot be told from the ranks waiting for it."""
+        wait = self.wait_ms if self.wait_measured else list(self.step_ms)
+        forward = [max(0.0, s - w) for s, w in zip(self.step_ms, wait)]
+        zeros = [0.0] * len(self.step_ms)
+        return {"rank": self.rank, "host": self.host, "device": "", "samples": self.samples,
+                "peak_mem_bytes": self.peak_mem_bytes,
+                "steps": {"data_ms": self.data_ms, "forward_ms": forward, "backward_ms": zeros,
+                          "comm_wait_ms": wait, "optimizer_ms": zeros,
+                          "step_ms": [s + d for s, d in zip(self.step_ms, self.data_ms)]}}
+
+
+@dataclass
+class History:
+    """Rank 0's memory of the last few gathers: stragglers are judged over more than one window."""
+
+    keep: int = 4
+    windows: list[dict[int, RankWindow]] = field(default_factory=list)
+
+    def add(self, rows: dict[int, RankWindow]) -> None:
+        self.windows = (self.windows + [rows])[-self.keep:]
+
+    def facts(self) -> dict[int, dict[str, Any]]:
+        merged: dict[int, dict[str, Any]] = {}
+        for rows in self.windows:
+            for r, row in rows.items():
+                f = row.to_facts()
+                if r not in merged:
+                    merged[r] = f
+                    continue
+                m = merged[r]
+                m["samples"] = m["samples"] + f["samples"]
+                m["peak_mem_bytes"] = f["peak_mem_bytes"]
+                m["steps"] = {k: m["steps"][k] + f["steps"][k] for k in m["steps"]}
+        return merged
+
+
+def _nodes(rows: dict[int, RankWindow], ranks: Sequence[int]) -> tuple[str, ...]:
+    return tuple(sorted({rows[r].host for r in ranks if r in rows}))
+
+
+def data_findings(rows: dict[int, RankWindow]) -> list[Finding]:
+    out: list[Finding] = []
+    ranks = sorted(rows)
+    prints = {r: rows[r].fingerprint for r in ranks if rows[r].fingerprint}
+    if len(prints) >= 2 and len(set(prints.values())) == 1:
+        out.append(Finding(
+            code="DOC001", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"Every rank trained on the same batch at step {rows[ranks[0]].step}: the data is not sharded",
+            ranks=tuple(ranks), nodes=_nodes(rows, ranks),
+            evidence={"batch_fingerprint_by_rank": {r: f"{p:013x}" for r, p in prints.items()}},
+            why=("Without a DistributedSampler each rank iterates the whole dataset in the same order, so N ranks do "
+                 "the work of one: the same gradients N times, N times the compute for nothing."),
+            fix=("Give the DataLoader sampler=DistributedSampler(dataset) (shuffle=False on the DataLoader) and call "
+                 "sampler.set_epoch(epoch) at the start of every epoch."),
+        ))
+    lengths = {r: rows[r].loader_len for r in ranks if rows[r].loader_len >= 0}
+    if len(set(lengths.values())) > 1:
+        short = min(lengths.values())
+        fewer = sorted(r for r, n in lengths.items() if n == short)
+        out.append(Finding(
+            code="DOC002", severity=Severity.CRITICAL, probe=PROBE,
+            title=(f"Ranks have different numbers of batches per epoch ({short} on rank {rank_ranges(fewer)}, up to "
+                   f"{max(lengths.values())}): the job will hang at the end of the epoch"),
+            ranks=tuple(fewer), nodes=_nodes(rows, fewer), evidence={"batches_per_epoch_by_rank": lengths},
+            why=("The ranks with fewer batches leave the loop while the others enter another step's gradient "
+                 "all-reduce, which then waits forever (or until the NCCL watchdog's timeout)."),
+            fix=("Shard with DistributedSampler (it pads every rank to the same count) and drop_last=True. "
+                 "(model.join() for uneven inputs does not cover the ddpdoctor callback's own gather: balance the data.)"),
+        ))
+    stale = sorted(r for r in ranks if rows[r].stale_epoch)
+    if stale:
+        out.append(Finding(
+            code="DOC003", severity=Severity.WARN, probe=PROBE,
+            title=f"DistributedSampler.set_epoch() is never called on rank {rank_ranges(stale)}: every epoch has the same order",
+            ranks=tuple(stale), nodes=_nodes(rows, stale), evidence={"step": rows[stale[0]].step},
+            why=("DistributedSampler shuffles with seed + epoch; without set_epoch the epoch stays 0 and every epoch "
+                 "repeats the first one's order, which hurts convergence."),
+            fix="Call loader.sampler.set_epoch(epoch) at the start of every epoch, before iterating the loader.",
+        ))
+    return out
+
+
+def memory_growth(history: History) -> list[Finding]:
+    out: list[Finding] = []
+    if len(history.windows) < 3:
+        return out
+    ranks = sorted(set.intersection(*(set(w) for w in history.windows)))
+    for r in ranks:
+        peaks = [w[r].peak_mem_bytes for w in history.windows]
+        rises = all(b > a for a, b in zip(peaks, peaks[1:]))
+        grown = peaks[-1] - peaks[0]
+        if rises and peaks[0] and grown > max(MEMORY_GROWTH_SHARE * peaks[0], MEMORY_GROWTH_BYTES):
+            out.append(Finding(
+                code="DOC006", severity=Severity.WARN, probe=PROBE,
+                title=f"Memory on rank {r} keeps growing: {peaks[0] / 2**30:.2f} to {peaks[-1] / 2**30:.2f} GiB "
+                      f"over the last {len(peaks)} checks",
+                ranks=(r,), nodes=_nodes(history.windows[-1], [r]),
+                evidence={"peak_mem_bytes_per_check": peaks},
+                why="Steadily growing memory is usually a tensor kept across steps (a loss history kept with its graph).",
+                fix="Store loss.item() (or detach()) instead of the loss tensor; look for lists that grow every step.",
+            ))
+    return out
+
+
+def setup_findings(is_ddp: bool, world_size: int, visible_gpus: int, rank: int, host: str,
+                   sampler_name: Optional[str], data_parallel: bool = False,
+                   unmeasured_wait: Optional[str] = None) -> list[Finding]:
+    """What is wrong before the first step: judged from the objects the callback was given.
+
+    A DataParallel model gets DOC009 once its GPUs were measured, not DOC005 here: it does
+    use the GPUs, only badly."""
+    out: list[Finding] = []
+    if world_size > 1 and not is_ddp:
+        out.append(Finding(
+            code="DOC004", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"The model given to ddpdoctor is not wrapped in DistributedDataParallel ({world_size} ranks)",
+            ranks=(rank,), nodes=(host,), evidence={"world_size": world_size},
+            why="Without DDP, gradients are never averaged: each rank trains its own model.",
+            fix="model = DistributedDataParallel(model, device_ids=[local_rank]) after init_process_group and .to(device).",
+        ))
+    if world_size == 1 and visible_gpus > 1 and not data_parallel:
+        out.append(Finding(
+            code="DOC005", severity=Severity.WARN, probe=PROBE,
+            title=f"World size 1 while {visible_gpus} GPUs are visible: one GPU works, the others idle",
+            ranks=(rank,), nodes=(host,), evidence={"visible_gpus": visible_gpus},
+            why="The job was started as one process; DDP needs one process per GPU.",
+            fix=f"Start it with torchrun --nproc_per_node={visible_gpus} (or srun with one task per GPU).",
+        ))
+    if world_size > 1 and unmeasured_wait and rank == 0:  # the job's model, said once for every rank
+        out.append(Finding(
+            code="DOC011", severity=Severity.INFO, probe=PROBE,
+            title=(f"Stragglers are judged on data loading only: the wait in collectives is not measured for "
+                   f"{unmeasured_wait}"),
+            # Every rank's node, which this rank does not know before the first gather: none named.
+            ranks=tuple(range(world_size)), nodes=(), evidence={"model": unmeasured_wait},
+            why=("A synchronous step takes as long on every rank as on the slowest: only the time each rank waits "
+                 "for the others tells the slow one from the waiting ones. ddpdoctor measures that wait through "
+                 "DDP's comm hook; FSDP's collectives (and a job's own comm hook) are not timed, so a rank slow to "
+                 "compute cannot be named here. A rank slow to load data still is (STR001, cause data loading)."),
+            fix=("Run `ddpdoctor check --probes stragglers` on the same nodes for a compute verdict, or measure with "
+                 "a DDP-wrapped copy of the model."),
+        ))
+    if world_size > 1 and sampler_name is not None and "Distributed" not in sampler_name:
+        out.append(Finding(
+            code="DOC008", severity=Severity.INFO, probe=PROBE,
+            title=f"The DataLoader uses a {sampler_name}, not a DistributedSampler: each rank may see the whole dataset",
+            ranks=(rank,), nodes=(host,), evidence={"sampler": sampler_name},
+            why=("Each rank iterates the whole dataset unless the sampler shards it; DOC001 says so for sure when the "
+                 "ranks' batches turn out identical."),
+            fix="sampler=DistributedSampler(dataset), and sampler.set_epoch(epoch) every epoch.",
+        ))
+    return out
+
+
+@dataclass
+class DataParallelGpu:
+    """One GPU a DataParallel model ran on, as measured over the first steps."""
+
+    index: int
+    peak_mem_bytes: int
+    util_pct: list[float]  # NVML samples, one per step end; empty where NVML is not available
+
+
+def data_parallel_finding(gpus: Sequence[DataParallelGpu], steps: int, step_ms: Sequence[float], rank: int,
+                          host: str) -> Finding:
+    """DOC009: DataParallel, with what it measurably costs on this job's GPUs.
+
+    DataParallel replicates the module from GPU 0 at every forward, scatters the batch from it
+    and gathers the outputs (and so the loss) on it, all from one Python process: GPU 0 holds
+    more memory and the others wait for it and for the GIL. The numbers make that visible."""
+    evidence: dict[str, Any] = {"steps_measured": steps,
+                                "median_step_ms": round(statistics.median(step_ms), 2) if step_ms else None,
+                                "device_ids": [g.index for g in gpus]}
+    if not gpus:
+        title = ("The model is wrapped in torch.nn.DataParallel, which here has no GPU: it runs the module as is, in "
+                 "one process")
+        why = ("DataParallel is single-process multi-GPU; without GPUs it does nothing. On GPUs it replicates the model "
+               "from GPU 0 at every step and gathers every output there, so GPU 0 carries more memory and the others "
+               "wait on one Python thread. PyTorch recommends DistributedDataParallel even on a single machine.")
+    else:
+        first, others = gpus[0], list(gpus[1:])
+        utils = {g.index: round(statistics.median(g.util_pct), 1) for g in gpus if g.util_pct}
+        evidence["peak_mem_bytes_by_gpu"] = {g.index: g.peak_mem_bytes for g in gpus}
+        if utils:
+            evidence["median_util_pct_by_gpu"] = utils
+        parts = [f"GPU {first.index} peaked at {first.peak_mem_bytes / 2**30:.2f} GiB"]
+        if others:
+            rest = statistics.median(g.peak_mem_bytes for g in others)
+            evidence["gpu0_memory_ratio"] = round(first.peak_mem_bytes / rest, 2) if rest else None
+            parts[0] += f" vs {rest / 2**30:.2f} GiB on the others (median)"
+            if utils and first.index in utils and any(g.index in utils for g in others):
+                rest_util = statistics.median(utils[g.index] for g in others if g.index in utils)
+                parts.append(f"utilisation {utils[first.index]:.0f}% vs {rest_util:.0f}%")
+        title = (f"The model is wrapped in torch.nn.DataParallel across {len(gpus)} GPUs: " + ", ".join(parts))
+        why = ("DataParallel is one process driving every GPU: each step it copies the model from GPU 0 to the others, "
+               "scatters the batch from GPU 0 and gathers all outputs back on it, under one Python thread. GPU 0 "
+               "needs more memory than the others, and all of them wait for it; DDP runs one process per GPU and "
+               "overlaps the gradient all-reduce with the backward pass.")
+    # On one GPU (or none) DataParallel calls the module as is: nothing is lost yet, only the way
+    # to more GPUs is the wrong one. Said as information; the cost is a warning only where measured.
+    severity = Severity.WARN if len(gpus) > 1 else Severity.INFO
+    return Finding(
+        code="DOC009", severity=severity, probe=PROBE, title=title, ranks=(rank,), nodes=(host,),
+        evidence=evidence, why=why,
+        fix=("Replace nn.DataParallel(model) with DistributedDataParallel: one process per GPU started by "
+             "`torchrun --nproc_per_node=<GPUs> train.py`, init_process_group(\"nccl\"), "
+             "torch.cuda.set_device(LOCAL_RANK), DistributedDataParallel(model.to(LOCAL_RANK), "
+             "device_ids=[LOCAL_RANK]), and a DistributedSampler for the data. The per-process batch is then the old "
+             "batch divided by the number of GPUs."),
+    )
+
+
+def batch_scaling_finding(batch_by_rank: dict[int, float], learning_rates: Sequence[float],
+                          nodes: Sequence[str]) -> Optional[Finding]:
+    """DOC010 (info): the effective batch, and what the usual rules would make of the learning rate.
+
+    It is information, not a verdict: whether the learning rate was tuned for one process's
+    batch or for the effective one is the user's to know. Both rules scale from one process's
+    batch to N of them: linear (Goyal et al., 2017, SGD with warm-up) and square root (Krizhevsky,
+    2014; Hoffer et al., 2017; Malladi et al., 2022 for Adam)."""
+    world = len(batch_by_rank)
+    lrs = sorted({float(lr) for lr in learning_rates if isinstance(lr, (int, float)) and math.isfinite(lr)})
+    if world < 2 or not lrs or any(b <= 0 for b in batch_by_rank.values()):
+        return None
+    batches = sorted(set(batch_by_rank.values()))
+    effective = sum(batch_by_rank.values())
+    per_rank = batches[0] if len(batches) == 1 else None
+    lr = lrs[0] if len(lrs) == 1 else None
+    scale = float(world)
+    shown = ", ".join(f"{x:g}" for x in lrs)
+    linear = [round(x * scale, 12) for x in lrs]
+    root = [round(x * math.sqrt(scale), 12) for x in lrs]
+    split = f"{world} ranks x {per_rank:g}" if per_rank is not None else f"{world} ranks, {'/'.join(f'{b:g}' for b in batches)} per rank"
+    title = (f"Effective batch {effective:g} ({split}) at learning rate{'s' if lr is None else ''} {shown}: tuned for "
+             f"one process's batch, the linear rule gives {', '.join(f'{x:.4g}' for x in linear)} and the square-root "
+             f"rule {', '.join(f'{x:.4g}' for x in root)}")
+    return Finding(
+        code="DOC010", severity=Severity.INFO, probe=PROBE, title=title, ranks=tuple(sorted(batch_by_rank)),
+        nodes=tuple(dict.fromkeys(nodes)),
+        evidence={"world_size": world, "batch_per_rank": {r: b for r, b in sorted(batch_by_rank.items())},
+                  "effective_batch": effective, "learning_rates": lrs, "linear_rule": linear, "sqrt_rule": root},
+        why=("Each optimizer step averages the gradients of every rank's batch, so the step is taken on the effective "
+             "batch: N times one process's batch. A learning rate tuned on one GPU is then too small for the same "
+             "number of epochs (linear rule, usual for SGD with a warm-up) or scales with the square root (usual for "
+             "Adam-like optimizers)."),
+        fix=("Information only. If the learning rate was tuned for one process's batch, scale it by one of the "
+             "rules (with a few epochs of warm-up for large factors); if it was tuned for the effective batch, keep it. "
+             "Pass batch_size= to Doctor when a step accumulates several batches."),
+    )

@@ -1,0 +1,212 @@
+"""A rank's own failure from its log lines: one finding per kind of first cause, the ranks
+that share it together, and the ranks it dragged down listed under the earliest one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from ddpdoctor.explain.events import (
+    agent_root_cause, cite, fill, nodes_of, order_key, task_list, victims_evidence, where_text)
+from ddpdoctor.explain.texts import CAUSES, EXIT_CRASH, SIGNAL_CRASH, CauseText
+from ddpdoctor.core.findings import Finding, rank_ranges
+from ddpdoctor.explain.scan import Event
+
+PROBE = "explain"
+
+
+def _cause_text(e: Event) -> CauseText:
+    if e.sig == "elastic_block":
+        return SIGNAL_CRASH if e.fields.get("signal") or str(e.fields.get("exitcode")) == "-9" else EXIT_CRASH
+    if e.sig == "srun_task":
+        what = str(e.fields.get("what", ""))
+        return EXIT_CRASH if what.startswith("Exited") else SIGNAL_CRASH
+    return CAUSES[e.sig]
+
+
+def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], waits: dict[int, Event],
+            hosts: dict[int, str], events: list[Event]) -> list[Finding]:
+    """One finding per kind of first cause, the ranks that share it together, earliest first."""
+    firsts: list[Event] = []
+    for rank, evs in causes.items():
+        # The rank's own error beats the launcher's summary of it; a known error beats the generic
+        # exception line that carries it (`DistBackendError: NCCL error ... invalid usage` then
+        # `Duplicate GPU detected`).
+        own = [e for e in evs if e.sig not in ("srun_task", "elastic_block")]
+        known = [e for e in own if e.sig != "python_exception"]
+        firsts.append(known[0] if known else own[0] if own else evs[0])
+    seen = {e.sig for e in firsts}
+    firsts += [e for e in unattributed if e.sig not in seen and e.sig not in ("srun_task", "elastic_block")]
+    if not firsts:
+        return []
+    groups: dict[tuple[str, str], list[Event]] = {}
+    for e in sorted(firsts, key=order_key):
+        text = _cause_text(e)
+        detail = str(e.fields.get("type", "")) if e.sig == "python_exception" else ""
+        groups.setdefault((text.code + e.sig, detail), []).append(e)
+    root = agent_root_cause(events)
+    findings = []
+    cause_ranks = {e.rank for e in firsts if e.rank is not None}
+    for index, group in enumerate(groups.values()):
+        first = group[0]
+        text = _cause_text(first)
+        ranks = sorted({e.rank for e in group if e.rank is not None}
+                       | {int(e.fields[k]) for e in group for k in ("rank_a", "rank_b") if k in e.fields
+                          and e.sig == "duplicate_gpu"})
+        where = where_text(ranks, hosts, unattributed=not ranks, events=group)
+        fields = {k: v for k, v in first.fields.items() if isinstance(v, (str, int))}
+        fields.setdefault("signal", _signal_of(first))
+        if first.sig == "srun_task" and "code" in fields:
+            fields.setdefault("exitcode", fields["code"])  # srun says `Exited with exit code N`
+        evidence: dict[str, Any] = {"first_error": {str(e.rank if e.rank is not None else "?"): cite(e) for e in group}}
+        if first.sig == "clients_joined":
+            ranks, title_extra = _never_joined(first, events)
+            evidence["ranks_seen_in_log"] = rank_ranges({e.rank for e in events if e.rank is not None}) or "none"
+        else:
+            title_extra = ""
+        if first.sig == "nccl_ib_error":
+            pairs = _failing_pairs(group, events)
+            if pairs:
+                # Each end reports the same link: one line per pair of nodes, not per direction.
+                evidence["failing_pairs"] = sorted({" <-> ".join(sorted((a, b))) for a, b in pairs})
+            culprit = _common_end(pairs)
+            if culprit:
+                node, said = culprit
+                ranks = sorted(r for r, h in hosts.items() if h == node)
+                group = [e for e in group if e.host == node] or group[:0]
+                where = where_text(ranks, hosts) if ranks else node
+                title_extra = f": every failing pair has {said} at one end"
+        on = f" on {where}" if ranks or any(e.host for e in group) else ""
+        title = fill(text.title, where=where, on=on, text=first.text[:160], **fields)
+        title = title[0].upper() + title[1:] + title_extra
+        exits = _exit_info(ranks, events)
+        if exits:
+            evidence["exit"] = exits
+        if text.code == "LOG003":
+            unused = {str(e.rank): str(e.fields.get("names", ""))[:200] for e in events if e.sig == "ddp_unused_names"}
+            if unused:
+                evidence["parameters_without_grad"] = unused
+        if text.code == "LOG007":
+            evidence.update(_network_hints(events))
+        if text.code == "LOG006":
+            attempts = sorted({f"{e.fields.get('err')} (errno {e.fields.get('errno')})" for e in events
+                               if e.sig == "connect_failed"})
+            if attempts:
+                evidence["connect_attempts"] = attempts
+        share = _share(len(ranks), events) if ranks else ""
+        if share:
+            evidence["ranks_with_this_error"] = share
+        if index == 0:
+            evidence["affected_ranks"] = victims_evidence(waits, exclude=cause_ranks)
+            if root is not None and root not in cause_ranks and root in waits:
+                evidence["torchrun_root_cause"] = (f"torchrun's 'Root Cause (first observed failure)' names rank {root}, "
+                                                   "which only waited for a peer: it exited first, it did not fail first")
+        findings.append(Finding(
+            code=text.code, severity=text.severity, probe=PROBE, title=title, ranks=tuple(ranks),
+            nodes=nodes_of(ranks, hosts, () if first.sig == "clients_joined" else group), evidence=evidence,
+            why=text.why, fix=text.fix))
+    return findings
+
+# `OOB eth0:10.20.0.1<0>`, `[0]ens9:192.168.100.11<0>`: the interface's IPv4 address after its name.
+_IP = re.compile(r"(?<=:)(?P<ip>\d{1,3}(?:\.\d{1,3}){3})(?=<)")
+
+
+def _failing_pairs(group: list[Event], events: list[Event]) -> set[tuple[str, str]]:
+    """(reporting host, peer) for each transport error; a peer's address becomes its host where
+    NCCL's INFO lines (`NET/Socket : Using [0]ib0:10.0.0.12<0>`) said whose it is."""
+    owner: dict[str, str] = {}
+    for e in events:
+        if e.sig == "nccl_interface" and e.host:
+            for m in _IP.finditer(str(e.fields.get("ifaces", ""))):
+                owner.setdefault(m.group("ip"), e.host)
+    pairs = set()
+    for e in group:
+        peer = str(e.fields.get("peer") or "").split("<", 1)[0]
+        if e.host and peer:
+            pairs.add((e.host, owner.get(peer, peer)))
+    return pairs
+
+
+def _common_end(pairs: set[tuple[str, str]]) -> Optional[tuple[str, str]]:
+    """The one host at an end of every failing pair, and how to say it.
+
+    With every peer's address resolved to its host, that host is in every pair. Where a
+    peer is only an address, the host whose partners' complaints all name one address is
+    taken to be that address (each of the others complains about it; it complains about them).
+    """
+    if len(pairs) < 2:
+        return None
+    hosts = {a for a, _ in pairs} | {b for _, b in pairs}
+    in_every = [h for h in hosts if all(h in pair for pair in pairs)]
+    if len(in_every) == 1:
+        return in_every[0], in_every[0]
+    found = []
+    for h in {a for a, _ in pairs}:
+        others = {b for a, b in pairs if a != h and b != h}
+        if len(others) == 1 and next(iter(others)) not in {a for a, _ in pairs}:
+            found.append((h, next(iter(others))))
+    if len(found) == 1:
+        h, address = found[0]
+        return h, f"{h} (presumably {address})"
+    return None
+
+
+def _network_hints(events: list[Event]) -> dict[str, Any]:
+    """What NCCL said about its network: the interface each host used, failed connects, the settings."""
+    out: dict[str, Any] = {}
+    used = {e.host or "?": str(e.fields.get("ifaces", "")) for e in events if e.sig == "nccl_interface"}
+    if used:
+        out["interfaces_used"] = used
+    failed = sorted({f"{e.host or '?'} -> {e.fields.get('addr')}: {e.fields.get('err')}"
+                     for e in events if e.sig == "nccl_socket_connect"})
+    if failed:
+        out["connects_failed"] = failed[:8]
+    settings = {f"{e.fields.get('var')} on {e.host or '?'}": str(e.fields.get("value")) for e in events
+                if e.sig == "nccl_env_setting"}
+    if settings:
+        out["settings"] = settings
+    return out
+
+
+def _never_joined(e: Event, events: list[Event]) -> tuple[list[int], str]:
+    """Which ranks are missing: those of the expected ones that printed nothing, when the counts agree."""
+    expected, joined = int(e.fields["expected"]), int(e.fields["joined"])
+    tried = [x for x in events if x.sig in ("connect_failed", "connect_timeout") and x.rank is not None]
+    unreachable = sorted({x.rank for x in tried})  # type: ignore[type-var]
+    if unreachable and len(unreachable) == expected - joined:
+        how = tried[0].fields
+        reason = f" ({how['err']})" if how.get("err") else ""
+        return unreachable, (f": rank {rank_ranges(unreachable)} could not connect to "
+                             f"{how.get('addr')}:{how.get('port')}{reason}")
+    seen = {x.rank for x in events if x.rank is not None}
+    absent = sorted(set(range(expected)) - seen)
+    if absent and len(absent) == expected - joined:
+        return absent, f": rank {rank_ranges(absent)} never arrived (no line of theirs in the log)"
+    return [], ""
+
+
+def _share(count: int, events: list[Event]) -> str:
+    ranks = {e.rank for e in events if e.rank is not None}
+    return f"{count} of {len(ranks)} ranks seen in the log" if len(ranks) > count else ""
+
+
+def _signal_of(e: Event) -> str:
+    if e.fields.get("signal"):
+        return str(e.fields["signal"])
+    if e.sig == "srun_task":
+        return str(e.fields.get("what", "?"))
+    return "?"
+
+
+def _exit_info(ranks: list[int], events: list[Event]) -> dict[str, str]:
+    out = {}
+    nested = any(e.task is not None for e in events)
+    for e in events:
+        if e.rank in ranks and e.sig == "elastic_block":
+            sig = f" ({e.fields['signal']})" if e.fields.get("signal") else ""
+            out[str(e.rank)] = f"exit code {e.fields.get('exitcode')}{sig} on {e.host or '?'} ({e.where})"
+        elif e.sig == "srun_task" and e.task is None and not nested and \
+                set(task_list(str(e.fields.get("tasks", "")))) & set(ranks):
+            out.setdefault(f"tasks {e.fields.get('tasks')}", f"{e.fields.get('what')} on {e.fields.get('host')} ({e.where})")
+    return out

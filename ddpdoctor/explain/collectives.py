@@ -1,0 +1,270 @@
+"""Collective hangs in a log: desyncs (DETAIL, gloo sizes, NCCL's watchdog, the Flight
+Recorder), the rank that never came, and when every rank only waited, the transport.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from ddpdoctor.explain.events import (
+    RankStory, agent_root_cause, cite, nodes_of, order_key, victims_evidence, where_text)
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+from ddpdoctor.judge.flight_recorder import Agreement, Mismatch
+from ddpdoctor.core.grouping import group_ranks, minority
+from ddpdoctor.explain.scan import Event
+
+PROBE = "explain"
+
+# Waits that mean the peer's process is gone (a hung peer makes its partners time out instead).
+_CLOSED = ("gloo_peer_closed", "store_broken", "nccl_remote_error")
+_FP_FIELD = re.compile(r"(SequenceNumber|OpType|TensorShape|TensorDtypes)=(\[[^\]]*\]|[^,)]+)")
+
+
+def _fingerprint(text: str) -> dict[str, str]:
+    return {k: v.strip() for k, v in _FP_FIELD.findall(text)}
+
+
+def detail_desync(events: list[Event], hosts: dict[int, str]) -> list[Finding]:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL compared every collective: name the ranks apart from the majority."""
+    prints: dict[int, dict[str, str]] = {}
+    cites = []
+    for e in events:
+        if e.sig != "detail_mismatch":
+            continue
+        cites.append(cite(e))
+        for side in ("a", "b"):
+            rank = int(e.fields[f"rank_{side}"])
+            prints.setdefault(rank, _fingerprint(str(e.fields.get(f"fp_{side}", ""))))
+    if len(prints) < 2:
+        return []
+
+    def call(fp: dict[str, str]) -> str:
+        shape = fp.get("TensorShape", "?")
+        return f"{fp.get('OpType', '?')} #{fp.get('SequenceNumber', '?')} (shape {shape}, {fp.get('TensorDtypes', '?')})"
+
+    calls = {r: call(fp) for r, fp in prints.items()}
+    groups = group_ranks(calls)
+    odd = minority(groups) or sorted(calls)
+    culprits = odd if len(odd) < len(calls) else sorted(calls)
+    differs = sorted({k for k in ("OpType", "SequenceNumber", "TensorShape", "TensorDtypes")
+                      if len({fp.get(k) for fp in prints.values()}) > 1})
+    desc = "; ".join(f"rank {rank_ranges(rs)} {'is' if len(rs) == 1 else 'are'} in {c}" for c, rs in groups)
+    return [Finding(
+        code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+        title=f"Collective mismatch (desync): {desc}",
+        ranks=tuple(culprits), nodes=nodes_of(culprits, hosts),
+        evidence={"collective_by_rank": {str(r): calls[r] for r in sorted(calls)},
+                  "differs_in": ", ".join({"OpType": "op", "SequenceNumber": "sequence number",
+                                           "TensorShape": "shape", "TensorDtypes": "dtype"}[k] for k in differs),
+                  "log": cites[:4]},
+        why=("TORCH_DISTRIBUTED_DEBUG=DETAIL compared the collective every rank was about to run and they differ: "
+             "the rank(s) apart from the majority took another code path or built other tensors."),
+        fix=("Make every rank issue the same collectives with the same shapes and dtypes in the same order: look "
+             "for rank-dependent code (`if rank == 0:` around a collective, an early exit, a rank-dependent "
+             "batch or model shape) on the named ranks."),
+    )]
+
+
+def gloo_size_mismatch(events: list[Event], hosts: dict[int, str]) -> list[Finding]:
+    """gloo noticed a message of the wrong size: a mismatch, but the message cannot say whose."""
+    seen = [e for e in events if e.sig == "gloo_size_mismatch"]
+    if not seen:
+        return []
+    first = sorted(seen, key=order_key)[0]
+    detector = sorted({e.rank for e in seen if e.rank is not None})
+    ranks = sorted({e.rank for e in events if e.rank is not None})
+    by = f" on {where_text(detector, hosts)}" if detector else ""
+    return [Finding(
+        code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+        title=(f"Collective mismatch (desync) detected by gloo{by}: it received {first.fields.get('got')} bytes "
+               f"where its collective expected {first.fields.get('expected')}"),
+        ranks=tuple(ranks), nodes=nodes_of(ranks, hosts),
+        evidence={"log": [cite(e) for e in seen[:4]], "detected_by": rank_ranges(detector) or "unknown"},
+        why=("Ranks ran collectives of different sizes (or different collectives) at the same point, so a rank "
+             "received a message of the wrong size and gloo aborted it. The rank that noticed is not necessarily "
+             "the one that is different, and this message cannot say which one is."),
+        fix=("Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL (it names the rank and the shapes) or with "
+             "TORCH_FR_BUFFER_SIZE=2000 and give the Flight Recorder dumps to `ddpdoctor explain`; look for "
+             "rank-dependent tensor sizes (uneven last batch, rank-0-only metrics) before the collective."),
+    )]
+
+
+def watchdog_timeouts(events: list[Event], hosts: dict[int, str], waits: dict[int, Event],
+              causes: dict[int, list[Event]], world: Optional[int]) -> list[Finding]:
+    """NCCL's watchdog says which collective (op, sequence number) each rank timed out in."""
+    calls: dict[int, tuple[str, int]] = {}
+    cites: dict[int, Event] = {}
+    progress: dict[int, dict[str, Any]] = {}
+    for e in sorted(events, key=order_key):
+        if e.rank is None:
+            continue
+        if e.sig == "nccl_watchdog_timeout" and e.rank not in calls:
+            calls[e.rank] = (str(e.fields["op"]), int(e.fields["seq"]))
+            cites[e.rank] = e
+        elif e.sig == "nccl_work_progress" and e.rank not in progress:
+            progress[e.rank] = {k: int(e.fields[k]) for k in ("seq", "enqueued", "completed")}
+        elif e.sig == "nccl_dump_signal" and e.rank not in progress:
+            progress[e.rank] = {"seq": None, "enqueued": int(e.fields["enqueued"]),
+                                "completed": int(e.fields["completed"])}
+    if not calls:
+        return []
+    shown = {r: f"{op} #{seq}" for r, (op, seq) in calls.items()}
+    evidence: dict[str, Any] = {"timed_out_in": {str(r): f"{shown[r]} ({cites[r].where})" for r in sorted(shown)}}
+    if progress:
+        evidence["nccl_progress"] = {
+            str(r): (f"timed out at #{p['seq']}, " if p["seq"] is not None else "did not time out, ")
+            + f"last enqueued #{p['enqueued']}, last completed #{p['completed']}" for r, p in sorted(progress.items())}
+    groups = group_ranks(shown)
+    if len(groups) > 1:
+        odd = minority(groups)
+        culprits = odd if odd and len(odd) < len(shown) else sorted(shown)
+        desc = "; ".join(f"rank {rank_ranges(rs)} timed out in {c}" for c, rs in groups)
+        return [Finding(
+            code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"Collective mismatch (desync): {desc}",
+            ranks=tuple(culprits), nodes=nodes_of(culprits, hosts), evidence=evidence,
+            why=("Ranks waited in different collectives (another op, or the same op at another sequence number), "
+                 "so each waited for partners that never came: the rank(s) apart from the majority took another "
+                 "code path, or skipped or added a collective."),
+            fix=("Make every rank issue the same collectives in the same order: look for rank-dependent code "
+                 "around collectives (`if rank == 0:` validation, checkpointing or logging that calls "
+                 "all_reduce/barrier), uneven numbers of batches per rank, or a skipped backward. "
+                 "TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective; the Flight Recorder "
+                 "(TORCH_NCCL_TRACE_BUFFER_SIZE=2000) records them for `ddpdoctor explain`."),
+        )]
+    if causes:
+        return []  # a rank failed on its own: the timeouts are its consequence (see _causes)
+    (op_seq, ranks), = groups
+    _, seq = next(iter(calls.values()))
+    behind = sorted(r for r, p in progress.items() if p["enqueued"] < seq)
+    known = set(range(world or 0)) | {e.rank for e in events if e.rank is not None}
+    silent = sorted(known - set(calls))
+    suspects = silent or behind
+    if suspects:
+        return [Finding(
+            code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"{where_text(suspects, hosts)} never entered {op_seq}: rank {rank_ranges(ranks)} timed out waiting "
+                  f"for {'it' if len(suspects) == 1 else 'them'}",
+            ranks=tuple(suspects), nodes=nodes_of(suspects, hosts),
+            evidence={**evidence, "silent_ranks": rank_ranges(silent) or "none",
+                      "ranks_behind": rank_ranges(behind) or "none"},
+            why=("Every rank that reported timed out in the same collective, and these ranks did not: they were "
+                 "still busy elsewhere (data loading, a rank-only branch, I/O, a slow or hung GPU) and never "
+                 "issued it."),
+            fix=("Find out where the named ranks were: `py-spy dump --pid PID` on a live hang, or the Flight "
+                 "Recorder dump (TORCH_NCCL_DUMP_ON_TIMEOUT=1 with TORCH_NCCL_TRACE_BUFFER_SIZE) for their last "
+                 "collective and its Python stack."),
+        )]
+    return [Finding(
+        code="RUN008", severity=Severity.CRITICAL, probe=PROBE,
+        title=f"All ranks timed out inside {op_seq}: the collective itself did not complete",
+        ranks=tuple(sorted(ranks)), nodes=nodes_of(ranks, hosts), evidence=evidence,
+        why=("Every rank entered the same collective and none finished it: the transport between ranks is broken "
+             "or blocked (network interface, firewall, InfiniBand, peer-to-peer between GPUs), or a GPU hung."),
+        fix=("Rerun with NCCL_DEBUG=INFO and check the interface in `NET/Socket : Using` on every node "
+             "(NCCL_SOCKET_IFNAME), firewalls between nodes, and `nvidia-smi` / `dmesg | grep -i xid` on each node; "
+             "`ddpdoctor allreduce-bench` localises a slow or broken link."),
+    )]
+
+
+def flight_recorder_findings(mismatches: list[Mismatch], agreements: list[Agreement],
+                     hosts: dict[int, str]) -> list[Finding]:
+    findings = []
+    for m in mismatches:
+        present = {r: c for r, c in m.calls.items() if c is not None}
+        group = "" if m.group in ("0", "") else f" in process group {m.group}"
+        evidence: dict[str, Any] = {
+            "collective_by_rank": {str(r): (f"{c.signature()} [{c.state or 'state unknown'}]" if c
+                                            else f"none (its last recorded collective is #{m.last_seq[r]})")
+                                   for r, c in sorted(m.calls.items())},
+            "sequence_number": m.seq}
+        if m.missing:
+            waiting = sorted(present)
+            op = next(iter(present.values())).op if present else "?"
+            findings.append(Finding(
+                code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
+                title=(f"{where_text(m.missing, hosts)} never issued collective #{m.seq} ({op}){group}: "
+                       f"rank {rank_ranges(waiting)} did"),
+                ranks=tuple(m.missing), nodes=nodes_of(m.missing, hosts), evidence=evidence,
+                why=("The Flight Recorder dumps show the other ranks entered this collective and these ranks never "
+                     "recorded it: they stopped issuing collectives (stuck in their own code, or exited) while "
+                     "their peers waited."),
+                fix=("Look at what the named ranks did after their last recorded collective: their Python stack "
+                     "(`py-spy dump`), a rank-dependent branch, data loading, or an early exit from the loop "
+                     "(uneven batches per rank: use DistributedSampler(drop_last=True) or the Join context)."),
+            ))
+            continue
+        calls = {r: c.signature() for r, c in present.items()}
+        groups = group_ranks(calls)
+        odd = minority(groups) or sorted(calls)
+        desc = "; ".join(f"rank {rank_ranges(rs)} {'is' if len(rs) == 1 else 'are'} in {c}" for c, rs in groups)
+        findings.append(Finding(
+            code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+            title=f"Collective mismatch at #{m.seq}{group} (Flight Recorder): {desc}",
+            ranks=tuple(odd), nodes=nodes_of(odd, hosts), evidence=evidence,
+            why=("The ranks' Flight Recorder dumps disagree on the collective with this sequence number (op, "
+                 "shapes or dtypes): the rank(s) apart from the majority took another code path."),
+            fix=("Make every rank issue the same collectives with the same shapes and dtypes in the same order; the "
+                 "dump's `frames` of the named ranks show the Python line that issued theirs."),
+        ))
+    for a in agreements:
+        findings.append(Finding(
+            code="LOG011", severity=Severity.INFO, probe=PROBE,
+            title=(f"Flight Recorder: rank {rank_ranges(a.ranks)} agree on every collective #{a.first_seq}-#{a.last_seq}"
+                   + ("" if a.group in ("0", "") else f" of process group {a.group}")),
+            ranks=a.ranks, evidence={"first_seq": a.first_seq, "last_seq": a.last_seq},
+            why="Every dumped rank recorded the same collectives with the same shapes and dtypes: no desync.",
+        ))
+    return findings
+
+
+def silent_suspects(stories: list[RankStory], waits: dict[int, Event], hosts: dict[int, str],
+                     events: list[Event]) -> list[Finding]:
+    """Only waits: the ranks that did not complain are where the job was stuck."""
+    if not waits:
+        return []
+    silent = sorted(s.rank for s in stories if s.rank not in waits)
+    stopped = {str(e.rank): f"stopped by {e.fields.get('signal', 'the launcher')} ({e.where})"
+               for e in events if e.sig == "elastic_block" and e.rank in silent}
+    evidence: dict[str, Any] = {"waiting": victims_evidence(waits)}
+    if stopped:
+        evidence["then"] = stopped
+    if silent:
+        root = agent_root_cause(events)
+        if root is not None and root in waits:
+            evidence["torchrun_root_cause"] = (f"torchrun's 'Root Cause (first observed failure)' names rank {root}, "
+                                               "which only timed out waiting: it exited first, it did not fail first")
+        if all(e.sig in _CLOSED for e in waits.values()) and not stopped:
+            # A hung peer makes its partners time out; a closed connection means its process ended.
+            return [Finding(
+                code="RUN002", severity=Severity.CRITICAL, probe=PROBE,
+                title=(f"{where_text(silent, hosts)} ended without an error in the log: rank {rank_ranges(waits)} "
+                       f"lost {'its' if len(waits) == 1 else 'their'} connection to it"),
+                ranks=tuple(silent), nodes=nodes_of(silent, hosts), evidence=evidence,
+                why=("The other ranks' connections to these ranks were closed, not timed out, so their processes "
+                     "ended; they printed no error (an exit() in the code, a kill, or their output is in another "
+                     "file). A rank that hosts the store (rank 0 without torchrun) takes the rendezvous with it."),
+                fix=("Find the exit code and last output of the named ranks (their own log file, `dmesg` for the OOM "
+                     "killer on their host); give every rank's output to `ddpdoctor explain`."),
+            )]
+        return [Finding(
+            code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
+            title=(f"{where_text(silent, hosts)} hung outside any collective: rank {rank_ranges(waits)} timed out "
+                   f"waiting for {'it' if len(silent) == 1 else 'them'}"),
+            ranks=tuple(silent), nodes=nodes_of(silent, hosts), evidence=evidence,
+            why=("The other ranks failed waiting for a peer, and these ranks printed no error of their own before "
+                 "they were stopped: they were stuck in their own code (data loading, a rank-only branch, I/O, "
+                 "a lock) and never joined the collective."),
+            fix=("Find where the named ranks were: `py-spy dump --pid PID` while it hangs, or run `ddpdoctor check` "
+                 "(stage deadlines with Python stacks); look for rank-dependent work before the collective."),
+        )]
+    return [Finding(
+        code="RUN008", severity=Severity.CRITICAL, probe=PROBE,
+        title=f"Every rank ({rank_ranges(waits)}) failed waiting for a peer, and none failed on its own",
+        ranks=tuple(sorted(waits)), nodes=nodes_of(waits, hosts), evidence=evidence,
+        why=("Each rank timed out or lost its connection while waiting: the transport between them is broken "
+             "(network interface, firewall), or a rank not in this log (another node's file) is the cause."),
+        fix=("Give `ddpdoctor explain` every node's log; check NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME and "
+             "firewalls between nodes."),
+    )]

@@ -1,0 +1,129 @@
+"""Judging a failed job from its events: the first cause, the ranks it dragged down.
+
+The rule is the live check's (run_diagnosis.py): a rank that failed while waiting for a
+peer (a timeout, a closed connection) is a victim whenever some rank failed on its own;
+when every failure is a wait, the ranks that never complained are the suspects (stuck
+elsewhere), and only when every rank waited in the same collective is it the transport.
+torchrun's own "Root Cause (first observed failure)" names whichever rank exited first,
+which after a hang is a victim; this diagnosis says so when it disagrees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from ddpdoctor.explain.causes import cause_findings
+from ddpdoctor.explain.collectives import (
+    detail_desync, flight_recorder_findings, gloo_size_mismatch, silent_suspects, watchdog_timeouts)
+from ddpdoctor.explain.events import RankStory, attribute, is_failure, is_wait, order_key
+from ddpdoctor.core.findings import Finding, Severity
+from ddpdoctor.judge.flight_recorder import Agreement, Mismatch
+from ddpdoctor.explain.scan import Event
+
+PROBE = "explain"
+
+
+@dataclass
+class NodeStory:
+    node: str
+    ranks: list[int]
+    first: Optional[Event]  # the node's earliest failure, its ranks' or one no rank signed
+
+
+@dataclass
+class Explanation:
+    findings: list[Finding]
+    ranks: list[RankStory]
+    timeline: list[Event]
+    world_size: Optional[int]
+    hosts: dict[int, str] = field(default_factory=dict)
+    nodes: list[NodeStory] = field(default_factory=list)
+
+
+def rank_stories(events: list[Event], world_size: Optional[int], hosts: dict[int, str]) -> list[RankStory]:
+    ranks = sorted({e.rank for e in events if e.rank is not None} | set(range(world_size or 0)))
+    stories = []
+    for r in ranks:
+        failures = sorted((e for e in events if e.rank == r and is_failure(e)), key=order_key)
+        first = failures[0] if failures else None
+        more = sum(e.count for e in failures) - 1 if failures else 0
+        stories.append(RankStory(r, hosts.get(r), first, more))
+    return stories
+
+
+def node_stories(events: list[Event], hosts: dict[int, str]) -> list[NodeStory]:
+    """Per node, the first failure: on a cluster the node is what gets drained or fixed."""
+    names = sorted(set(hosts.values()) | {e.host for e in events if e.host and is_failure(e)})
+    out = []
+    for node in names:
+        ranks = sorted(r for r, h in hosts.items() if h == node)
+        failures = [e for e in events if is_failure(e) and (e.host == node or (e.rank is not None and hosts.get(e.rank) == node))]
+        out.append(NodeStory(node, ranks, min(failures, key=order_key) if failures else None))
+    return out
+
+
+def diagnose(events: list[Event], world_size: Optional[int] = None,
+             mismatches: Iterable[Mismatch] = (), agreements: Iterable[Agreement] = (),
+             dump_ranks: Iterable[int] = ()) -> Explanation:
+    hosts, world = attribute(events, world_size)
+    dumped = list(dump_ranks)
+    if world_size is None and dumped and max(dumped) + 1 > (world or 0):
+        world = max(dumped) + 1
+    stories = rank_stories(events, world, hosts)
+    timeline = sorted((e for e in events if e.role != "context" or is_failure(e)), key=order_key)
+    findings: list[Finding] = []
+
+    waits = {s.rank: s.first for s in stories if s.first is not None and is_wait(s.first)}
+    # Ranks that raised a mismatch error (gloo's size check, DETAIL's fingerprint check): their exit is RUN009's.
+    mismatch_detectors = {e.rank for e in events if e.sig in ("gloo_size_mismatch", "detail_mismatch")}
+    causes_by_rank: dict[int, list[Event]] = {}
+    unattributed: list[Event] = []
+    for e in sorted(events, key=order_key):
+        if is_failure(e) and not is_wait(e) and e.sig not in ("detail_mismatch", "gloo_size_mismatch"):
+            if e.sig == "python_exception" and e.rank in waits and order_key(e) > order_key(waits[e.rank]):
+                continue  # the exception its own wait raised, further up the stack
+            if e.sig in ("elastic_block", "srun_task") and e.rank in mismatch_detectors:
+                continue  # the rank that noticed the mismatch raised and ended: RUN009 explains it
+            if e.sig in ("elastic_block", "srun_task") and e.rank in waits:
+                continue  # NCCL's watchdog aborts (SIGABRT) the rank that timed out: its end, not a cause
+            if e.rank is None:
+                unattributed.append(e)
+            else:
+                causes_by_rank.setdefault(e.rank, []).append(e)
+    # An exit code with no error of its own on a node whose log has errors nobody signed (older
+    # torch under srun prints no [rankN]:): those errors are that rank's, not a second cause.
+    unsigned_hosts = {e.host for e in unattributed if e.host}
+    for rank, evs in list(causes_by_rank.items()):
+        kept = [e for e in evs if not (e.sig == "elastic_block" and not e.fields.get("signal")
+                                       and e.host in unsigned_hosts)]
+        if kept:
+            causes_by_rank[rank] = kept
+        else:
+            del causes_by_rank[rank]
+
+    findings += detail_desync(events, hosts)
+    findings += gloo_size_mismatch(events, hosts)
+    findings += watchdog_timeouts(events, hosts, waits, causes_by_rank, world)
+    findings += flight_recorder_findings(list(mismatches), list(agreements), hosts)
+    findings += cause_findings(causes_by_rank, unattributed, waits, hosts, events)
+    if not findings:
+        findings += silent_suspects(stories, waits, hosts, events)
+    if not findings:
+        findings.append(_nothing_known(events))
+    return Explanation(findings, stories, timeline, world, hosts, node_stories(events, hosts))
+
+
+def _nothing_known(events: list[Event]) -> Finding:
+    return Finding(
+        code="LOG000", severity=Severity.INFO, probe=PROBE,
+        title="No known failure signature in these logs",
+        evidence={"context_lines_recognised": len(events)},
+        why=("None of the error messages of torch.distributed, NCCL, gloo, the elastic agent, Slurm, CUDA or the "
+             "DataLoader that ddpdoctor knows appears here: the job may have hung silently, or its errors went to "
+             "another file."),
+        fix=("Run `ddpdoctor check` with the same launcher and ranks to test the setup; rerun the job with "
+             "NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
+             "(with TORCH_NCCL_DUMP_ON_TIMEOUT=1) so the next failure leaves what `ddpdoctor explain` reads; "
+             "give it every rank's output (torchrun --log-dir, srun --output=%t.log)."),
+    )

@@ -1,0 +1,124 @@
+"""RankContext: everything a probe needs on one rank, built once per run."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from ddpdoctor.runtime.channel import Channel
+from ddpdoctor.runtime.config import CheckConfig
+from ddpdoctor.runtime.inject import Injector
+from ddpdoctor.runtime.launch_env import LaunchEnv
+from ddpdoctor.runtime.liveness import Watchdog
+from ddpdoctor.runtime.rank_state import RankState, StageRecord, Terminated
+
+
+class StageFailed(Exception):
+    """A stage ended in an error that is already published; the rank skips to the end."""
+
+
+@dataclass
+class RankContext:
+    env: LaunchEnv
+    cfg: CheckConfig
+    channel: Channel
+    injector: Injector
+    state: RankState
+    watchdog: Watchdog
+    backend: str = ""  # chosen at init
+    device: Any = None  # torch.device once init has chosen it
+    cache: dict[str, Any] = field(default_factory=dict)  # shared workload results
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @contextlib.contextmanager
+    def stage(self, name: str, deadline_s: Optional[float] = None, inject_as: Optional[str] = None) -> Iterator[None]:
+        """Enter a named stage: published, deadline-armed, fault hooks applied.
+
+        Stages nest (a probe holds its workload's stages); the watchdog guards the
+        innermost, and the enclosing stage is re-armed when it ends.
+        """
+        outer = self.state.stage
+        outer_started = self.state.stage_started
+        record = StageRecord(name=name, started=time.time())
+        self.state.failed_collective = None
+        self.state.timeline.append(record)
+        self.state.stage, self.state.stage_started = name, record.started
+        self._publish_timeline()
+        armed = deadline_s if deadline_s is not None else self.cfg.timeout_s
+        self.watchdog.arm(name, armed)
+        try:
+            self.injector.at_stage(inject_as or name)
+            yield
+        except StageFailed:
+            record.ended, record.status = time.time(), "error"
+            raise
+        except Exception as exc:
+            if self.state.terminating:
+                record.ended, record.status = time.time(), "stopped"
+                raise Terminated() from exc
+            record.ended, record.status = time.time(), "error"
+            record.detail = f"{type(exc).__name__}: {exc}"
+            self._publish(f"error/{self.rank}", {
+                "stage": name, "t": record.ended, "type": type(exc).__name__,
+                "message": str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
+                "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:],
+                "collective": self.state.collective or self.state.failed_collective,
+            })
+            # No Flight Recorder read here: right after a backend error it once held the rank past
+            # the launcher's SIGTERM (its C++ dump holds the GIL); the deadline path and the end read it.
+            self.watchdog.disarm()
+            self._publish_timeline()
+            raise StageFailed(record.detail) from exc
+        else:
+            record.ended, record.status = time.time(), "ok"
+        finally:
+            self.state.stage, self.state.stage_started = outer, outer_started
+            self.state.collective = None
+            self._publish_timeline()
+            if record.status == "ok" and outer not in ("launch", "end"):
+                # Give the enclosing stage a fresh deadline for its remaining work.
+                self.watchdog.arm(outer, self.cfg.timeout_s)
+            else:
+                self.watchdog.disarm()
+
+    def progress(self) -> None:
+        """A long measurement that is moving on (a benchmark's next size): a fresh deadline.
+
+        The stage deadline catches a stuck step, not a long sweep of quick ones.
+        """
+        self.state.stage_started = time.time()
+        self.watchdog.arm(self.state.stage, self.cfg.timeout_s)
+
+    @contextlib.contextmanager
+    def collective(self, op: str, **detail: Any) -> Iterator[None]:
+        """Mark a wait on the other ranks, so a deadline can say who waited for whom."""
+        self.state.collectives_entered += 1
+        self.state.collective = {"op": op, "seq": self.state.collectives_entered, **detail}
+        try:
+            yield
+        except BaseException:
+            # The stage's error handler runs after this; keep what we were waiting in.
+            self.state.failed_collective = self.state.collective
+            raise
+        finally:
+            self.state.collective = None
+
+    def _publish_timeline(self) -> None:
+        self._publish(f"timeline/{self.rank}", [s.to_json() for s in self.state.timeline])
+
+    def _publish(self, key: str, value: Any) -> None:
+        """Best effort: when the store itself is gone, the stage's outcome still decides the exit."""
+        try:
+            self.channel.set(key, value)
+        except Exception:
+            self.state.store_lost = True

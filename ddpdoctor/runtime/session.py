@@ -1,0 +1,482 @@
+"""One rank's life: rendezvous, init, probes, report, each a stage with a deadline.
+
+The same code runs under our own launcher, torchrun and srun; only who hosts the store
+and who writes the report differ (see launch_env).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import datetime
+import faulthandler
+import os
+import signal
+import sys
+import time
+from typing import Any, Mapping, Optional
+
+from ddpdoctor.runtime.channel import Channel
+from ddpdoctor.measure import fr_snapshot
+from ddpdoctor.runtime.config import CheckConfig
+from ddpdoctor.runtime.context import RankContext, StageFailed
+from ddpdoctor.core.errors import UsageError
+from ddpdoctor.core.findings import EXIT_CRITICAL, EXIT_UNKNOWN
+from ddpdoctor.measure import host_load
+from ddpdoctor.measure import nccl_tuning
+from ddpdoctor.runtime.inject import Injector, check_ranks, check_standalone, no_show
+from ddpdoctor.runtime.launch_env import BACKEND_VAR, DEVICE_VAR, LaunchEnv, launcher_pid
+from ddpdoctor.runtime.liveness import Heartbeat, SideChannel, Watchdog
+from ddpdoctor.measure.net import Resolution, resolve, wait_for_port
+from ddpdoctor.runtime.rank_state import RankState, Terminated
+from ddpdoctor.probes.init_hang import NAME as INIT_PROBE, before_rendezvous
+from ddpdoctor.core.run_record import RunRecord, read_record
+from ddpdoctor.runtime.slurm import expand_nodelist
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this rank if its launcher dies, even by SIGKILL."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the heartbeat thread's parent check still applies
+
+
+def _connect(env: LaunchEnv, cfg: CheckConfig, lookup: Resolution) -> Channel:
+    """`lookup`: MASTER_ADDR resolved once for this rank (also a fact of the init-hang probe)."""
+    where = f"{env.master_addr}:{env.master_port}"
+    resolved, problem, _ = lookup
+    if not resolved:
+        why = str((problem or {}).get("unknown", "")).split(": ", 1)[-1]
+        raise UsageError(f"MASTER_ADDR={env.master_addr!r} does not resolve on {env.hostname} ({why}): "
+                         "use an address every node can resolve, e.g. the first node's IP")
+    if not env.hosts_store:
+        # A client gives up before rank 0's rendezvous wait (0.8 x timeout) ends, so its reason
+        # reaches the launcher's report.
+        wait_s = 0.7 * cfg.timeout_s
+        why = wait_for_port(env.master_addr, env.master_port, wait_s, dial=resolved[0])
+        if why is not None:
+            raise _Unreachable(f"rank {env.rank} on {env.hostname} could not reach the rendezvous store at {where} "
+                               f"within {wait_s:g}s: {why}")
+    try:
+        # The timeout is also every later store operation's: the full stage deadline, always.
+        return Channel.connect(env.master_addr, env.master_port, cfg.timeout_s, is_master=env.hosts_store)
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if env.hosts_store:
+            raise UsageError(f"rank 0 could not listen on port {env.master_port} ({text}): the port is in use "
+                             "or not allowed; set MASTER_PORT to a free port") from None
+        raise _Unreachable(f"rank {env.rank} on {env.hostname} could not reach the rendezvous store at {where}: "
+                           f"{where} accepts connections but did not answer as a store (another service owns "
+                           f"that port, or rank 0 is overloaded): {text}") from None
+
+
+class _Unreachable(Exception):
+    pass
+
+
+def _hello(ctx: RankContext) -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {"rank": ctx.rank, "host": ctx.env.hostname, "pid": os.getpid(), "machine": machine_identity(),
+            "local_rank": ctx.env.local_rank,
+            "local_world_size": ctx.env.local_world_size, "world_size": ctx.world_size, "mode": ctx.env.mode,
+            "cuda_devices": torch.cuda.device_count() if cuda else 0, "t": time.time(),
+            "torch": torch.__version__, **_node_placement(os.environ, ctx.rank)}
+
+
+def _node_placement(environ: Mapping[str, str], rank: int) -> dict[str, Any]:
+    """Which node this rank's launcher says it is on (torchrun's GROUP_RANK, Slurm's SLURM_NODEID,
+    and which of the two), and on rank 0 Slurm's node list: how the report names a node none of
+    whose ranks arrived."""
+    out: dict[str, Any] = {}
+    for var, source in (("GROUP_RANK", "torchrun"), ("SLURM_NODEID", "slurm")):
+        if environ.get(var, "").isdigit():
+            out["node_rank"], out["node_rank_from"] = int(environ[var]), source
+            break
+    listed = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    if listed and rank == 0:  # one copy is enough: it is the same list on every rank
+        try:
+            out["nodelist"] = expand_nodelist(listed)
+        except UsageError:
+            pass  # unreadable: the report names missing nodes by node rank only
+    return out
+
+
+# What the other ranks need of every rank's hello (the backend choice, node grouping, whose
+# processes share a machine): rank 0 reads the N hellos once and publishes this digest, so the
+# rendezvous costs O(N) store calls, not every rank reading every hello (N² on the one store).
+HELLO_DIGEST = "hellos/digest"
+_DIGEST_FIELDS = ("rank", "host", "machine", "pid", "local_rank", "local_world_size", "cuda_devices")
+
+
+def _not_arrived(missing: list[int], arrived: int, world_size: int, wait_s: float) -> RuntimeError:
+    return RuntimeError(f"ranks {missing} did not arrive within {wait_s:g}s ({arrived} of {world_size} arrived)")
+
+
+def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:
+    """Everyone says hello; a missing rank is named here, before any collective waits on it."""
+    ctx.channel.set(f"hello/{ctx.rank}", _hello(ctx))
+    keys = [f"hello/{r}" for r in range(ctx.world_size)]
+    # Shorter than the stage deadline, so a missing rank is an orderly finding, not a watchdog exit;
+    # the others wait a little longer than rank 0, whose digest says who is missing.
+    wait_s = ctx.cfg.timeout_s * 0.8
+    with ctx.collective("rendezvous"):
+        if ctx.rank == 0:
+            present = ctx.channel.wait(keys, wait_s)
+            missing = [r for r in range(ctx.world_size) if f"hello/{r}" not in present]
+            if missing:
+                ctx.channel.set(HELLO_DIGEST, {"missing": missing, "arrived": len(present)})
+                raise _not_arrived(missing, len(present), ctx.world_size, wait_s)
+            # Rank 0 goes by the digest too, so every rank decides (the backend first) from the same facts.
+            hellos = {r: {k: h.get(k) for k in _DIGEST_FIELDS}
+                      for r, h in ctx.channel.collect("hello/{rank}", range(ctx.world_size)).items()}
+            ctx.channel.set(HELLO_DIGEST, {"hellos": {str(r): h for r, h in hellos.items()}})
+        else:
+            if not ctx.channel.wait([HELLO_DIGEST], wait_s + ctx.cfg.timeout_s * 0.1):
+                # Rank 0 never published: it is missing or stuck itself. Look once at who said hello.
+                present = ctx.channel.wait(keys, 0.0)
+                missing = [r for r in range(ctx.world_size) if f"hello/{r}" not in present]
+                raise _not_arrived(missing or [0], len(present), ctx.world_size, wait_s)
+            digest = ctx.channel.get(HELLO_DIGEST) or {}
+            if "missing" in digest:
+                raise _not_arrived(list(digest["missing"]), int(digest.get("arrived", 0)), ctx.world_size, wait_s)
+            hellos = {int(r): h for r, h in digest["hellos"].items()}
+    ctx.cache["hellos"] = hellos
+    return hellos
+
+
+def choose_backend(requested_backend: str, requested_device: str, hellos: dict[int, dict[str, Any]]) -> tuple[str, str]:
+    """NCCL only when every rank can own a GPU; decided from all ranks' hellos so all agree."""
+    # A rank owns a GPU if it sees one per local rank, or exactly one (Slurm's
+    # --gpus-per-task=1 binds one to each task). Sharing is the gpu-count probe's finding.
+    every_rank_has_gpu = all(h.get("cuda_devices", 0) >= h.get("local_world_size", 1) or h.get("cuda_devices", 0) == 1
+                             for h in hellos.values())
+    device = requested_device
+    if device == "auto":
+        device = "cuda" if every_rank_has_gpu else "cpu"
+    backend = requested_backend
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    return backend, device
+
+
+def _init(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    backend, device = choose_backend(os.environ.get(BACKEND_VAR, ctx.cfg.backend),
+                                     os.environ.get(DEVICE_VAR, ctx.cfg.device), hellos)
+    if backend == "nccl" and not dist.is_nccl_available():
+        raise RuntimeError("the NCCL backend is not available in this torch build; use --backend gloo")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device on this rank")
+        count = torch.cuda.device_count()
+        torch.cuda.set_device(ctx.env.local_rank if count >= ctx.env.local_world_size else 0)
+        ctx.device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        ctx.device = torch.device("cpu")
+    ctx.backend = backend
+    if wants_nccl_choices(ctx.cfg, backend, ctx.rank):
+        _ask_nccl_for_its_choices(ctx)
+    with ctx.collective("init_process_group", backend=backend):
+        dist.init_process_group(backend, store=ctx.channel.pg_store(), rank=ctx.rank,
+                                world_size=ctx.world_size,
+                                timeout=datetime.timedelta(seconds=ctx.cfg.timeout_s))
+
+
+def wants_nccl_choices(cfg: CheckConfig, backend: str, rank: int) -> bool:
+    """Asked for (--nccl-algo), on NCCL, by the bench, where NCCL logs them (its rank 0), for an
+    op whose logged sizes are the bench's."""
+    return (backend == "nccl" and rank == 0 and "allreduce" in cfg.probes and cfg.bench.nccl_algorithms
+            and cfg.bench.op in nccl_tuning.SIZES_AGREE)
+
+
+def _ask_nccl_for_its_choices(ctx: RankContext) -> None:
+    """Before NCCL starts: its TUNING log in a folder of ours, so the bench can say which algorithm
+    NCCL chose per size. Rank 0 only (NCCL logs the choice there); never over the user's NCCL_DEBUG."""
+    import shutil
+    import tempfile
+
+    from ddpdoctor.measure.host import set_for_ourselves
+
+    global _NCCL_LOG_DIR
+    folder = tempfile.mkdtemp(prefix="ddpdoctor-nccl-")
+    extra = nccl_tuning.capture_env(os.environ, folder)
+    if not extra:
+        shutil.rmtree(folder, True)
+        return
+    set_for_ourselves(extra)  # NCCL reads them at its init; the environment facts keep the user's own
+    ctx.cache["nccl_tuning_dir"] = folder
+    _NCCL_LOG_DIR = folder
+
+
+# The folder NCCL logs its choices to: the probe removes it after reading; a rank that leaves
+# before that (a failed probe, a stage deadline) removes it on its way out. Ranks leave through
+# os._exit, which runs no atexit handler, so this is called from those exits.
+_NCCL_LOG_DIR: Optional[str] = None
+
+
+def _remove_nccl_log() -> None:
+    if _NCCL_LOG_DIR is not None:
+        import shutil
+
+        shutil.rmtree(_NCCL_LOG_DIR, True)
+
+
+def _wait_for_ranks(channel: Channel, record: RunRecord, cfg: CheckConfig) -> None:
+    """The reporter waits until every rank is done or failed, or has gone silent."""
+    while True:
+        read_record(channel, record)
+        now = time.time()
+        pending = []
+        for r in range(record.world_size):
+            if r in record.done or r in record.errors or r in record.timeouts:
+                continue
+            hb = record.heartbeats.get(r)
+            if hb is None:
+                if now - record.started < cfg.timeout_s:
+                    pending.append(r)
+            elif now - float(hb.get("t", 0)) < cfg.silent_after_s:
+                pending.append(r)
+        if not pending:
+            return
+        time.sleep(0.1)
+
+
+def _write_report(ctx: RankContext, record: RunRecord, channel: Channel, command: list[str],
+                  wait: bool = True, stopped: bool = False) -> int:
+    """`stopped`: the launcher is stopping every rank, so a stale heartbeat too means a dead rank."""
+    from ddpdoctor.render.console import make_console, render_report
+    from ddpdoctor.core.report import build_report, write_outputs
+
+    if wait:
+        _wait_for_ranks(channel, record, ctx.cfg)
+    if ctx.env.store_host != "launcher":
+        # Under torchrun a peer's crash can reach us as a transport error before the agent's
+        # SIGTERM does: a rank on this host whose process is gone crashed, it is not frozen.
+        _find_dead_ranks(channel, record, ctx.env, by_heartbeat=stopped)
+    read_record(channel, record)
+    report = build_report(record, ctx.backend, str(ctx.device.type if ctx.device is not None else ""), command)
+    write_outputs(report, ctx.cfg)
+    render_report(report, make_console())
+    return report.exit_code
+
+
+def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
+    parent = launcher_pid(os.environ)
+    if parent is not None:
+        _die_with_parent()
+        if os.getppid() != parent:
+            return EXIT_UNKNOWN  # the launcher died before we got here
+    faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks for our stacks
+
+    state = RankState()
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        # SIGTERM from our launcher or torchrun's agent: stop, but report first.
+        state.terminating = True
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    check_ranks(cfg.inject, env.world_size)
+    check_standalone(cfg.inject, standalone=parent is not None)
+    # Whose CPU the check shares, from the first moment (the imports below are seconds of CPU
+    # that another job's load slows down too): read again by homogeneity, against this start.
+    load_start = host_load.sample() if env.local_rank == 0 else None
+    Injector(cfg.inject, env.rank).at_stage("launch")
+    if Injector(cfg.inject, env.rank).no_show():
+        no_show()  # a process that never joins: only its launcher's deadline ends it
+    from ddpdoctor.probes import get_probe
+
+    if any(get_probe(name).trains for name in cfg.probes):
+        # Heavy imports before the first deadline is armed: DDP's constructor imports
+        # torch._dynamo, seconds of CPU on a loaded node, which no stage should be charged for.
+        # Probes that build no DDP model skip them: 2 s of CPU per rank.
+        import torch._dynamo  # noqa: F401
+        import torch.nn.parallel  # noqa: F401
+
+    import psutil
+
+    # From this process's start, imports included, as the standalone launcher counts from the spawn.
+    record = RunRecord(world_size=env.world_size, mode=env.mode, probes=cfg.probes,
+                       started=psutil.Process().create_time(),
+                       faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s,
+                       settings=cfg.settings)
+    addr, port = Injector(cfg.inject, env.rank).rendezvous_target(env.master_addr, env.master_port)
+    env = dataclasses.replace(env, master_addr=addr, master_port=port)
+    lookup = resolve(env.master_addr, env.master_port, min(cfg.timeout_s, 10.0))
+    try:
+        connect_t0 = time.monotonic()
+        channel = _connect(env, cfg, lookup)
+        connect_s = time.monotonic() - connect_t0
+        side = SideChannel(Channel.connect(env.master_addr, env.master_port, cfg.timeout_s))
+    except _Unreachable as exc:
+        sys.stderr.write(f"ddpdoctor: {exc}\n")
+        return EXIT_CRITICAL
+    if INIT_PROBE in cfg.probes:
+        # Before anyone waits on anyone: a rank that hangs from here on has already said how it got here.
+        channel.set(f"result/{INIT_PROBE}/{env.rank}", before_rendezvous(env, lookup, connect_s, record.started))
+
+    def emergency_report() -> Optional[int]:
+        # Our own stage deadline fired: the watchdog leaves through os._exit after this.
+        _remove_nccl_log()
+        # On the reporter: say what we know before exiting.
+        if env.is_reporter:
+            time.sleep(min(2.0, cfg.timeout_s / 2))
+            return _write_report(ctx, record, side.channel, command, wait=False)
+        return None
+
+    watchdog = Watchdog(side, env.rank, state, on_fire=emergency_report)
+    watchdog.start()
+    heartbeat = Heartbeat(side, env.rank, state, cfg.heartbeat_s, cfg.silent_after_s, parent)
+    heartbeat.start()
+    ctx = RankContext(env, cfg, channel, Injector(cfg.inject, env.rank), state, watchdog)
+    ctx.cache["host_load_start"] = load_start
+
+    healthy = True
+    code = 0
+    reported = False  # the report is written and the verdict given: a late SIGTERM changes neither
+    try:
+        try:
+            with ctx.stage("rendezvous"):
+                hellos = _rendezvous(ctx)
+            with ctx.stage("init"):
+                _init(ctx, hellos)
+            for name in cfg.probes:
+                with ctx.stage(f"probe:{name}", deadline_s=cfg.timeout_s):
+                    channel.set(f"result/{name}/{env.rank}", get_probe(name).collect(ctx))
+        except StageFailed:
+            healthy = False
+        # The reporter waits for every other rank's stages, and the others wait for its
+        # verdict, so this deadline spans a whole run's stages, not one.
+        report_deadline = cfg.run_deadline_s if env.store_host != "launcher" else cfg.timeout_s
+        # A rank's own part of the stage (its collective record, "done") has the usual deadline, so a
+        # rank stuck there is named as itself within --timeout; only the waiting that follows gets
+        # the long one (else the reporter, waiting as long as the stuck rank, would be named too).
+        with ctx.stage("report", deadline_s=cfg.timeout_s):
+            if healthy:
+                if ctx.backend:
+                    # torch's own record of every collective, compared across ranks by the report.
+                    channel.set(f"fr/{env.rank}", fr_snapshot.take())
+                channel.set(f"done/{env.rank}", time.time())
+            ctx.watchdog.arm("report", report_deadline)
+            if env.is_reporter:
+                code = _write_report(ctx, record, channel, command)
+                channel.set("verdict", code)
+                reported = True
+            else:
+                if env.store_host != "launcher":
+                    # Wait for the verdict so the store (on rank 0) outlives nobody's reads, but
+                    # exit with our own health: torchrun names the first non-zero exit as the root
+                    # cause, and the verdict is rank 0's exit code and the report's.
+                    with ctx.collective("wait_for_verdict"):
+                        channel.wait(["verdict"], report_deadline - 1.0)
+                code = 0 if healthy else 1
+            channel.set(f"bye/{env.rank}", time.time())
+            if env.hosts_store:
+                # Keep the store up until the others have read the verdict.
+                channel.wait([f"bye/{r}" for r in range(env.world_size)], 3.0)
+    except StageFailed:
+        code = code or 1
+        if state.store_lost:
+            sys.stderr.write(f"ddpdoctor: rank {env.rank} lost the rendezvous store at {env.master_addr}:"
+                             f"{env.master_port} (its host, rank 0 or the launcher, is gone); no report from here\n")
+            code = EXIT_CRITICAL
+    except (Terminated, KeyboardInterrupt):
+        watchdog.close()
+        if reported:
+            # srun --kill-on-bad-exit (or torchrun's agent) ends the step once another rank exits 1,
+            # while this rank holds the store for the others' goodbyes: the report stands as written,
+            # and rewriting it as "stopped" would replace the diagnosis with an interruption.
+            return code
+        side.set(f"terminated/{env.rank}", time.time())
+        if env.store_host != "launcher":
+            # torchrun's agent stops every worker when one fails: name the one that failed.
+            record.interrupted = "SIGTERM"
+            try:
+                code = 0
+                if env.is_reporter or _take_over_reporting(side.channel, env):
+                    time.sleep(0.5)  # let the other ranks say they were terminated too
+                    code = _write_report(ctx, record, side.channel, command, wait=False, stopped=True)
+            except Exception:
+                pass
+        return code if code else EXIT_UNKNOWN
+    finally:
+        watchdog.close()
+        heartbeat.stop()
+        _teardown()
+    return code
+
+
+def machine_identity() -> str:
+    """This kernel's boot id and this process's pid namespace: where a pid is meaningful."""
+    parts = []
+    for path, read in (("/proc/sys/kernel/random/boot_id", lambda p: open(p).read().strip()),
+                       ("/proc/self/ns/pid", os.readlink)):
+        try:
+            parts.append(str(read(path)))
+        except OSError:
+            parts.append("?")
+    return "/".join(parts)
+
+
+def _process_gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False  # it exists (access denied, say): not known to be gone
+
+
+def _is_dead(channel: Channel, env: LaunchEnv, rank: int, by_heartbeat: bool = True) -> bool:
+    """A rank that ended without saying so: its process is gone, or (if by_heartbeat) its heartbeat is stale.
+
+    A stale heartbeat alone cannot tell a dead rank on another host from a frozen one; only
+    after the launcher's SIGTERM, when every live rank is being stopped, is it taken as death.
+    """
+    if channel.has(f"terminated/{rank}") or channel.has(f"done/{rank}"):
+        return False
+    hello = channel.get(f"hello/{rank}") or {}
+    # A pid means something only in the same kernel and pid namespace: containers on two hosts
+    # may share a host name, so the machine identity (boot id + pid namespace) must match too.
+    if hello.get("host") == env.hostname and hello.get("pid") and hello.get("machine") == machine_identity():
+        return _process_gone(int(hello["pid"]))
+    if not by_heartbeat:
+        return False
+    hb = channel.get(f"hb/{rank}") or {}
+    return time.time() - float(hb.get("t", 0)) > 2.0
+
+
+def _take_over_reporting(channel: Channel, env: LaunchEnv) -> bool:
+    """Rank 0 is the reporter; if it is the casualty, the first live rank to claim it reports."""
+    if not _is_dead(channel, env, 0):
+        return False
+    return int(channel.store.add("reporter_takeover", 1)) == 1
+
+
+def _find_dead_ranks(channel: Channel, record: RunRecord, env: LaunchEnv, by_heartbeat: bool = True) -> None:
+    for rank in range(env.world_size):
+        if rank != env.rank and not channel.has(f"error/{rank}") and not channel.has(f"timeout/{rank}") \
+                and _is_dead(channel, env, rank, by_heartbeat):
+            record.dead[rank] = ("its process had ended before the launcher stopped the job; its exit status is "
+                                 "known only to the launcher (torchrun prints it, with the rank's output)")
+
+
+def _teardown() -> None:
+    _remove_nccl_log()
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass

@@ -1,0 +1,268 @@
+"""GPU health and host sizing: the per-device and per-node part of `homogeneity`.
+
+Each finding names the GPU by host and PCI bus id (what `nvidia-smi` and a datacenter
+ticket use), once per GPU even when several ranks share it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable, Mapping, Optional
+
+from ddpdoctor.core.findings import Finding, Severity
+from ddpdoctor.measure.host_layout import parse_cpulist
+
+from ddpdoctor.probes.base import RunView
+
+NAME = "homogeneity"
+RAM_PER_GPU_BYTES = 16 * 2**30  # common practice: at least 16 GB of host RAM per GPU (data loading, pinned memory)
+SLOWDOWNS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown", "board_limit",
+             "reliability")
+
+Facts = Mapping[int, Mapping[str, Any]]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _num(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def cpu_set(text: Any) -> set[int]:
+    """`0-3,8` (as rank_ranges writes an affinity) → {0, 1, 2, 3, 8}; an unreadable part is skipped."""
+    cpus: set[int] = set()
+    for part in str(text or "").split(","):
+        try:
+            cpus |= parse_cpulist(part)
+        except ValueError:
+            continue
+    return cpus
+
+
+def cpus_for(host_hw: list[Mapping[str, Any]]) -> int:
+    """CPUs the ranks of one host may run on between them: the union of their affinities.
+
+    Ranks pinned apart (srun --cpus-per-task) do not compete even though each sees few CPUs.
+    """
+    union: set[int] = set()
+    for hw in host_hw:
+        union |= cpu_set(hw.get("cpu_affinity"))
+    if union:
+        return len(union)
+    return max((_int(hw.get("cpus_usable")) or _int(hw.get("cpu_logical_cores")) or 0 for hw in host_hw), default=0)
+
+
+def _gpus(facts: Facts) -> list[tuple[str, list[int], Mapping[str, Any]]]:
+    """(label, ranks, gpu facts) per distinct GPU."""
+    seen: dict[str, tuple[str, list[int], Mapping[str, Any]]] = {}
+    for r, f in sorted(facts.items()):
+        gpu = f.get("gpu")
+        if not isinstance(gpu, Mapping) or not gpu:
+            continue
+        host = str(f.get("host"))
+        key = str(gpu.get("uuid") or f"{host}/{gpu.get('pci_bus_id')}/{r}")
+        label = f"{host} GPU {gpu.get('pci_bus_id') or gpu.get('nvml_index')} ({gpu.get('name')})"
+        seen.setdefault(key, (label, [], gpu))[1].append(r)
+    return list(seen.values())
+
+
+def _per_gpu(facts: Facts, run: RunView, judge: Callable[[Mapping[str, Any]], Optional[tuple[Severity, str]]],
+             code: str, title: str, why: str, fix: str) -> list[Finding]:
+    evidence: dict[str, str] = {}
+    severities: dict[str, Severity] = {}
+    ranks: list[int] = []
+    for label, gpu_ranks, gpu in _gpus(facts):
+        verdict = judge(gpu)
+        if verdict is None:
+            continue
+        severity, said = verdict
+        evidence[label] = said
+        severities[label] = severity
+        ranks += gpu_ranks
+    if not evidence:
+        return []
+    first = max(evidence, key=lambda label: severities[label])  # the worst GPU names the finding
+    more = f" and {len(evidence) - 1} more" if len(evidence) > 1 else ""
+    ranks_t = tuple(sorted(set(ranks)))
+    return [Finding(code=code, severity=severities[first], probe=NAME, title=f"{title} on {first}{more}: {evidence[first]}",
+                    ranks=ranks_t, nodes=run.nodes_of(ranks_t), evidence=evidence, why=why, fix=fix)]
+
+
+def _memory_errors(gpu: Mapping[str, Any]) -> Optional[tuple[Severity, str]]:
+    rows = gpu.get("remapped_rows") if isinstance(gpu.get("remapped_rows"), Mapping) else {}
+    ecc = gpu.get("ecc_uncorrected") if isinstance(gpu.get("ecc_uncorrected"), Mapping) else {}
+    pages = gpu.get("retired_pages") if isinstance(gpu.get("retired_pages"), Mapping) else {}
+    said: list[str] = []
+    severity = Severity.INFO
+    if rows.get("failed") is True:
+        said.append("row remapping FAILED")
+        severity = Severity.CRITICAL
+    if (_int(ecc.get("volatile")) or 0) > 0:
+        said.append(f"{_count(ecc['volatile'], 'uncorrectable ECC error')} since the last reset")
+        severity = max(severity, Severity.WARN)
+    if rows.get("pending") is True or pages.get("pending") is True:
+        said.append("a row remap / page retirement is pending until the GPU is reset")
+        severity = max(severity, Severity.WARN)
+    if not said and (_int(ecc.get("aggregate")) or 0) > 0:
+        said.append(f"{_count(ecc['aggregate'], 'uncorrectable ECC error')} in its lifetime (none since the last reset)")
+    if (_int(rows.get("uncorrectable")) or 0) > 0:
+        said.append(f"{_count(rows['uncorrectable'], 'row')} remapped for uncorrectable errors")
+    return (severity, "; ".join(said)) if said else None
+
+
+def _power_capped(gpu: Mapping[str, Any]) -> Optional[tuple[Severity, str]]:
+    power = gpu.get("power") if isinstance(gpu.get("power"), Mapping) else {}
+    limit, default = _num(power.get("limit_w")), _num(power.get("default_w"))
+    enforced = _num(power.get("enforced_w"))
+    capped = min(v for v in (limit, enforced) if v is not None) if (limit or enforced) else None
+    if capped is None or default is None or capped >= default * 0.98:
+        return None
+    return Severity.WARN, f"power limit {capped:g} W, default {default:g} W ({100 * capped / default:.0f}%)"
+
+
+def _clocks_low(gpu: Mapping[str, Any]) -> Optional[tuple[Severity, str]]:
+    clocks = gpu.get("clocks") if isinstance(gpu.get("clocks"), Mapping) else {}
+    said = []
+    for kind in ("sm", "mem"):
+        app, default = _int(clocks.get(f"app_{kind}_mhz")), _int(clocks.get(f"default_app_{kind}_mhz"))
+        if app is not None and default and app < default * 0.95:
+            said.append(f"application {kind.upper()} clock {app} MHz, default {default} MHz")
+    return (Severity.WARN, "; ".join(said)) if said else None
+
+
+def _throttling(gpu: Mapping[str, Any]) -> Optional[tuple[Severity, str]]:
+    reasons = gpu.get("clock_event_reasons") if isinstance(gpu.get("clock_event_reasons"), Mapping) else {}
+    active = [r for r in reasons.get("active") or [] if isinstance(r, str)]
+    bad = [r for r in active if r in SLOWDOWNS]
+    if bad:
+        temp = gpu.get("temperature_c")
+        return Severity.WARN, ", ".join(bad) + (f" at {temp} C" if _int(temp) is not None else "")
+    if "sw_power_cap" in active:
+        return Severity.INFO, "sw_power_cap (clocks lowered to stay within the power limit)"
+    return None
+
+
+def _persistence_off(gpu: Mapping[str, Any]) -> Optional[tuple[Severity, str]]:
+    return (Severity.INFO, "persistence mode off") if gpu.get("persistence_mode") is False else None
+
+
+def gpu_health_findings(facts: Facts, run: RunView) -> list[Finding]:
+    out: list[Finding] = []
+    out += _per_gpu(facts, run, _memory_errors, "HOM007", "GPU memory errors",
+                    why=("Uncorrectable ECC errors kill the process that hit them (Xid 48/63/64) and can corrupt results; "
+                         "a pending row remap only takes effect after a GPU reset, and a failed remap means the GPU has "
+                         "run out of spare rows."),
+                    fix=("Drain the node; reset the GPU (`nvidia-smi -r -i <id>` with no process on it, or reboot) to "
+                         "apply pending remaps; if remapping failed or errors return, replace the GPU (NVIDIA: RMA)."))
+    out += _per_gpu(facts, run, _power_capped, "HOM008", "Power limit below default",
+                    why="A GPU capped below its default power limit runs at lower clocks under load, and DDP waits for it.",
+                    fix="Restore it with `sudo nvidia-smi -i <id> -pl <default W>` (or ask the admins why it was capped).")
+    out += _per_gpu(facts, run, _clocks_low, "HOM009", "Clocks held below default",
+                    why="Application clocks were set below the default (`nvidia-smi -ac`), so this GPU computes slower.",
+                    fix="Reset them with `sudo nvidia-smi -i <id> -rac` (and `-rgc` if clocks were locked with -lgc).")
+    out += _per_gpu(facts, run, _throttling, "HOM010", "GPU clocks throttled",
+                    why=("The driver lowered this GPU's clocks for heat, power or a hardware signal "
+                         "(\"HW Slowdown\", \"Thermal Slowdown\" in `nvidia-smi -q -d PERFORMANCE`)."),
+                    fix=("Check cooling and airflow (`nvidia-smi -q -d TEMPERATURE`), the PSU and power brake, and "
+                         "the BMC's logs; a GPU that keeps throttling on a cool node should be replaced."))
+    out += _per_gpu(facts, run, _persistence_off, "HOM014", "Persistence mode off",
+                    why="Without persistence mode the driver tears down and re-initialises the GPU between jobs: seconds "
+                        "of extra start-up and re-trained links.",
+                    fix="Run nvidia-persistenced (or `sudo nvidia-smi -pm 1`) on GPU nodes.")
+    return out
+
+
+def host_findings(facts: Facts, run: RunView) -> list[Finding]:
+    out: list[Finding] = []
+    by_host: dict[str, list[int]] = defaultdict(list)
+    for r, f in sorted(facts.items()):
+        by_host[str(f.get("host"))].append(r)
+    low_ram: dict[str, str] = {}
+    low_ram_ranks: list[int] = []
+    threads: dict[str, str] = {}
+    thread_ranks: list[int] = []
+    for host, ranks in by_host.items():
+        hw = facts[ranks[0]].get("host_hw") or {}
+        gpu_ranks = [r for r in ranks if facts[r].get("gpu")]
+        gpus = _int(hw.get("node_gpus")) or len({str((facts[r].get("gpu") or {}).get("uuid") or r) for r in gpu_ranks})
+        ram = _int(hw.get("ram_bytes"))
+        if gpu_ranks and ram and gpus and ram / gpus < RAM_PER_GPU_BYTES:
+            low_ram[host] = f"{ram / 2**30:.0f} GiB RAM for {gpus} GPUs ({ram / gpus / 2**30:.1f} GiB each)"
+            low_ram_ranks += ranks
+        # Only live ranks: a snapshot's threads are its own process's, not a training rank's.
+        live = [r for r in ranks if facts[r].get("source") != "snapshot"]
+        local = max([len(live)] + [int(facts[r].get("local_world_size") or 1) for r in live])
+        unset = [r for r in live if "OMP_NUM_THREADS" not in (facts[r].get("env") or {})]
+        wanted = sum(int((facts[r].get("host_hw") or {}).get("torch_threads") or 1) for r in live)
+        cores = cpus_for([facts[r].get("host_hw") or {} for r in live])
+        if local > 1 and unset and cores and wanted > cores:
+            threads[host] = (f"{len(live)} ranks with {wanted} compute threads between them on {cores} CPUs, "
+                             "OMP_NUM_THREADS unset")
+            thread_ranks += unset
+    out += _busy_hosts(facts, by_host)
+    if low_ram:
+        first = next(iter(low_ram))
+        out.append(Finding(
+            code="HOM011", severity=Severity.WARN, probe=NAME,
+            title=f"Little host RAM per GPU on {first}: {low_ram[first]}", ranks=tuple(low_ram_ranks),
+            nodes=tuple(low_ram), evidence=low_ram | {"rule_of_thumb": "at least 16 GiB of host RAM per GPU"},
+            why=("DataLoader workers, pinned buffers, checkpoint saving and CPU offload all take host RAM per GPU; "
+                 "below about 16 GiB per GPU jobs get OOM-killed (exit 137, \"Killed\") or swap."),
+            fix="Use fewer DataLoader workers per rank and smaller prefetch, or run on nodes with more memory per GPU.",
+        ))
+    if threads:
+        first = next(iter(threads))
+        out.append(Finding(
+            code="HOM012", severity=Severity.WARN, probe=NAME,
+            title=f"CPU threads oversubscribed on {first}: {threads[first]}", ranks=tuple(thread_ranks),
+            nodes=tuple(threads), evidence=threads,
+            why=("Each rank's torch starts one thread per core; several ranks per node then fight over the cores and "
+                 "every CPU-side step (data loading, optimizer on CPU, gloo) slows down. torchrun sets "
+                 "OMP_NUM_THREADS=1 for this reason; srun and mp.spawn do not."),
+            fix="Export OMP_NUM_THREADS=<cores per node / ranks per node> in the job script (or use torchrun).",
+        ))
+    return out
+
+
+# Saturated: the host's CPUs were nearly all busy, and other processes took a real share of them
+# (a quarter, at least half a CPU). A big node where another job uses idle cores is not saturated.
+SATURATED_SHARE = 0.9
+FOREIGN_SHARE = 0.25
+
+
+def _busy_hosts(facts: Facts, by_host: Mapping[str, list[int]]) -> list[Finding]:
+    """HOM015: the host's CPUs were saturated while the check ran, with other processes taking a real
+    share (local rank 0 measured it from the ranks' start, imports included)."""
+    busy: dict[str, str] = {}
+    measured: dict[str, Any] = {}
+    for host, ranks in by_host.items():
+        load = next((facts[r]["host_load"] for r in ranks if isinstance(facts[r].get("host_load"), Mapping)), None)
+        if load is None:
+            continue
+        cpus, used = _int(load.get("cpus")) or 0, _num(load.get("foreign_cpus_busy")) or 0.0
+        all_busy = _num(load.get("cpus_busy"))
+        if cpus and (all_busy is None or all_busy >= SATURATED_SHARE * cpus) and used >= max(0.5, FOREIGN_SHARE * cpus):
+            top = ", ".join(f"pid {p.get('pid')} {p.get('name')} {p.get('cpu_pct')}%" for p in load.get("top") or [])
+            busy[host] = (f"{all_busy if all_busy is not None else used:.1f} of {cpus} CPUs busy, {used:.1f} of them "
+                          f"with other processes" + (f" ({top})" if top else ""))
+            measured[host] = load
+    if not busy:
+        return []
+    first = next(iter(busy))
+    ranks = tuple(r for host in busy for r in by_host[host])
+    return [Finding(
+        code="HOM015", severity=Severity.WARN, probe=NAME,
+        title=f"Host {first} is saturated, partly by other processes: {busy[first]}", ranks=ranks, nodes=tuple(busy),
+        evidence={"by_host": busy, "measured": measured},
+        why=("Processes that are not part of this job took that much CPU while the check ran (measured from each "
+             "process's CPU time, ours left out). Data loading, gloo and the CPU side of every step slow down, so a "
+             "straggler or a slow speed measured there may be the other job's doing, not the hardware's."),
+        fix=("Find them with `top` or `ps -eo pid,pcpu,comm --sort=-pcpu | head`; ask the scheduler for whole nodes "
+             "(Slurm --exclusive) or exclude the node, then check again."),
+    )]

@@ -1,0 +1,264 @@
+"""Probe `homogeneity`: find the rank or node that is different.
+
+DDP runs at the speed of its slowest rank, and a job that mixes torch or NCCL versions
+fails in ways no error message explains. Collect reads every rank's hardware, software,
+GPU health and environment, and measures its compute speed; diagnose groups the ranks
+by each value and names the odd ones. The reading is shared with `ddpdoctor snapshot`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable, Mapping, Optional
+
+from ddpdoctor.measure import host_load
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+from ddpdoctor.core.grouping import describe_groups, group_ranks, minority, shown
+from ddpdoctor.measure.node import read_device_facts, read_gpu_state
+from ddpdoctor.measure.throughput import measure_matmul
+from ddpdoctor.runtime.workload import run_workload
+
+from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.homogeneity.health import gpu_health_findings, host_findings
+from ddpdoctor.probes.homogeneity.speed import slow_rank_findings, speed_spread
+
+NAME = "homogeneity"
+
+Facts = Mapping[int, Mapping[str, Any]]
+
+
+def _get(f: Mapping[str, Any], *path: str) -> Any:
+    value: Any = f
+    for key in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _gib(value: Any) -> Any:
+    return f"{value / 2**30:.1f} GiB" if isinstance(value, (int, float)) else value
+
+
+def _torch_build(f: Mapping[str, Any]) -> Any:
+    sw = f.get("software") or {}
+    git = sw.get("torch_git")
+    return f"{sw.get('torch')} ({git[:8]})" if isinstance(git, str) and git else sw.get("torch")
+
+
+# (label, how to read it): what must agree, grouped by how bad a disagreement is.
+HARDWARE: list[tuple[str, Callable[[Mapping[str, Any]], Any]]] = [
+    ("GPU model", lambda f: _get(f, "gpu", "name")),
+    ("GPU memory", lambda f: _gib(_get(f, "gpu", "memory_total_bytes"))),
+    ("compute capability", lambda f: _get(f, "gpu", "compute_capability")),
+    ("SM count", lambda f: _get(f, "gpu", "sm_count")),
+    ("ECC mode", lambda f: _get(f, "gpu", "ecc_mode", "current")),
+]
+LIBRARIES = [("torch", _torch_build), ("NCCL", lambda f: _get(f, "software", "nccl"))]
+DRIVERS = [
+    ("NVIDIA driver", lambda f: _get(f, "software", "driver")),
+    ("CUDA driver API", lambda f: _get(f, "software", "cuda_driver")),
+    ("torch's CUDA runtime", lambda f: _get(f, "software", "cuda_runtime")),
+]
+HARMLESS = [
+    ("Python", lambda f: _get(f, "software", "python")),
+    ("OS", lambda f: _get(f, "software", "os")),
+    ("kernel", lambda f: _get(f, "software", "kernel")),
+    ("CPU model", lambda f: _get(f, "host_hw", "cpu_model")),
+    ("host RAM", lambda f: _gib(_get(f, "host_hw", "ram_bytes"))),
+]
+# Settings that may differ between nodes on purpose (NIC names) or only change logging.
+PER_NODE_ENV = {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_TOPO_FILE", "NCCL_DEBUG",
+                "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "NCCL_TOPO_DUMP_FILE"}
+COMPARED_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_")
+
+
+class Homogeneity:
+    name = NAME
+    trains = True
+    summary = "Compare GPUs, drivers, torch/NCCL, GPU health, environment and measured speed across ranks and nodes."
+
+    # -- collect (on each rank) -------------------------------------------------
+    def collect(self, ctx: Any) -> dict[str, Any]:
+        facts = read_device_facts(ctx.device)
+        facts.update(host=ctx.env.hostname, rank=ctx.rank, local_rank=ctx.env.local_rank,
+                     local_world_size=ctx.env.local_world_size, world_size=ctx.world_size, source="rank")
+        # What was read stays diagnosable even if the measurement below fails or hangs.
+        ctx.channel.set(f"result/{NAME}/{ctx.rank}", facts)
+        facts["measured"] = {"matmul": _measure_matmul(ctx).to_json()}
+        if facts.get("gpu"):
+            # Clocks and throttle reasons mean most right after load: idle GPUs report idle.
+            facts["gpu"].update(read_gpu_state(facts["gpu"].get("uuid")))
+        workload = run_workload(ctx)
+        facts["measured"]["step_ms"] = _median([s.step_ms for s in workload.steps])
+        facts["measured"]["forward_ms"] = _median([s.forward_ms for s in workload.steps])
+        if ctx.cache.get("host_load_start") is not None:
+            facts["host_load"] = _foreign_load(ctx)
+        return facts
+
+    # -- diagnose (pure) --------------------------------------------------------
+    def diagnose(self, facts: Facts, run: RunView) -> list[Finding]:
+        if not facts:
+            return []
+        threshold = run.settings.get("slow_threshold_pct")
+        findings: list[Finding] = []
+        findings += _disagreements(facts, run, HARDWARE, "HOM001", Severity.WARN, "GPU hardware differs",
+                                   why=("DDP waits for the slowest GPU at every step, and the smallest memory sets the "
+                                        "batch size every rank can hold."),
+                                   fix=("Request identical GPUs (a Slurm constraint or node feature, e.g. "
+                                        "--constraint=h100_80gb) or exclude the odd nodes (--exclude)."))
+        findings += _disagreements(facts, run, LIBRARIES, "HOM002", Severity.CRITICAL, "Library versions differ",
+                                   why=("Ranks running different torch or NCCL builds may disagree on the collective "
+                                        "protocol: hangs, \"NCCL error: invalid usage\" or silently wrong results."),
+                                   fix=("Run every rank from the same environment: one container image or one "
+                                        "shared venv/conda env, and check `python -c 'import torch; print(torch.__version__, "
+                                        "torch.cuda.nccl.version())'` on each node."))
+        findings += _disagreements(facts, run, DRIVERS, "HOM003", Severity.WARN, "NVIDIA driver or CUDA differs",
+                                   why=("Nodes on different driver branches behave differently (NVLink, P2P, NCCL "
+                                        "features) and an old driver can refuse a newer CUDA runtime."),
+                                   fix=("Drain the odd nodes and bring them to the cluster's driver version, or "
+                                        "exclude them from the job."))
+        findings += _disagreements(facts, run, HARMLESS, "HOM004", Severity.INFO, "Harmless differences",
+                                   why="These differences do not change DDP's results; they can explain small speed gaps.",
+                                   fix="")
+        findings += _env_differences(facts, run)
+        findings += slow_rank_findings(facts, run, threshold)
+        findings += gpu_health_findings(facts, run)
+        findings += host_findings(facts, run)
+        if not any(f.severity >= Severity.WARN for f in findings):
+            findings.insert(0, _all_agree(facts, run))
+        return findings
+
+
+def _foreign_load(ctx: Any) -> Optional[dict[str, Any]]:
+    """Other processes' CPU on this host from the rank's start to now (local rank 0 only)."""
+    end = host_load.sample()
+    if end is None:
+        return None
+    from ddpdoctor.runtime.session import machine_identity
+
+    # Every rank of this job whose pid means something here (same kernel, same pid namespace),
+    # whatever host name it goes by: two "nodes" in containers on one machine share it.
+    here = machine_identity()
+    hellos = ctx.cache.get("hellos") or ctx.channel.collect("hello/{rank}", range(ctx.world_size))
+    pids = [int(h["pid"]) for h in hellos.values() if h.get("machine") == here and h.get("pid")]
+    return host_load.foreign_load(ctx.cache["host_load_start"], end, host_load.our_processes(pids))
+
+
+def _measure_matmul(ctx: Any) -> Any:
+    import torch.distributed as dist
+
+    rounds = {"n": 0}
+
+    def barrier() -> None:
+        # Every rank's round k runs at the same time, so the rounds compare like with like.
+        rounds["n"] += 1
+        with ctx.collective("matmul_round_barrier", round=rounds["n"]):
+            dist.barrier()
+
+    return measure_matmul(ctx.device, barrier=barrier, slow_factor=ctx.injector.slow_factor())
+
+
+def _median(values: list[float]) -> Optional[float]:
+    import statistics
+
+    return round(statistics.median(values), 3) if values else None
+
+
+def _values(facts: Facts, read: Callable[[Mapping[str, Any]], Any]) -> dict[int, Any]:
+    return {r: read(f) for r, f in facts.items()}
+
+
+def _by_node(facts: Facts, groups: list[tuple[Any, list[int]]], word: str = "on") -> Optional[str]:
+    """`nodes a,b on X; node c on Y` when every node is uniform and there are several."""
+    per_node: dict[str, set[int]] = defaultdict(set)
+    for index, (_, ranks) in enumerate(groups):
+        for r in ranks:
+            per_node[str(facts[r].get("host"))].add(index)
+    if len(per_node) < 2 or any(len(v) != 1 for v in per_node.values()):
+        return None
+    parts = []
+    for index, (value, _) in enumerate(groups):
+        hosts = sorted(h for h, v in per_node.items() if v == {index})
+        parts.append(f"{'node' if len(hosts) == 1 else 'nodes'} {','.join(hosts)} {word} {shown(value)}")
+    return "; ".join(parts)
+
+
+def _disagreements(facts: Facts, run: RunView, attributes: list[tuple[str, Callable[[Mapping[str, Any]], Any]]],
+                   code: str, severity: Severity, headline: str, why: str, fix: str) -> list[Finding]:
+    evidence: dict[str, str] = {}
+    odd: set[int] = set()
+    first = ""
+    for label, read in attributes:
+        values = _values(facts, read)
+        if all(v is None for v in values.values()):
+            continue  # not applicable here (e.g. no GPU on any rank)
+        groups = group_ranks(values)
+        if len(groups) < 2:
+            continue
+        said = _by_node(facts, groups) or describe_groups(groups)
+        evidence[label] = said
+        odd.update(minority(groups))
+        first = first or f"{label}: {said}"
+    if not evidence:
+        return []
+    ranks = tuple(sorted(odd))
+    return [Finding(code=code, severity=severity, probe=NAME, title=f"{headline}: {first}", ranks=ranks,
+                    nodes=run.nodes_of(ranks), evidence=evidence, why=why, fix=fix)]
+
+
+def _env_differences(facts: Facts, run: RunView) -> list[Finding]:
+    names = sorted({k for f in facts.values() for k in (f.get("env") or {}) if k.startswith(COMPARED_ENV_PREFIXES)})
+    out: list[Finding] = []
+    for per_node, severity in ((False, Severity.WARN), (True, Severity.INFO)):
+        evidence: dict[str, str] = {}
+        odd: set[int] = set()
+        for name in names:
+            if (name in PER_NODE_ENV) != per_node:
+                continue
+            groups = group_ranks({r: (f.get("env") or {}).get(name, "unset") for r, f in facts.items()})
+            if len(groups) > 1:
+                evidence[name] = (_by_node(facts, groups, word="with") or
+                                  describe_groups(groups, word="has", plural_word="have"))
+                odd.update(minority(groups))
+        if not evidence:
+            continue
+        ranks = tuple(sorted(odd))
+        shown_names = ", ".join(list(evidence)[:3]) + (" ..." if len(evidence) > 3 else "")
+        out.append(Finding(
+            code="HOM005", severity=severity, probe=NAME,
+            title=f"Distributed settings differ across ranks: {shown_names}", ranks=ranks, nodes=run.nodes_of(ranks),
+            evidence=evidence,
+            why=("These variables differ between nodes by design (network interface names, debug output)."
+                 if per_node else
+                 "NCCL and torch.distributed settings that differ between ranks (algorithm, protocol, timeouts, "
+                 "debug wrappers) can make ranks disagree on how a collective runs: hangs or errors at the first "
+                 "all-reduce."),
+            fix=("" if per_node else
+                 "Export the same NCCL_*/TORCH_NCCL_*/TORCH_DISTRIBUTED_* settings on every node: set them in the "
+                 "job script before srun/torchrun, not in a per-node profile."),
+        ))
+    return out
+
+
+def _all_agree(facts: Facts, run: RunView) -> Finding:
+    ranks = tuple(sorted(facts))
+    sample = facts[ranks[0]]
+    parts = []
+    gpu = _get(sample, "gpu", "name")
+    parts.append(str(gpu) if gpu else f"CPU {shown(_get(sample, 'host_hw', 'cpu_model'))}")
+    for label, read in (LIBRARIES + DRIVERS[:1]):
+        value = read(sample)
+        if value is not None and shown(value) != "unknown":
+            parts.append(f"{label} {shown(value)}")
+    spread = speed_spread(facts)
+    if spread is not None:
+        pct, slowest, fastest, unit = spread
+        parts.append(f"measured speed of peers within {pct:.0f}% ({slowest:.3g}-{fastest:.3g} {unit})")
+    nodes = run.nodes_of(ranks) or tuple(sorted({str(f.get("host")) for f in facts.values()}))
+    return Finding(code="HOM000", severity=Severity.OK, probe=NAME,
+                   title=f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} on {len(nodes)} "
+                         f"node{'s' if len(nodes) != 1 else ''} agree: "
+                         + ", ".join(parts),
+                   ranks=ranks, nodes=nodes,
+                   evidence={"ranks": rank_ranges(ranks)})

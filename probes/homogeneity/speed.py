@@ -1,0 +1,191 @@
+"""The slow rank on identical hardware, from measured matmul throughput.
+
+A rank is compared only with its peers on the same hardware (same GPU model and memory,
+or same CPU model), by its best round: noise (another process, a busy hypervisor, a
+moment of throttling) only ever slows a measurement down, so a device's best round is
+what it can do, and a rank that is slow in every round is really slow.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any, Mapping, Optional
+
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+
+from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.homogeneity.health import cpu_set, cpus_for
+
+NAME = "homogeneity"
+# Defaults: GPUs are exclusive and measured with CUDA events; CPU ranks share cores with
+# everything else on the host (and, in VMs, with other tenants), which is noisier.
+DEFAULT_SLOW_PCT = {"gpu": 10.0, "cpu": 20.0}
+# CPU ranks of one host that may run on the same cores (not pinned apart): the scheduler, not
+# the rank, decides which core each gets, and on a VM two vCPUs can differ by a third for a
+# whole run (measured here: 45 vs 79 GFLOP/s for two idle-host processes). Only a larger gap is
+# the rank's; pinned ranks (srun --cpus-per-task, taskset) keep the 20%.
+SHARED_CORES_SLOW_PCT = 40.0
+
+
+def _matmul(f: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    value = (f.get("measured") or {}).get("matmul")
+    return value if isinstance(value, Mapping) and value.get("flops_per_s") else None
+
+
+def _hardware(f: Mapping[str, Any]) -> tuple[Any, ...]:
+    gpu = f.get("gpu") or {}
+    mm = _matmul(f) or {}
+    if gpu.get("name"):
+        return ("gpu", gpu.get("name"), gpu.get("memory_total_bytes"), mm.get("dtype"), mm.get("size"))
+    hw = f.get("host_hw") or {}
+    # A CPU rank's speed scales with its threads: only ranks with as many threads are peers.
+    return ("cpu", hw.get("cpu_model"), mm.get("dtype"), mm.get("size"), hw.get("torch_threads"))
+
+
+def _rounds(f: Mapping[str, Any]) -> list[float]:
+    mm = _matmul(f) or {}
+    rounds = [float(x) for x in mm.get("round_flops_per_s") or [] if x]
+    return rounds or [float(mm["flops_per_s"])]
+
+
+def _shared_cpus(facts: Mapping[int, Mapping[str, Any]]) -> tuple[dict[str, dict[str, Any]], set[int]]:
+    """Hosts whose CPU ranks want more threads than they have cores (speeds there are noise):
+    the evidence per host, and the ranks not to compare."""
+    crowded: dict[str, dict[str, Any]] = {}
+    excluded: set[int] = set()
+    by_host: dict[str, list[int]] = defaultdict(list)
+    for r, f in facts.items():
+        if not f.get("gpu") and f.get("source") != "snapshot":  # a snapshot measures one device at a time
+            by_host[str(f.get("host"))].append(r)
+    for host, ranks in by_host.items():
+        hw = [facts[r].get("host_hw") or {} for r in ranks]
+        threads = sum(int(h.get("torch_threads") or 1) for h in hw)
+        cores = cpus_for(hw)
+        if cores and threads > cores:
+            crowded[host] = {"ranks": rank_ranges(ranks), "threads": threads, "cores": cores}
+            excluded.update(ranks)
+    return crowded, excluded
+
+
+def _float_over_shared_cores(facts: Mapping[int, Mapping[str, Any]], ranks: list[int]) -> bool:
+    """Two of these ranks on one host whose CPU affinities overlap."""
+    by_host: dict[str, list[set[int]]] = {}
+    for r in ranks:
+        hw = facts[r].get("host_hw") or {}
+        by_host.setdefault(str(facts[r].get("host")), []).append(cpu_set(hw.get("cpu_affinity")))
+    return any(a & b for sets in by_host.values() for i, a in enumerate(sets) for b in sets[i + 1:])
+
+
+def _unit(kind: str) -> tuple[str, float]:
+    return ("TFLOP/s", 1e12) if kind == "gpu" else ("GFLOP/s", 1e9)
+
+
+def _peer_groups(facts: Mapping[int, Mapping[str, Any]], excluded: set[int]) -> dict[tuple[Any, ...], list[int]]:
+    """Ranks that may be compared: measured, same hardware, not on time-shared cores."""
+    groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    for r, f in sorted(facts.items()):
+        if _matmul(f) and r not in excluded:
+            groups[_hardware(f)].append(r)
+    return {k: v for k, v in groups.items() if len(v) >= 2}
+
+
+def speed_spread(facts: Mapping[int, Mapping[str, Any]]) -> Optional[tuple[float, float, float, str]]:
+    """(percent, slowest, fastest, unit) within the widest group of peers, for the all-clear line."""
+    _, excluded = _shared_cpus(facts)
+    widest = None
+    for hardware, ranks in _peer_groups(facts, excluded).items():
+        best = [max(_rounds(facts[r])) for r in ranks]
+        unit, scale = _unit(hardware[0])
+        spread = (100 * (1 - min(best) / max(best)), min(best) / scale, max(best) / scale, unit)
+        widest = spread if widest is None or spread[0] > widest[0] else widest
+    return widest
+
+
+def slow_rank_findings(facts: Mapping[int, Mapping[str, Any]], run: RunView,
+                       threshold_pct: Optional[float] = None) -> list[Finding]:
+    """`threshold_pct` None: the default for the device kind (DEFAULT_SLOW_PCT)."""
+    out: list[Finding] = []
+    crowded, crowded_ranks = _shared_cpus(facts)
+    if crowded:
+        ranks = tuple(sorted(crowded_ranks))
+        out.append(Finding(
+            code="HOM013", severity=Severity.INFO, probe=NAME,
+            title=f"Compute speed not compared on {', '.join(crowded)}: its CPU ranks share too few cores",
+            ranks=ranks, nodes=tuple(sorted(crowded)), evidence={"hosts": crowded},
+            why="More compute threads than cores: the ranks time-share, and their measured speeds are scheduling noise.",
+            fix="Give each rank its own cores (fewer ranks per node, or OMP_NUM_THREADS=cores/ranks) to compare them.",
+        ))
+    for hardware, ranks in _peer_groups(facts, crowded_ranks).items():
+        if threshold_pct is not None:
+            pct = float(threshold_pct)
+        elif hardware[0] == "cpu" and _float_over_shared_cores(facts, ranks):
+            pct = SHARED_CORES_SLOW_PCT
+        else:
+            pct = DEFAULT_SLOW_PCT[hardware[0]]
+        limit = 1.0 - pct / 100.0
+        best = {r: max(_rounds(facts[r])) for r in ranks}
+        scores = {r: best[r] / peers for r, peers in _median_of_others(best).items()}
+        slow = sorted(r for r in ranks if scores[r] < limit)
+        if slow:
+            out.append(_slow_finding(facts, run, hardware, ranks, slow, scores, pct))
+    return out
+
+
+def _median_of_others(values: Mapping[int, float]) -> dict[int, float]:
+    """For each rank, the median of every other rank's value: from one sort, not one per rank
+    (that was quadratic: seconds at a thousand ranks)."""
+    order = sorted(values, key=lambda r: values[r])
+    ordered = [values[r] for r in order]
+    m = len(ordered) - 1
+
+    def without(i: int, j: int) -> float:  # element j of the list with position i removed
+        return ordered[j] if j < i else ordered[j + 1]
+
+    out = {}
+    for i, r in enumerate(order):
+        out[r] = without(i, m // 2) if m % 2 else (without(i, m // 2 - 1) + without(i, m // 2)) / 2
+    return out
+
+
+def _slow_finding(facts: Mapping[int, Mapping[str, Any]], run: RunView, hardware: tuple[Any, ...], ranks: list[int],
+                  slow: list[int], scores: Mapping[int, float], threshold_pct: float) -> Finding:
+    unit, scale = _unit(hardware[0])
+    speed = {r: round(max(_rounds(facts[r])) / scale, 2) for r in ranks}
+    peers = [r for r in ranks if r not in slow]
+    typical = statistics.median(speed[r] for r in (peers or ranks))
+    worst = min(slow, key=lambda r: scores[r])
+    where = f"{facts[worst].get('host')}" + (f" GPU {(facts[worst].get('gpu') or {}).get('pci_bus_id')}"
+                                            if hardware[0] == "gpu" else "")
+    mm = _matmul(facts[worst]) or {}
+    threads = hardware[4] if hardware[0] == "cpu" else None
+    what = f"{hardware[1]}" if threads is None else f"CPU {hardware[1]}, {threads} thread{'s' if threads != 1 else ''} per rank"
+    steps = {r: (facts[r].get("measured") or {}).get("step_ms") for r in ranks}
+    whole = run.whole_nodes(slow)
+    return Finding(
+        code="HOM006", severity=Severity.WARN, probe=NAME,
+        title=((f"{'Node' if len(whole) == 1 else 'Nodes'} {', '.join(whole)} (ranks {rank_ranges(slow)}) "
+                f"{'computes' if len(whole) == 1 else 'compute'} up to " if whole else
+                f"{'Rank' if len(slow) == 1 else 'Ranks'} {rank_ranges(slow)} "
+                f"{'computes' if len(slow) == 1 else 'compute up to'} ")
+               + f"{100 * (1 - scores[worst]):.0f}% slower than "
+               f"{'its peer' if len(ranks) == 2 else f'the median of its {len(ranks) - 1} peers'} on identical hardware "
+               f"({speed[worst]:g} vs {typical:g} {unit}, {where})"),
+        ranks=tuple(slow), nodes=run.nodes_of(slow),
+        evidence={
+            "hardware": what,
+            "measurement": (f"{mm.get('dtype')} {mm.get('size')}x{mm.get('size')} matmul, best of "
+                            f"{len(_rounds(facts[worst]))} rounds ({mm.get('reps')} repetitions)"),
+            f"throughput_{unit.replace('/', '_per_')}_by_rank": speed,
+            "slower_than_peers_pct": {r: round(100 * (1 - scores[r]), 1) for r in slow},
+            "threshold_pct": threshold_pct,
+            "ddp_step_ms_by_rank": {r: v for r, v in steps.items() if v is not None},
+        },
+        why=("DDP runs every step at the pace of its slowest rank. On identical hardware a slower rank points at "
+             "clocks held low, thermal or power throttling, another process on its device, or a busy CPU."),
+        fix=("On that GPU: `nvidia-smi -q -d PERFORMANCE,CLOCK,POWER,TEMPERATURE` for throttle reasons, `nvidia-smi` for "
+             "other processes, `nvidia-smi -rac` to reset application clocks; if it stays slow, drain the node and run "
+             "`dcgmi diag -r 3`." if hardware[0] == "gpu" else
+             "On that node: look for other busy processes on the rank's cores (`top`, `ps -eo pid,psr,pcpu,comm`), the "
+             "CPU frequency governor, and the rank's CPU affinity (`taskset -p PID`)."),
+    )

@@ -1,0 +1,73 @@
+"""Probe `stragglers`: which rank holds the others back, and why.
+
+Collect: a few seconds of real DDP steps with each step split into data, forward,
+backward compute, gradient all-reduce wait and optimizer, the wall-clock arrival of each
+rank at the all-reduce (corrected to rank 0's clock through the store), compute-only
+steps with no collective, and the host and GPU state sampled meanwhile.
+Gather: each rank's series goes to the store as its facts.
+Diagnose: `straggler_scores` (pure) turns the series into scores and findings.
+Not a default probe: its verdict needs seconds of steps, more than a pre-flight check's budget.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ddpdoctor.measure import clock_offset
+from ddpdoctor.core.findings import Finding
+from ddpdoctor.measure.sampler import RankSampler
+from ddpdoctor.runtime.step_timing import gpu_uuid, run_steps
+
+from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.stragglers.render import render_table
+from ddpdoctor.probes.stragglers.scores import NAME, diagnose_stragglers
+
+
+def _device_name(device: Any) -> str:
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(device))
+    from ddpdoctor.measure.host import read_host
+
+    return str(read_host().get("cpu_model") or "cpu")
+
+
+class Stragglers:
+    name = NAME
+    trains = True
+    summary = "Train for a few seconds; name the rank the others wait for, by how much, and why (not default)."
+
+    # -- collect (on each rank) -------------------------------------------------
+    def collect(self, ctx: Any) -> dict[str, Any]:
+        hosts = {r: h.get("host") for r, h in ctx.channel.collect("hello/{rank}", range(ctx.world_size)).items()}
+        with ctx.stage("straggler_clock"):
+            if ctx.rank == 0:
+                clock_offset.serve(ctx.channel.store, 0, hosts, ctx.cfg.timeout_s / 2)
+                offset = clock_offset.ClockOffset(0.0, 0.0, "rank 0")
+            else:
+                offset = clock_offset.measure(ctx.channel.store, ctx.rank, hosts, ctx.cfg.timeout_s / 2)
+        with RankSampler(gpu_uuid(ctx.device)) as sampler:
+            series = run_steps(ctx)
+        corrected = [round(a - offset.offset_s, 6) for a in series.arrival_s]
+        return {
+            "rank": ctx.rank, "host": ctx.env.hostname, "device": str(ctx.device), "backend": ctx.backend,
+            "device_name": _device_name(ctx.device), "torch_threads": _threads(),
+            "batch_size": series.batch_size, "parameters": series.parameters, "comm_calls": series.comm_calls,
+            "steps": series.columns, "samples": series.samples, "arrival_s": corrected,
+            "clock": offset.to_json(), "solo_ms": series.solo_ms, "peak_mem_bytes": series.peak_mem_bytes,
+            "injected_ms": series.injected_ms, "sampled": sampler.facts(),
+        }
+
+    # -- diagnose (pure) --------------------------------------------------------
+    def diagnose(self, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+        return diagnose_stragglers(facts, run)
+
+    def render_details(self, facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:
+        render_table(facts, console)
+
+
+def _threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())

@@ -1,0 +1,480 @@
+"""From per-step series to straggler scores, causes and findings: pure, tested on recordings.
+
+Why these rules:
+- DDP is synchronous, so every rank's *step* takes as long as the slowest one's. What
+  differs is the rank's own *work* (its step minus its wait for the gradient all-reduce)
+  and its *arrival* at the all-reduce. The straggler arrives last and waits least.
+- A rank is scored against the median of its peers, window by window (a low quantile of
+  each of WINDOWS windows of steps, so a single slow step or a burst of host noise cannot
+  make a verdict), and must be slow in most windows (PERSIST_SHARE), not in one.
+- Work is divided by the samples the rank processed, so a rank that got more data is an
+  imbalance, not slow hardware.
+- The cause is the part of its work that is longer than its peers': data loading,
+  compute (confirmed by compute-only steps with no collective, then explained from the
+  sampled host and GPU state), or neither (host overhead between the measured phases).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+
+from ddpdoctor.probes.base import RunView
+
+NAME = "stragglers"
+# Defaults, in percent slower than the median of the other ranks. On this project's 2-core
+# VM, four healthy CPU ranks' scores stay below ~9% (benchmarks/stragglers_detection.py);
+# GPUs are exclusive and steadier. A 10% gap costs a synchronous job 10% of its time,
+# which is worth a warning.
+DEFAULT_THRESHOLD_PCT = {"gpu": 8.0, "cpu": 10.0}
+WINDOWS = 8
+PERSIST_SHARE = 0.6  # of the windows a straggler must be slow in
+# Intermittent: not persistent, but at least 2 windows this many times the threshold slow. Healthy
+# ranks on the VM reach 2x the threshold in one window, rarely two, never two at 3x (60 runs).
+INTERMITTENT_TIMES = 3.0
+# Noise (a descheduled rank, an interrupt, a page fault) only ever adds time to a step, so a
+# window's low quantile is what the rank can do and a rank slow even there is really slow.
+# On the 2-core VM with 4 ranks, window medians of healthy ranks spread by up to 30%, their
+# 10th percentiles by under 10% (benchmarks/stragglers_detection.py).
+LOW_QUANTILE = 0.1
+MIN_STEPS = 15
+UNEVEN_SAMPLES = 1.05  # more than 5% more samples per step than the median rank
+MEMORY_UNEVEN_SHARE = 0.25
+MEMORY_UNEVEN_BYTES = 256 * 2**20
+COMM_BOUND_SHARE = 0.5
+UTIL_GAP_POINTS = 20.0
+SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown",
+                    "sw_power_cap", "board_limit", "reliability")
+
+Facts = Mapping[int, Mapping[str, Any]]
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def _low(values: Sequence[float]) -> float:
+    """The LOW_QUANTILE of a window's steps: what the rank does when nothing else gets in its way."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(LOW_QUANTILE * len(ordered)))]
+
+
+@dataclass
+class RankScore:
+    rank: int
+    host: str
+    step_ms: float
+    work_ms: float
+    data_ms: float
+    compute_ms: float  # forward + backward compute
+    optimizer_ms: float
+    comm_wait_ms: float
+    samples: float
+    # % slower than the median of its peers, median over windows, by work (its step minus its wait
+    # at the all-reduce: from leaving one all-reduce to arriving at the next) per sample
+    score_pct: float
+    flagged_windows: int
+    windows: int
+    late_ms: Optional[float]  # median arrival at the all-reduce after the median of its peers
+    vs_own_best_pct: float  # its median window vs its own best window
+    solo_ms: Optional[float]
+    window_pct: list[float] = field(default_factory=list)
+
+    def row(self) -> dict[str, Any]:
+        return {"step_ms": round(self.step_ms, 2), "compute_ms": round(self.compute_ms, 2),
+                "comm_wait_ms": round(self.comm_wait_ms, 2), "data_ms": round(self.data_ms, 2),
+                "score_pct": round(self.score_pct, 1), "late_ms": None if self.late_ms is None else round(self.late_ms, 2)}
+
+
+@dataclass
+class Scores:
+    ranks: dict[int, RankScore]
+    steps: int
+    window: int
+    threshold_pct: float
+    clocks_known: bool
+    kind: str  # "gpu" | "cpu"
+    # Per rank, per step (the first `steps` of each): data, compute, optimizer and work, in ms.
+    phases: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+
+    def peers(self, rank: int) -> list[int]:
+        """The ranks it is compared with: those with as many samples a step, when there are any.
+
+        A step has fixed costs (optimizer, Python), so work per sample is only comparable
+        between equal batches; a rank with another batch is STR003's, not a straggler."""
+        others = [p for p in self.ranks if p != rank]
+        same = [p for p in others if self.ranks[p].samples == self.ranks[rank].samples]
+        return same or others
+
+
+def _series(f: Mapping[str, Any], key: str) -> list[float]:
+    return [float(x) for x in (f.get("steps") or {}).get(key) or []]
+
+
+def _usable(f: Mapping[str, Any]) -> bool:
+    return bool(_series(f, "step_ms"))
+
+
+def by_rank(facts: Mapping[Any, Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    """Facts keyed by int rank: a report read back from JSON has them as strings."""
+    return {int(r): f for r, f in facts.items()}
+
+
+def threshold_for(facts: Facts, run: RunView) -> tuple[float, str]:
+    kind = "gpu" if any(str(f.get("device", "")).startswith("cuda") for f in facts.values()) else "cpu"
+    setting = run.settings.get("slow_threshold_pct")
+    return (float(setting) if setting is not None else DEFAULT_THRESHOLD_PCT[kind]), kind
+
+
+def score(facts: Facts, run: RunView) -> Optional[Scores]:
+    """None when fewer than two ranks or too few steps to compare."""
+    facts = by_rank(facts)
+    ranks = sorted(r for r, f in facts.items() if _usable(f))
+    if len(ranks) < 2:
+        return None
+    n = min(len(_series(facts[r], "step_ms")) for r in ranks)
+    if n < MIN_STEPS:
+        return None
+    threshold, kind = threshold_for(facts, run)
+    windows = min(WINDOWS, n // 3)
+    size = n // windows
+    col = {r: {k: _series(facts[r], k)[:n] for k in ("data_ms", "forward_ms", "backward_ms", "comm_wait_ms",
+                                                       "optimizer_ms", "step_ms")} for r in ranks}
+    samples = {r: ([float(x) for x in facts[r].get("samples") or []][:n] or [1.0] * n) for r in ranks}
+    work = {r: [col[r]["step_ms"][i] - col[r]["comm_wait_ms"][i] for i in range(n)] for r in ranks}
+    per_sample = {r: [work[r][i] / max(samples[r][i], 1.0) for i in range(n)] for r in ranks}
+    win = {r: [_low(per_sample[r][w * size:(w + 1) * size]) for w in range(windows)] for r in ranks}
+    arrivals = {r: [float(x) for x in facts[r].get("arrival_s") or []][:n] for r in ranks}
+    clocks_known = all(len(arrivals[r]) == n and (facts[r].get("clock") or {}).get("error_ms") is not None
+                       for r in ranks)
+    typical_samples = {r: _median(samples[r]) for r in ranks}
+    out: dict[int, RankScore] = {}
+    for r in ranks:
+        others = [p for p in ranks if p != r]
+        peers = [p for p in others if typical_samples[p] == typical_samples[r]] or others
+        pct = [100.0 * (win[r][w] / _median([win[p][w] for p in peers]) - 1.0) for w in range(windows)]
+        late = None
+        if clocks_known:
+            late = _median([1e3 * (arrivals[r][i] - _median([arrivals[p][i] for p in others])) for i in range(n)])
+        solo = [float(x) for x in facts[r].get("solo_ms") or []]
+        out[r] = RankScore(
+            rank=r, host=str(facts[r].get("host")), step_ms=_median(col[r]["step_ms"]), work_ms=_median(work[r]),
+            data_ms=_median(col[r]["data_ms"]),
+            compute_ms=_median([a + b for a, b in zip(col[r]["forward_ms"], col[r]["backward_ms"])]),
+            optimizer_ms=_median(col[r]["optimizer_ms"]), comm_wait_ms=_median(col[r]["comm_wait_ms"]),
+            samples=typical_samples[r], score_pct=_median(pct), flagged_windows=sum(p >= threshold for p in pct),
+            windows=windows, late_ms=late, vs_own_best_pct=100.0 * (_median(win[r]) / min(win[r]) - 1.0),
+            solo_ms=_low(solo) if solo else None, window_pct=[round(p, 1) for p in pct])
+    phases = {r: {"data": col[r]["data_ms"], "optimizer": col[r]["optimizer_ms"], "work": work[r],
+                  "compute": [a + b for a, b in zip(col[r]["forward_ms"], col[r]["backward_ms"])]} for r in ranks}
+    return Scores(out, n, size, threshold, clocks_known, kind, phases)
+
+
+def _persistent(s: RankScore, threshold: float) -> bool:
+    return s.score_pct >= threshold and s.flagged_windows >= max(2, round(PERSIST_SHARE * s.windows))
+
+
+def _excess(scores: Scores, rank: int) -> dict[str, float]:
+    """Per step, this rank's phase minus the median of its peers' same step, then the median."""
+    peers = scores.peers(rank)
+    ph = scores.phases
+    out = {key: _median([ph[rank][key][i] - _median([ph[p][key][i] for p in peers]) for i in range(scores.steps)])
+           for key in ("data", "compute", "optimizer", "work")}
+    out["other"] = out["work"] - out["data"] - out["compute"] - out["optimizer"]
+    return out
+
+
+def _cost_ms(scores: Scores, slow: Sequence[int]) -> float:
+    """How much shorter the median step would be without these ranks' extra work.
+
+    A step lasts as long as the longest work among the ranks (then the transfer): the
+    median of that over steps, minus the same without them. Per-step differences would
+    be mostly noise here: with several noisy peers, one of them is often the longest."""
+    rest = [r for r in scores.ranks if r not in slow]
+    if not rest or not slow:
+        return 0.0
+    work = scores.phases
+    every = _median([max(work[r]["work"][i] for r in scores.ranks) for i in range(scores.steps)])
+    without = _median([max(work[r]["work"][i] for r in rest) for i in range(scores.steps)])
+    return max(0.0, every - without)
+
+
+def _cause(facts: Facts, scores: Scores, rank: int) -> tuple[str, str, str, dict[str, Any]]:
+    """(cause, explanation, fix, evidence) from where the rank's extra time goes."""
+    ex = _excess(scores, rank)
+    me = scores.ranks[rank]
+    peers = scores.peers(rank)
+    evidence: dict[str, Any] = {"extra_ms_per_step": {k: round(v, 2) for k, v in ex.items()}}
+    total = max(ex["work"], 1e-9)
+    if ex["data"] >= 0.5 * total:
+        peer_data = _median([scores.ranks[p].data_ms for p in peers])
+        return ("data loading",
+                f"its data loading takes {me.data_ms:.1f} ms a step against {peer_data:.1f} ms on its peers",
+                ("Profile that rank's input pipeline: more DataLoader workers (num_workers), pin_memory=True, "
+                 "persistent_workers=True, a larger prefetch_factor; check its node's storage and network file "
+                 "system (`iostat -x 1`) and CPU availability for the workers."), evidence)
+    solos = {p: scores.ranks[p].solo_ms for p in scores.ranks if scores.ranks[p].solo_ms}
+    solo_pct = None
+    if me.solo_ms and len(solos) > 1:
+        solo_pct = 100.0 * (me.solo_ms / _median([solos[p] for p in peers if p in solos]) - 1.0)
+        evidence["compute_only_ms"] = {p: round(v, 2) for p, v in solos.items()}
+        evidence["compute_only_slower_pct"] = round(solo_pct, 1)
+    if ex["compute"] + ex["optimizer"] >= 0.5 * total:
+        alone = (f"; alone, with no collective, its forward+backward is {solo_pct:.0f}% slower too"
+                 if solo_pct is not None and solo_pct > 0 else "")
+        why, fix = _compute_reason(facts, scores, rank)
+        return ("compute", f"its forward and backward take {me.compute_ms:.1f} ms against "
+                f"{_median([scores.ranks[p].compute_ms for p in peers]):.1f} ms on its peers{alone}",
+                fix, {"reason": why} | evidence | _host_evidence(facts, rank))
+    return ("host overhead",
+            (f"its extra time is outside data loading and compute ({ex['other']:.1f} ms a step between the measured "
+             "phases): Python overhead, a busy or descheduled CPU, or page faults"),
+            ("Look for other processes on that rank's cores (`top -H`, `ps -eo pid,psr,pcpu,comm`), its CPU affinity "
+             "(`taskset -p PID`) and memory pressure (`vmstat 1`)."), evidence | _host_evidence(facts, rank))
+
+
+def _sampled(f: Mapping[str, Any]) -> Mapping[str, Any]:
+    return f.get("sampled") or {}
+
+
+def _host_evidence(facts: Facts, rank: int) -> dict[str, Any]:
+    s = _sampled(facts[rank])
+    out = {"host_cpu_pct_median": (s.get("host_cpu_pct") or {}).get("median"),
+           "process_cpu_pct_median": (s.get("process_cpu_pct") or {}).get("median"),
+           "load_avg_1m": s.get("load_avg_1m"), "cpus_usable": s.get("cpus_usable"),
+           "cpu_affinity": s.get("cpu_affinity"),
+           "memory_available_pct_min": (s.get("memory_available_pct") or {}).get("min"),
+           "clock_event_reasons": s.get("clock_event_reasons") or None,
+           "sm_clock_mhz_median": (s.get("sm_clock_mhz") or {}).get("median")}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _compute_reason(facts: Facts, scores: Scores, rank: int) -> tuple[str, str]:
+    """Why its compute is slower, from what was sampled on it and on its peers."""
+    f = facts[rank]
+    s = _sampled(f)
+    peers = scores.peers(rank)
+    # Only reasons its peers do not report: at full load every GPU may sit at its power cap.
+    theirs = {x for p in peers for x in _sampled(facts[p]).get("clock_event_reasons") or []}
+    reasons = [x for x in s.get("clock_event_reasons") or [] if x in SLOWDOWN_REASONS and x not in theirs]
+    if reasons:
+        return (f"Its GPU reported {', '.join(reasons)} while training: the clocks were held down.",
+                "On that GPU: `nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`; check cooling and power capping "
+                "(`nvidia-smi -pl`), then drain the node if it persists.")
+    names = {str(facts[p].get("device_name")) for p in peers}
+    if f.get("device_name") and str(f.get("device_name")) not in names:
+        return (f"It runs on a {f.get('device_name')}, its peers on {', '.join(sorted(names))}.",
+                "Run the job on identical devices (a Slurm constraint, or exclude the odd node).")
+    clock = (s.get("sm_clock_mhz") or {}).get("median")
+    peer_clocks = [(_sampled(facts[p]).get("sm_clock_mhz") or {}).get("median") for p in peers]
+    peer_clock = _median([c for c in peer_clocks if c])
+    if clock and peer_clock == peer_clock and clock < 0.9 * peer_clock:
+        return (f"Its SM clock ran at {clock:.0f} MHz against {peer_clock:.0f} MHz on its peers.",
+                "Reset application clocks (`nvidia-smi -rac`) and look for power or thermal limits on that GPU.")
+    host_cpu = (s.get("host_cpu_pct") or {}).get("median")
+    load, cpus = s.get("load_avg_1m"), s.get("host_cpus")
+    on_other_hosts = [p for p in peers if facts[p].get("host") != f.get("host")]
+    if on_other_hosts and host_cpu is not None and host_cpu >= 90 and load and cpus and load >= cpus:
+        return (f"Its host is CPU-saturated ({host_cpu:.0f}% busy, load {load:g} on {cpus} CPUs).",
+                "Find what else runs on that node (`top`), or give each rank dedicated cores.")
+    usable, threads = s.get("cpus_usable"), f.get("torch_threads")
+    if usable and threads and not str(f.get("device", "")).startswith("cuda") and usable < threads:
+        return (f"It may run on {usable} CPUs but torch uses {threads} threads.",
+                "Set OMP_NUM_THREADS to the cores each rank really has.")
+    avail = (s.get("memory_available_pct") or {}).get("min")
+    if avail is not None and avail < 10:
+        return (f"Its host had only {avail:.0f}% of memory available: swapping or page-cache thrashing.",
+                "Lower host memory use (DataLoader workers, pinned buffers) or use nodes with more RAM.")
+    return ("Nothing sampled on its host or device explains it: another process on its cores or device, "
+            "frequency scaling, or slower hardware.",
+            ("On that node: `nvidia-smi` for other processes and throttle reasons, `top` for CPU hogs, and its "
+             "CPU affinity (`taskset -p PID`)."))
+
+
+def diagnose_stragglers(facts: Facts, run: RunView) -> list[Finding]:
+    findings: list[Finding] = []
+    facts = by_rank(facts)
+    missing = [r for r in range(run.world_size) if r not in facts]
+    scores = score(facts, run)
+    if scores is None:
+        usable = [r for r in sorted(facts) if _usable(facts[r])]
+        if usable:
+            steps = min(len(_series(facts[r], "step_ms")) for r in usable)
+            findings.append(Finding(
+                code="STR007", severity=Severity.INFO, probe=NAME,
+                title=(f"Stragglers not judged: {len(usable)} rank{'s' if len(usable) != 1 else ''} with "
+                       f"{steps} measured steps (need 2 ranks and {MIN_STEPS} steps)"),
+                ranks=tuple(usable), nodes=run.nodes_of(usable), evidence={"steps": steps, "ranks": len(usable),
+                                                                           "missing_ranks": missing},
+                why="A verdict on one rank, or on a handful of steps, would be noise.",
+                fix="Run with more ranks, or drop --steps to measure for --straggler-seconds.",
+            ))
+        return findings
+    findings += _imbalance(facts, scores, run)
+    # A rank with another batch size is STR003's: its work per sample carries the step's fixed
+    # costs over another number of samples, so it is not compared as hardware.
+    uneven_batch = {r for f in findings if f.code == "STR003" for r in f.ranks}
+    slow = [r for r, s in sorted(scores.ranks.items())
+            if _persistent(s, scores.threshold_pct) and r not in uneven_batch and _excess(scores, r)["work"] > 0]
+    for r in slow:
+        findings.append(_straggler(facts, scores, run, r))
+    intermittent = [r for r, s in sorted(scores.ranks.items()) if r not in slow and r not in uneven_batch
+                    and sum(p >= INTERMITTENT_TIMES * scores.threshold_pct for p in s.window_pct) >= 2]
+    if intermittent:
+        findings.append(_intermittent(scores, run, intermittent))
+    findings += _comm_bound(scores, run, slow)
+    if not any(f.severity >= Severity.WARN for f in findings):
+        findings.insert(0, _all_clear(scores, run))
+    return findings
+
+
+def _table(scores: Scores) -> dict[int, str]:
+    return {r: (f"step {s.step_ms:.1f} ms, compute {s.compute_ms:.1f}, comm wait {s.comm_wait_ms:.1f}, "
+                f"data {s.data_ms:.1f}, {s.score_pct:+.1f}% vs peers, {s.vs_own_best_pct:+.1f}% vs its best window"
+                + ("" if s.late_ms is None else f", arrives {s.late_ms:+.1f} ms"))
+            for r, s in sorted(scores.ranks.items())}
+
+
+def _straggler(facts: Facts, scores: Scores, run: RunView, rank: int) -> Finding:
+    s = scores.ranks[rank]
+    peers = scores.peers(rank)
+    cause, explanation, fix, evidence = _cause(facts, scores, rank)
+    cost = _cost_ms(scores, [rank])
+    step = _median([scores.ranks[p].step_ms for p in scores.ranks])
+    peer_wait = _median([scores.ranks[p].comm_wait_ms for p in peers])
+    arrival = f"waits {s.comm_wait_ms:.1f} ms a step for the gradient all-reduce while its peers wait {peer_wait:.1f}"
+    if s.late_ms is not None:
+        when = f"{s.late_ms:.1f} ms after" if s.late_ms >= 0 else f"{-s.late_ms:.1f} ms before"
+        arrival += f", and arrives {when} the median of the others (clock-corrected)"
+    # Critical when it costs half of every step: the job would run twice as fast without it.
+    severity = Severity.CRITICAL if step > 0 and cost / step >= 0.5 else Severity.WARN
+    return Finding(
+        code="STR001", severity=severity, probe=NAME,
+        title=(f"Rank {rank} on {s.host} is a straggler: {s.score_pct:.0f}% slower than its peers ({cause}); "
+               f"every step would take {100 * cost / step:.0f}% less time without it" if step > 0 else
+               f"Rank {rank} on {s.host} is a straggler ({cause})"),
+        ranks=(rank,), nodes=run.nodes_of([rank]),
+        evidence={
+            "cause": cause,
+            "measured": f"over {scores.steps} steps it {arrival}",
+            "where": explanation,
+            "slower_than_peers_pct_by_window": s.window_pct,
+            "slow_windows": f"{s.flagged_windows} of {s.windows} (threshold {scores.threshold_pct:g}%)",
+            "cost_ms_per_step": round(cost, 2), "median_step_ms": round(step, 2),
+            "per_rank": _table(scores), **evidence,
+        },
+        why=("DDP is synchronous: every rank waits at each gradient all-reduce for the last one to arrive, so the "
+             "whole job runs at this rank's pace."),
+        fix=fix,
+    )
+
+
+def _intermittent(scores: Scores, run: RunView, ranks: list[int]) -> Finding:
+    return Finding(
+        code="STR008", severity=Severity.INFO, probe=NAME,
+        title=(f"Rank {rank_ranges(ranks)} slower in some windows only: noise or an intermittent slowdown, not a "
+               "straggler"),
+        ranks=tuple(ranks), nodes=run.nodes_of(ranks),
+        evidence={"slower_than_peers_pct_by_window": {r: scores.ranks[r].window_pct for r in ranks},
+                  "rule": (f"a straggler is {scores.threshold_pct:g}% slower in at least {PERSIST_SHARE:.0%} "
+                           f"of the windows; these were {INTERMITTENT_TIMES * scores.threshold_pct:g}% slower in "
+                           "two or more")},
+        why="Short bursts (another process, a page-cache flush, a checkpoint on a shared disk) slow a rank for a while.",
+        fix="If it recurs, run again with --straggler-seconds 30 to see whether it persists.",
+    )
+
+
+def _imbalance(facts: Facts, scores: Scores, run: RunView) -> list[Finding]:
+    out: list[Finding] = []
+    samples = {r: s.samples for r, s in scores.ranks.items()}
+    typical = _median(list(samples.values()))
+    heavy = sorted(r for r, v in samples.items() if typical > 0 and v > UNEVEN_SAMPLES * typical)
+    light = sorted(r for r, v in samples.items() if typical > 0 and v * UNEVEN_SAMPLES < typical)
+    if heavy or light:
+        odd = heavy or light
+        cost = _cost_ms(scores, heavy) if heavy else 0.0
+        step = _median([s.step_ms for s in scores.ranks.values()])
+        waits = f"; the others wait {cost:.1f} ms a step for it" if heavy and cost >= 0.05 * step else ""
+        slower = [r for r in odd if scores.ranks[r].score_pct >= scores.threshold_pct]
+        per_sample = (f"Per sample, rank {rank_ranges(slower)} is also slower than its peers: check it for a slow "
+                      "device once the data is balanced." if slower else
+                      "Per sample it works at least as fast as its peers: this is the data split, not the hardware.")
+        out.append(Finding(
+            code="STR003", severity=Severity.WARN, probe=NAME,
+            title=(f"Uneven work: rank {rank_ranges(odd)} processes {samples[odd[0]]:g} samples a step, the median "
+                   f"rank {typical:g}{waits}"),
+            ranks=tuple(odd), nodes=run.nodes_of(odd),
+            evidence={"samples_per_step": {r: int(v) if float(v).is_integer() else v for r, v in samples.items()},
+                      "work_per_sample_vs_peers_pct": {r: round(scores.ranks[r].score_pct, 1) for r in odd},
+                      "per_rank": _table(scores)},
+            why=(f"{per_sample} DDP waits for the rank with the most work at every step, and ranks with uneven "
+                 "batch counts hang at the end of an epoch (the others wait in an all-reduce it never calls)."),
+            fix=("Shard the data with DistributedSampler(dataset, num_replicas=world_size, rank=rank) and the same "
+                 "batch_size on every rank; use drop_last=True (or pad) so every rank gets the same number of "
+                 "batches; for variable-length samples, balance tokens per rank (a length-grouped sampler)."),
+        ))
+    peaks = {r: int(facts[r].get("peak_mem_bytes") or 0) for r in scores.ranks}
+    if all(peaks.values()):
+        for r, peak in sorted(peaks.items()):
+            others = _median([v for p, v in peaks.items() if p != r])
+            if peak - others > max(MEMORY_UNEVEN_SHARE * others, MEMORY_UNEVEN_BYTES):
+                out.append(Finding(
+                    code="STR004", severity=Severity.WARN, probe=NAME,
+                    title=(f"Rank {r} peaks at {peak / 2**30:.2f} GiB of memory, its peers at {others / 2**30:.2f} GiB"),
+                    ranks=(r,), nodes=run.nodes_of([r]),
+                    evidence={"peak_mem_bytes": peaks},
+                    why=("One rank holding extra state (metrics, a copy of the model or of the dataset, logging on "
+                         "rank 0) sets the memory limit, and so the batch size, for all of them."),
+                    fix="Keep rank-0-only work (evaluation, checkpoint gathering, logging buffers) small or off the "
+                        "GPU, and free it before training steps.",
+                ))
+    utils = {r: (_sampled(facts[r]).get("gpu_util_pct") or {}).get("median") for r in scores.ranks}
+    known = {r: u for r, u in utils.items() if u is not None}
+    if len(known) >= 2 and max(known.values()) - min(known.values()) > UTIL_GAP_POINTS:
+        low = min(known, key=lambda r: known[r])
+        out.append(Finding(
+            code="STR006", severity=Severity.INFO, probe=NAME,
+            title=f"GPU utilisation is uneven: {min(known.values()):.0f}% on rank {low} up to {max(known.values()):.0f}%",
+            ranks=tuple(sorted(known)), nodes=run.nodes_of(known),
+            evidence={"gpu_util_pct_median": known},
+            why="Ranks that wait for a straggler or for data idle their GPU; the busiest GPU is the one the others wait for.",
+            fix="See the straggler and data findings; utilisation evens out when the slow rank is fixed.",
+        ))
+    return out
+
+
+def _comm_bound(scores: Scores, run: RunView, slow: Sequence[int]) -> list[Finding]:
+    if slow:
+        return []
+    shares = {r: s.comm_wait_ms / s.step_ms for r, s in scores.ranks.items() if s.step_ms > 0}
+    if shares and min(shares.values()) >= COMM_BOUND_SHARE:
+        ranks = sorted(shares)
+        return [Finding(
+            code="STR005", severity=Severity.INFO, probe=NAME,
+            title=(f"Every rank spends at least {100 * min(shares.values()):.0f}% of its step waiting for the gradient "
+                   "all-reduce, and none is late: the network or the collective is the bottleneck"),
+            ranks=tuple(ranks), nodes=run.nodes_of(ranks),
+            evidence={"comm_wait_share_pct": {r: round(100 * v, 1) for r, v in shares.items()},
+                      "per_rank": _table(scores)},
+            why="No rank makes the others wait; the all-reduce itself takes as long as the rest of the step.",
+            fix=("Measure the interconnect with `ddpdoctor allreduce-bench`; larger per-rank batches or gradient "
+                 "accumulation (no_sync) amortise communication; check DDP's bucket_cap_mb."),
+        )]
+    return []
+
+
+def _all_clear(scores: Scores, run: RunView) -> Finding:
+    ranks = sorted(scores.ranks)
+    spread = max(s.score_pct for s in scores.ranks.values()) - min(s.score_pct for s in scores.ranks.values())
+    return Finding(
+        code="STR002", severity=Severity.OK, probe=NAME,
+        title=(f"No straggler: {len(ranks)} ranks within {spread:.1f}% of each other over {scores.steps} steps "
+               f"(threshold {scores.threshold_pct:g}%)"),
+        ranks=tuple(ranks), nodes=run.nodes_of(ranks),
+        evidence={"per_rank": _table(scores), "clock_corrected_arrivals": scores.clocks_known},
+    )
