@@ -9,6 +9,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
+from ddpdoctor.core.facts import Facts, facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ class Probe(Protocol):
     summary: str
     # Builds a DDP model: its rank needs torch._dynamo (seconds of import) before the first deadline.
     trains: bool
+    # The dataclass (a core.facts.Facts) one rank's facts read into; its to_json() is the wire format.
+    facts_type: type[Facts]
 
     def collect(self, ctx: "RankContext") -> Mapping[str, Any]:
         """Measure on this rank; returns JSON-able facts."""
@@ -61,7 +64,9 @@ def diagnose_safely(probe: Probe, facts: Mapping[int, Mapping[str, Any]], run: R
     if not facts:
         return []
     try:
-        return probe.diagnose(facts, run)
+        kind = getattr(probe, "facts_type", None)
+        typed = facts_by_rank(kind, facts) if kind is not None else facts
+        return probe.diagnose(typed, run)
     except Exception as exc:
         return [Finding(code="RUN011", severity=Severity.WARN, probe=probe.name,
                         title=f"The {probe.name} diagnosis failed: {type(exc).__name__}: {exc}",
