@@ -11,7 +11,7 @@ from ddpdoctor.probes.allreduce.probe import AllReduce
 from ddpdoctor.probes.base import Probe, RunView
 from ddpdoctor.probes.ddp_smoke import DdpSmoke
 from ddpdoctor.probes.scaling.probe import Scaling
-from ddpdoctor.probes.gpu_count import GpuCount
+from ddpdoctor.probes.gpu_count.probe import GpuCount
 from ddpdoctor.probes.homogeneity.probe import Homogeneity
 from ddpdoctor.probes.init_hang import InitHang
 from ddpdoctor.probes.stragglers.probe import Stragglers
