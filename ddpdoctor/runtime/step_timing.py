@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+from ddpdoctor.core.facts import Facts
 from ddpdoctor.runtime.context import RankContext
 from ddpdoctor.measure.slow_compute import SlowCompute
 from ddpdoctor.runtime.user_model import UserWorkload, batch_size_of, forward, loss_of, to_device
@@ -32,14 +33,39 @@ MIN_STEPS = 40
 MAX_STEPS = 5000
 SOLO_SHARE = 0.15  # compute-only steps, as a share of the measured ones
 WINDOWS = 8  # the diagnosis judges windows of steps; the step count is a multiple of this
-SERIES = ("data_ms", "forward_ms", "backward_ms", "comm_wait_ms", "optimizer_ms", "step_ms")
+
+
+@dataclass
+class StepTimeline(Facts):
+    """One rank's measured steps, a column per phase (ms, step i at index i): the `steps` of the
+    stragglers probe's facts, as the wire has them (columns, not records: a few KB a rank)."""
+
+    data_ms: list[float] = field(default_factory=list)
+    forward_ms: list[float] = field(default_factory=list)
+    backward_ms: list[float] = field(default_factory=list)  # compute only: up to the last bucket's hook
+    comm_wait_ms: list[float] = field(default_factory=list)  # from the last bucket's hook to the end of backward
+    optimizer_ms: list[float] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+
+    def add(self, *, data_ms: float, forward_ms: float, backward_ms: float, comm_wait_ms: float,
+            optimizer_ms: float, step_ms: float) -> None:
+        self.data_ms.append(round(data_ms, 4))
+        self.forward_ms.append(round(forward_ms, 4))
+        self.backward_ms.append(round(backward_ms, 4))
+        self.comm_wait_ms.append(round(comm_wait_ms, 4))
+        self.optimizer_ms.append(round(optimizer_ms, 4))
+        self.step_ms.append(round(step_ms, 4))
+
+    def columns(self) -> dict[str, list[float]]:
+        """Every column by its name: for code that treats the phases alike."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
 class StepSeries:
-    """Per-step columns (ms), `arrival_s` in this host's wall clock, `samples` per step."""
+    """The timeline, `arrival_s` in this host's wall clock, `samples` per step."""
 
-    columns: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SERIES})
+    columns: StepTimeline = field(default_factory=StepTimeline)
     arrival_s: list[float] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
     solo_ms: list[float] = field(default_factory=list)
@@ -50,8 +76,7 @@ class StepSeries:
     batch_size: int = 0
 
     def add(self, arrival_s: float, samples: int, **ms: float) -> None:
-        for key in SERIES:
-            self.columns[key].append(round(ms[key], 4))
+        self.columns.add(**ms)
         self.arrival_s.append(arrival_s)
         self.samples.append(samples)
 

@@ -11,7 +11,7 @@ Not a default probe: its verdict needs seconds of steps, more than a pre-flight 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ddpdoctor.measure import clock_offset
 from ddpdoctor.core.findings import Finding
@@ -19,11 +19,18 @@ from ddpdoctor.measure.sampler import RankSampler
 from ddpdoctor.runtime.step_timing import gpu_uuid, run_steps
 
 from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.stragglers.facts import ClockFacts, SampledFacts, StragglersFacts
 from ddpdoctor.probes.stragglers.render import render_table
 from ddpdoctor.probes.stragglers.scores import NAME, diagnose_stragglers
 
+if TYPE_CHECKING:
+    import torch
+    from rich.console import Console
 
-def _device_name(device: Any) -> str:
+    from ddpdoctor.runtime.context import RankContext
+
+
+def _device_name(device: "torch.device") -> str:
     if getattr(device, "type", "cpu") == "cuda":
         import torch
 
@@ -35,11 +42,13 @@ def _device_name(device: Any) -> str:
 
 class Stragglers:
     name = NAME
+    facts_type = StragglersFacts
     trains = True
     summary = "Train for a few seconds; name the rank the others wait for, by how much, and why (not default)."
 
     # -- collect (on each rank) -------------------------------------------------
-    def collect(self, ctx: Any) -> dict[str, Any]:
+    def collect(self, ctx: "RankContext") -> dict[str, object]:
+        # Every rank reads every hello: N² store reads per run (issue 24: to come from the rendezvous digest).
         hosts = {r: h.get("host") for r, h in ctx.channel.collect("hello/{rank}", range(ctx.world_size)).items()}
         with ctx.stage("straggler_clock"):
             if ctx.rank == 0:
@@ -50,20 +59,20 @@ class Stragglers:
         with RankSampler(gpu_uuid(ctx.device)) as sampler:
             series = run_steps(ctx)
         corrected = [round(a - offset.offset_s, 6) for a in series.arrival_s]
-        return {
-            "rank": ctx.rank, "host": ctx.env.hostname, "device": str(ctx.device), "backend": ctx.backend,
-            "device_name": _device_name(ctx.device), "torch_threads": _threads(),
-            "batch_size": series.batch_size, "parameters": series.parameters, "comm_calls": series.comm_calls,
-            "steps": series.columns, "samples": series.samples, "arrival_s": corrected,
-            "clock": offset.to_json(), "solo_ms": series.solo_ms, "peak_mem_bytes": series.peak_mem_bytes,
-            "injected_ms": series.injected_ms, "sampled": sampler.facts(),
-        }
+        return StragglersFacts(
+            rank=ctx.rank, host=ctx.env.hostname, device=str(ctx.device), backend=ctx.backend,
+            device_name=_device_name(ctx.device), torch_threads=_threads(),
+            batch_size=series.batch_size, parameters=series.parameters, comm_calls=series.comm_calls,
+            steps=series.columns, samples=series.samples, arrival_s=corrected,
+            clock=ClockFacts.from_json(offset.to_json()), solo_ms=series.solo_ms, peak_mem_bytes=series.peak_mem_bytes,
+            injected_ms=series.injected_ms, sampled=SampledFacts.from_json(sampler.facts()),
+        ).to_json()
 
     # -- diagnose (pure) --------------------------------------------------------
-    def diagnose(self, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    def diagnose(self, facts: Mapping[int, StragglersFacts], run: RunView) -> list[Finding]:
         return diagnose_stragglers(facts, run)
 
-    def render_details(self, facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:
+    def render_details(self, facts: Mapping[int, StragglersFacts], console: "Console") -> None:
         render_table(facts, console)
 
 

@@ -6,18 +6,20 @@ Rendering only; the scores come from straggler_scores (default threshold: a user
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.stragglers.facts import StragglersFacts
 from ddpdoctor.probes.stragglers.scores import _persistent, by_rank, score
 
 MAX_ROWS = 32
 
 
-def render_table(facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:
+def render_table(facts: Mapping[int, StragglersFacts], console: Console) -> None:
     scores = score(by_rank(facts), RunView(world_size=len(facts)))
     if scores is None:
         return

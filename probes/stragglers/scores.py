@@ -20,9 +20,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
+from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.stragglers.facts import SampledFacts, StragglersFacts, Summary
 
 NAME = "stragglers"
 # Defaults, in percent slower than the median of the other ranks. On this project's 2-core
@@ -49,7 +51,7 @@ UTIL_GAP_POINTS = 20.0
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown",
                     "sw_power_cap", "board_limit", "reliability")
 
-Facts = Mapping[int, Mapping[str, Any]]
+ByRank = Mapping[int, StragglersFacts]
 
 
 def _median(values: Sequence[float]) -> float:
@@ -112,46 +114,45 @@ class Scores:
         return same or others
 
 
-def _series(f: Mapping[str, Any], key: str) -> list[float]:
-    return [float(x) for x in (f.get("steps") or {}).get(key) or []]
+def _floats(values: Sequence[float]) -> list[float]:
+    """JSON may hold a whole number where a float was written."""
+    return [float(x) for x in values]
 
 
-def _usable(f: Mapping[str, Any]) -> bool:
-    return bool(_series(f, "step_ms"))
+def _usable(f: StragglersFacts) -> bool:
+    return bool(f.steps.step_ms)
 
 
-def by_rank(facts: Mapping[Any, Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
-    """Facts keyed by int rank: a report read back from JSON has them as strings."""
-    return {int(r): f for r, f in facts.items()}
+def by_rank(facts: Mapping[Any, Any]) -> dict[int, StragglersFacts]:
+    """Typed facts keyed by int rank: a report read back from JSON has plain objects keyed by strings."""
+    return facts_by_rank(StragglersFacts, facts)
 
 
-def threshold_for(facts: Facts, run: RunView) -> tuple[float, str]:
-    kind = "gpu" if any(str(f.get("device", "")).startswith("cuda") for f in facts.values()) else "cpu"
+def threshold_for(facts: ByRank, run: RunView) -> tuple[float, str]:
+    kind = "gpu" if any(f.device.startswith("cuda") for f in facts.values()) else "cpu"
     setting = run.settings.get("slow_threshold_pct")
     return (float(setting) if setting is not None else DEFAULT_THRESHOLD_PCT[kind]), kind
 
 
-def score(facts: Facts, run: RunView) -> Optional[Scores]:
+def score(facts: ByRank, run: RunView) -> Optional[Scores]:
     """None when fewer than two ranks or too few steps to compare."""
     facts = by_rank(facts)
     ranks = sorted(r for r, f in facts.items() if _usable(f))
     if len(ranks) < 2:
         return None
-    n = min(len(_series(facts[r], "step_ms")) for r in ranks)
+    n = min(len(facts[r].steps.step_ms) for r in ranks)
     if n < MIN_STEPS:
         return None
     threshold, kind = threshold_for(facts, run)
     windows = min(WINDOWS, n // 3)
     size = n // windows
-    col = {r: {k: _series(facts[r], k)[:n] for k in ("data_ms", "forward_ms", "backward_ms", "comm_wait_ms",
-                                                       "optimizer_ms", "step_ms")} for r in ranks}
-    samples = {r: ([float(x) for x in facts[r].get("samples") or []][:n] or [1.0] * n) for r in ranks}
+    col = {r: {k: _floats(v)[:n] for k, v in facts[r].steps.columns().items()} for r in ranks}
+    samples = {r: (_floats(facts[r].samples)[:n] or [1.0] * n) for r in ranks}
     work = {r: [col[r]["step_ms"][i] - col[r]["comm_wait_ms"][i] for i in range(n)] for r in ranks}
     per_sample = {r: [work[r][i] / max(samples[r][i], 1.0) for i in range(n)] for r in ranks}
     win = {r: [_low(per_sample[r][w * size:(w + 1) * size]) for w in range(windows)] for r in ranks}
-    arrivals = {r: [float(x) for x in facts[r].get("arrival_s") or []][:n] for r in ranks}
-    clocks_known = all(len(arrivals[r]) == n and (facts[r].get("clock") or {}).get("error_ms") is not None
-                       for r in ranks)
+    arrivals = {r: _floats(facts[r].arrival_s)[:n] for r in ranks}
+    clocks_known = all(len(arrivals[r]) == n and facts[r].clock.error_ms is not None for r in ranks)
     typical_samples = {r: _median(samples[r]) for r in ranks}
     out: dict[int, RankScore] = {}
     for r in ranks:
@@ -161,9 +162,9 @@ def score(facts: Facts, run: RunView) -> Optional[Scores]:
         late = None
         if clocks_known:
             late = _median([1e3 * (arrivals[r][i] - _median([arrivals[p][i] for p in others])) for i in range(n)])
-        solo = [float(x) for x in facts[r].get("solo_ms") or []]
+        solo = _floats(facts[r].solo_ms)
         out[r] = RankScore(
-            rank=r, host=str(facts[r].get("host")), step_ms=_median(col[r]["step_ms"]), work_ms=_median(work[r]),
+            rank=r, host=str(facts[r].host), step_ms=_median(col[r]["step_ms"]), work_ms=_median(work[r]),
             data_ms=_median(col[r]["data_ms"]),
             compute_ms=_median([a + b for a, b in zip(col[r]["forward_ms"], col[r]["backward_ms"])]),
             optimizer_ms=_median(col[r]["optimizer_ms"]), comm_wait_ms=_median(col[r]["comm_wait_ms"]),
@@ -204,7 +205,7 @@ def _cost_ms(scores: Scores, slow: Sequence[int]) -> float:
     return max(0.0, every - without)
 
 
-def _cause(facts: Facts, scores: Scores, rank: int) -> tuple[str, str, str, dict[str, Any]]:
+def _cause(facts: ByRank, scores: Scores, rank: int) -> tuple[str, str, str, dict[str, Any]]:
     """(cause, explanation, fix, evidence) from where the rank's extra time goes."""
     ex = _excess(scores, rank)
     me = scores.ranks[rank]
@@ -238,55 +239,60 @@ def _cause(facts: Facts, scores: Scores, rank: int) -> tuple[str, str, str, dict
              "(`taskset -p PID`) and memory pressure (`vmstat 1`)."), evidence | _host_evidence(facts, rank))
 
 
-def _sampled(f: Mapping[str, Any]) -> Mapping[str, Any]:
-    return f.get("sampled") or {}
+def _median_of(summary: Optional[Summary]) -> Optional[float]:
+    """A sampled quantity's median; None when it was not sampled (a GPU's on a CPU rank)."""
+    return summary.median if summary is not None else None
 
 
-def _host_evidence(facts: Facts, rank: int) -> dict[str, Any]:
-    s = _sampled(facts[rank])
-    out = {"host_cpu_pct_median": (s.get("host_cpu_pct") or {}).get("median"),
-           "process_cpu_pct_median": (s.get("process_cpu_pct") or {}).get("median"),
-           "load_avg_1m": s.get("load_avg_1m"), "cpus_usable": s.get("cpus_usable"),
-           "cpu_affinity": s.get("cpu_affinity"),
-           "memory_available_pct_min": (s.get("memory_available_pct") or {}).get("min"),
-           "clock_event_reasons": s.get("clock_event_reasons") or None,
-           "sm_clock_mhz_median": (s.get("sm_clock_mhz") or {}).get("median")}
+def _host_evidence(facts: ByRank, rank: int) -> dict[str, Any]:
+    s = facts[rank].sampled
+    out = {"host_cpu_pct_median": _median_of(s.host_cpu_pct),
+           "process_cpu_pct_median": _median_of(s.process_cpu_pct),
+           "load_avg_1m": s.load_avg_1m, "cpus_usable": s.cpus_usable,
+           "cpu_affinity": s.cpu_affinity,
+           "memory_available_pct_min": _min_available(s),
+           "clock_event_reasons": s.clock_event_reasons or None,
+           "sm_clock_mhz_median": _median_of(s.sm_clock_mhz)}
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _compute_reason(facts: Facts, scores: Scores, rank: int) -> tuple[str, str]:
+def _min_available(s: SampledFacts) -> Optional[float]:
+    return s.memory_available_pct.min if s.memory_available_pct is not None else None
+
+
+def _compute_reason(facts: ByRank, scores: Scores, rank: int) -> tuple[str, str]:
     """Why its compute is slower, from what was sampled on it and on its peers."""
     f = facts[rank]
-    s = _sampled(f)
+    s = f.sampled
     peers = scores.peers(rank)
     # Only reasons its peers do not report: at full load every GPU may sit at its power cap.
-    theirs = {x for p in peers for x in _sampled(facts[p]).get("clock_event_reasons") or []}
-    reasons = [x for x in s.get("clock_event_reasons") or [] if x in SLOWDOWN_REASONS and x not in theirs]
+    theirs = {x for p in peers for x in facts[p].sampled.clock_event_reasons}
+    reasons = [x for x in s.clock_event_reasons if x in SLOWDOWN_REASONS and x not in theirs]
     if reasons:
         return (f"Its GPU reported {', '.join(reasons)} while training: the clocks were held down.",
                 "On that GPU: `nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`; check cooling and power capping "
                 "(`nvidia-smi -pl`), then drain the node if it persists.")
-    names = {str(facts[p].get("device_name")) for p in peers}
-    if f.get("device_name") and str(f.get("device_name")) not in names:
-        return (f"It runs on a {f.get('device_name')}, its peers on {', '.join(sorted(names))}.",
+    names = {str(facts[p].device_name) for p in peers}
+    if f.device_name and str(f.device_name) not in names:
+        return (f"It runs on a {f.device_name}, its peers on {', '.join(sorted(names))}.",
                 "Run the job on identical devices (a Slurm constraint, or exclude the odd node).")
-    clock = (s.get("sm_clock_mhz") or {}).get("median")
-    peer_clocks = [(_sampled(facts[p]).get("sm_clock_mhz") or {}).get("median") for p in peers]
+    clock = _median_of(s.sm_clock_mhz)
+    peer_clocks = [_median_of(facts[p].sampled.sm_clock_mhz) for p in peers]
     peer_clock = _median([c for c in peer_clocks if c])
     if clock and peer_clock == peer_clock and clock < 0.9 * peer_clock:
         return (f"Its SM clock ran at {clock:.0f} MHz against {peer_clock:.0f} MHz on its peers.",
                 "Reset application clocks (`nvidia-smi -rac`) and look for power or thermal limits on that GPU.")
-    host_cpu = (s.get("host_cpu_pct") or {}).get("median")
-    load, cpus = s.get("load_avg_1m"), s.get("host_cpus")
-    on_other_hosts = [p for p in peers if facts[p].get("host") != f.get("host")]
+    host_cpu = _median_of(s.host_cpu_pct)
+    load, cpus = s.load_avg_1m, s.host_cpus
+    on_other_hosts = [p for p in peers if facts[p].host != f.host]
     if on_other_hosts and host_cpu is not None and host_cpu >= 90 and load and cpus and load >= cpus:
         return (f"Its host is CPU-saturated ({host_cpu:.0f}% busy, load {load:g} on {cpus} CPUs).",
                 "Find what else runs on that node (`top`), or give each rank dedicated cores.")
-    usable, threads = s.get("cpus_usable"), f.get("torch_threads")
-    if usable and threads and not str(f.get("device", "")).startswith("cuda") and usable < threads:
+    usable, threads = s.cpus_usable, f.torch_threads
+    if usable and threads and not f.device.startswith("cuda") and usable < threads:
         return (f"It may run on {usable} CPUs but torch uses {threads} threads.",
                 "Set OMP_NUM_THREADS to the cores each rank really has.")
-    avail = (s.get("memory_available_pct") or {}).get("min")
+    avail = _min_available(s)
     if avail is not None and avail < 10:
         return (f"Its host had only {avail:.0f}% of memory available: swapping or page-cache thrashing.",
                 "Lower host memory use (DataLoader workers, pinned buffers) or use nodes with more RAM.")
@@ -296,7 +302,7 @@ def _compute_reason(facts: Facts, scores: Scores, rank: int) -> tuple[str, str]:
              "CPU affinity (`taskset -p PID`)."))
 
 
-def diagnose_stragglers(facts: Facts, run: RunView) -> list[Finding]:
+def diagnose_stragglers(facts: ByRank, run: RunView) -> list[Finding]:
     findings: list[Finding] = []
     facts = by_rank(facts)
     missing = [r for r in range(run.world_size) if r not in facts]
@@ -304,7 +310,7 @@ def diagnose_stragglers(facts: Facts, run: RunView) -> list[Finding]:
     if scores is None:
         usable = [r for r in sorted(facts) if _usable(facts[r])]
         if usable:
-            steps = min(len(_series(facts[r], "step_ms")) for r in usable)
+            steps = min(len(facts[r].steps.step_ms) for r in usable)
             findings.append(Finding(
                 code="STR007", severity=Severity.INFO, probe=NAME,
                 title=(f"Stragglers not judged: {len(usable)} rank{'s' if len(usable) != 1 else ''} with "
@@ -340,7 +346,7 @@ def _table(scores: Scores) -> dict[int, str]:
             for r, s in sorted(scores.ranks.items())}
 
 
-def _straggler(facts: Facts, scores: Scores, run: RunView, rank: int) -> Finding:
+def _straggler(facts: ByRank, scores: Scores, run: RunView, rank: int) -> Finding:
     s = scores.ranks[rank]
     peers = scores.peers(rank)
     cause, explanation, fix, evidence = _cause(facts, scores, rank)
@@ -389,7 +395,7 @@ def _intermittent(scores: Scores, run: RunView, ranks: list[int]) -> Finding:
     )
 
 
-def _imbalance(facts: Facts, scores: Scores, run: RunView) -> list[Finding]:
+def _imbalance(facts: ByRank, scores: Scores, run: RunView) -> list[Finding]:
     out: list[Finding] = []
     samples = {r: s.samples for r, s in scores.ranks.items()}
     typical = _median(list(samples.values()))
@@ -418,7 +424,7 @@ def _imbalance(facts: Facts, scores: Scores, run: RunView) -> list[Finding]:
                  "batch_size on every rank; use drop_last=True (or pad) so every rank gets the same number of "
                  "batches; for variable-length samples, balance tokens per rank (a length-grouped sampler)."),
         ))
-    peaks = {r: int(facts[r].get("peak_mem_bytes") or 0) for r in scores.ranks}
+    peaks = {r: int(facts[r].peak_mem_bytes) for r in scores.ranks}
     if all(peaks.values()):
         for r, peak in sorted(peaks.items()):
             others = _median([v for p, v in peaks.items() if p != r])
@@ -433,7 +439,7 @@ def _imbalance(facts: Facts, scores: Scores, run: RunView) -> list[Finding]:
                     fix="Keep rank-0-only work (evaluation, checkpoint gathering, logging buffers) small or off the "
                         "GPU, and free it before training steps.",
                 ))
-    utils = {r: (_sampled(facts[r]).get("gpu_util_pct") or {}).get("median") for r in scores.ranks}
+    utils = {r: _median_of(facts[r].sampled.gpu_util_pct) for r in scores.ranks}
     known = {r: u for r, u in utils.items() if u is not None}
     if len(known) >= 2 and max(known.values()) - min(known.values()) > UTIL_GAP_POINTS:
         low = min(known, key=lambda r: known[r])
