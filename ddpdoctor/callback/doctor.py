@@ -31,14 +31,18 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
-from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.callback.online_checks import (PROBE, DataParallelGpu, History, RankWindow, batch_scaling_finding,
-                                     data_findings, data_parallel_finding, memory_growth, setup_findings)
+                                              data_findings, data_parallel_finding, memory_growth, setup_findings)
+from ddpdoctor.callback.row import GatheredRow, pack, packed_length, unpack
+from ddpdoctor.core.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("ddpdoctor")
-HEADER = 8  # rank, step, loader_len, stale_epoch, peak_mem, fingerprint, wait_measured, steps in the row
+T = TypeVar("T")
 HOST_KEY = "ddpdoctor/host/{rank}"
 HANG_KEY = "ddpdoctor/hang/{rank}"
 MIN_COST_SHARE = 0.05
@@ -70,7 +74,15 @@ def _fingerprint(batch: Any) -> int:
     return int.from_bytes(digest.digest()[:7], "big") >> 4 or 1
 
 
-def _tensors(batch: Any) -> list[Any]:
+def _safely(read: Callable[[], T]) -> Optional[T]:
+    """A local reading, or None (unknown) where it fails: the training loop never sees our errors."""
+    try:
+        return read()
+    except Exception:
+        return None
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
     import torch
 
     if isinstance(batch, torch.Tensor):
@@ -82,7 +94,7 @@ def _tensors(batch: Any) -> list[Any]:
     return []
 
 
-def _first_tensor(batch: Any) -> Any:
+def _first_tensor(batch: Any) -> Optional[torch.Tensor]:
     import torch
 
     if isinstance(batch, torch.Tensor):
@@ -172,7 +184,7 @@ def _unsharded_sampler(loader: Any, sampler: Any) -> Optional[str]:
     return type(sampler).__name__
 
 
-def _default_store() -> Any:
+def _default_store() -> Optional[torch.distributed.Store]:
     """The job's own rendezvous store (torch keeps no public handle to it), or None."""
     try:
         from torch.distributed import distributed_c10d
@@ -182,7 +194,7 @@ def _default_store() -> Any:
         return None
 
 
-def gather_device(nccl: bool, model_device: Any) -> Any:
+def gather_device(nccl: bool, model_device: torch.device) -> torch.device:
     """Where the callback's own gather runs: the model's GPU under NCCL (its index, not the current
     device, which a job that never called set_device leaves at 0 on every rank); CPU otherwise."""
     import torch
@@ -205,7 +217,6 @@ class Doctor:
                  on_hang: str = "report", measure_comm: bool = True, batch_size: Optional[int] = None) -> None:
         import torch
         import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel
 
         if on_hang not in ("report", "exit"):
             raise ValueError(f"on_hang must be 'report' or 'exit', not {on_hang!r}")
@@ -235,7 +246,6 @@ class Doctor:
         self._last_end = 0.0
         self._batch: Any = None
         self._epoch0 = getattr(self.sampler, "epoch", None)
-        self._timer: Optional[_WaitTimer] = None
         # Without a process group there are no checks to read the events: CPU clocks only.
         self._cuda = self.device.type == "cuda" and self.distributed
         # NCCL gathers CUDA tensors on the rank's own GPU, which is the model's: the mp.spawn tutorial
@@ -245,33 +255,11 @@ class Doctor:
         self._gather_device = gather_device(nccl, self.device)
         self._events: list[tuple[Any, Any]] = []
         self._event_begin: Any = None
-        is_ddp = _is_wrapped(model, DistributedDataParallel)
-        # Only DDP's comm hook has the (state, bucket) form the timer is: FSDP's register_comm_hook
-        # takes another signature, and its hook would fail inside the user's backward pass.
-        if isinstance(getattr(model, "_orig_mod", model), DistributedDataParallel) and measure_comm and self.distributed:
-            group = getattr(model, "process_group", None)
-            timer = _WaitTimer(group, dist.get_world_size(group) if group is not None else self.world_size)
-            try:
-                model.register_comm_hook(timer, _wait_hook)
-                self._timer = timer
-            except Exception:  # the job has a comm hook of its own: step times only
-                self._timer = None
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        sampler_name = _unsharded_sampler(loader, self.sampler)
+        self._timer = self._install_wait_timer(model, measure_comm)
         self._dp_ids = _data_parallel_ids(model)
         self._dp_util: dict[int, list[float]] = {i: [] for i in self._dp_ids or []}
         self._dp_done = self._dp_ids is None
-        unmeasured = None
-        if is_ddp and self._timer is None and self.distributed:
-            inner = getattr(model, "_orig_mod", model)
-            if not isinstance(inner, DistributedDataParallel):
-                unmeasured = type(inner).__name__
-            else:
-                unmeasured = ("DistributedDataParallel (measure_comm=False)" if not measure_comm
-                              else "DistributedDataParallel (the job has its own comm hook)")
-        for finding in setup_findings(is_ddp, self.world_size, gpus, self.rank, self.host, sampler_name,
-                                      data_parallel=self._dp_ids is not None, unmeasured_wait=unmeasured):
-            self._emit(finding)
+        self._emit_setup_findings(model, measure_comm)
         self._store = _default_store()
         self._hosts: dict[int, str] = {self.rank: self.host}
         if self._store is not None:
@@ -282,6 +270,52 @@ class Doctor:
         self._watchdog.start()
         self._closed = False
         atexit.register(self.close)
+
+    def _install_wait_timer(self, model: Any, measure_comm: bool) -> Optional[_WaitTimer]:
+        """The comm hook that times each step's gradient all-reduce wait, or None where it cannot be ours.
+
+        Only DDP's comm hook has the (state, bucket) form the timer is: FSDP's register_comm_hook
+        takes another signature, and its hook would fail inside the user's backward pass."""
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not (isinstance(getattr(model, "_orig_mod", model), DistributedDataParallel) and measure_comm
+                and self.distributed):
+            return None
+        group = getattr(model, "process_group", None)
+        timer = _WaitTimer(group, dist.get_world_size(group) if group is not None else self.world_size)
+        try:
+            model.register_comm_hook(timer, _wait_hook)
+        except Exception:  # the job has a comm hook of its own: step times only
+            return None
+        return timer
+
+    def _unmeasured_wait(self, model: Any, is_ddp: bool, measure_comm: bool) -> Optional[str]:
+        """The wrapper whose collectives go untimed (DOC011 names it), or None where the wait is measured
+        or there is no data-parallel wrapper to time."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not (is_ddp and self._timer is None and self.distributed):
+            return None
+        inner = getattr(model, "_orig_mod", model)
+        if not isinstance(inner, DistributedDataParallel):
+            return type(inner).__name__
+        return ("DistributedDataParallel (measure_comm=False)" if not measure_comm
+                else "DistributedDataParallel (the job has its own comm hook)")
+
+    def _emit_setup_findings(self, model: Any, measure_comm: bool) -> None:
+        """What is wrong before the first step, from the objects given: reported at construction,
+        so a job that would train for nothing hears of it at once."""
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        is_ddp = _is_wrapped(model, DistributedDataParallel)
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        for finding in setup_findings(is_ddp, self.world_size, gpus, self.rank, self.host,
+                                      _unsharded_sampler(self.loader, self.sampler),
+                                      data_parallel=self._dp_ids is not None,
+                                      unmeasured_wait=self._unmeasured_wait(model, is_ddp, measure_comm)):
+            self._emit(finding)
 
     # -- the loop's side --------------------------------------------------------
     @contextlib.contextmanager
@@ -352,34 +386,52 @@ class Doctor:
 
     # -- every `every` steps: one collective ------------------------------------------
     def _check(self) -> None:
-        import torch
-        import torch.distributed as dist
+        """Gather every rank's window, judge the table, report what is new.
 
-        n = self.every
+        Every rank judges the same table the same way, so a raise (when asked for) happens on
+        every rank at the same step; only rank 0 reports."""
         if self._cuda and self._events:
             self._device_times()
-        cols = {k: (v[-n:] + [0.0] * n)[:n] for k, v in self._columns.items()}
-        count = min(n, len(self._columns["step"]))
-        row = torch.zeros(HEADER + 4 * n, dtype=torch.float64)
-        row[:HEADER] = torch.tensor([self.rank, self._steps, *self._local_facts(), float(self._timer is not None),
-                                     float(count)], dtype=torch.float64)
-        for i, key in enumerate(("step", "data", "wait", "samples")):
-            row[HEADER + i * n:HEADER + (i + 1) * n] = torch.tensor(cols[key], dtype=torch.float64)
-        row = row.to(self._gather_device)
-        gathered = torch.empty(self.world_size * row.numel(), dtype=torch.float64, device=self._gather_device)
-        # torch 2.13 renamed all_gather_into_tensor (and warns on the old name); older torch has only that.
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(gathered, row)
+        gathered = self._gather(self._window_row())
         if self._steps > 1:  # what was sent is not sent again (step 1's check is for the data and setup)
             for key in self._columns:
                 self._columns[key] = []
-        # Every rank judges the same table the same way, so a raise (when asked for) happens on
-        # every rank at the same step; only rank 0 reports.
         try:
-            found = self._judge(self._rows(gathered.cpu().reshape(self.world_size, -1), n))
+            found = self._judge(self._rows(gathered))
         except Exception as exc:  # a bug of ours must not end the user's job
             log.warning("ddpdoctor: judging failed on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
             return
+        self._take_new(found)
+
+    def _window_row(self) -> GatheredRow:
+        """This rank's last `every` steps and its local facts, as one row of the gather.
+
+        Each column is cut to the steps the step column holds, so the row's columns agree."""
+        n = self.every
+        count = min(n, len(self._columns["step"]))
+        cols = {k: (v[-n:] + [0.0] * n)[:count] for k, v in self._columns.items()}
+        loader_len, stale, peak, fingerprint = self._local_facts()
+        return GatheredRow(rank=self.rank, steps_done=self._steps, loader_len_batches=loader_len,
+                           stale_epoch=stale, peak_mem_bytes=peak, batch_fingerprint=fingerprint,
+                           wait_measured=self._timer is not None, step_ms=cols["step"], data_ms=cols["data"],
+                           wait_ms=cols["wait"], samples=cols["samples"])
+
+    def _gather(self, row: GatheredRow) -> torch.Tensor:
+        """The one collective: every rank's packed row, side by side, on the gather's device."""
+        import torch
+        import torch.distributed as dist
+
+        sent = torch.tensor(pack(row, self.every), dtype=torch.float64).to(self._gather_device)
+        gathered = torch.empty(self.world_size * packed_length(self.every), dtype=torch.float64,
+                               device=self._gather_device)
+        # torch 2.13 renamed all_gather_into_tensor (and warns on the old name); older torch has only that.
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(gathered, sent)
+        return gathered
+
+    def _take_new(self, found: list[Finding]) -> None:
+        """Findings not seen before: rank 0 reports them, the others only remember them; then
+        the raise, if asked for, on every rank alike (the judges saw the same table)."""
         new = [f for f in found if (f.code, f.ranks) not in self._seen]
         for finding in new:
             if self.rank == 0:
@@ -390,42 +442,32 @@ class Doctor:
             worst = max(new, key=lambda f: f.severity)
             raise FindingRaised(f"{worst.code}: {worst.title}")
 
-    def _local_facts(self) -> list[float]:
-        """Loader length, stale epoch, peak memory, batch fingerprint: placeholders where one fails,
+    def _local_facts(self) -> tuple[Optional[int], bool, Optional[int], Optional[int]]:
+        """Loader length, stale epoch, peak memory, batch fingerprint: unknown where a reading fails,
         because a rank that raised here would never join the gather its peers wait in."""
-        out = []
-        for read, default in ((self._loader_len, -1.0), (lambda: float(self._stale_epoch()), 0.0),
-                              (self._peak_mem, 0.0),
-                              (lambda: float(_fingerprint(self._batch)) if self._batch is not None else 0.0, 0.0)):
-            try:
-                out.append(float(read()))
-            except Exception:
-                out.append(default)
-        return out
+        return (_safely(self._known_loader_len), bool(_safely(self._stale_epoch)),
+                _safely(lambda: int(self._peak_mem())), _safely(self._batch_fingerprint))
 
-    def _rows(self, table: Any, n: int) -> dict[int, RankWindow]:
+    def _known_loader_len(self) -> Optional[int]:
+        length = self._loader_len()
+        return int(length) if length >= 0 else None
+
+    def _batch_fingerprint(self) -> Optional[int]:
+        return (_fingerprint(self._batch) or None) if self._batch is not None else None
+
+    def _rows(self, gathered: torch.Tensor) -> dict[int, RankWindow]:
+        """The gathered tensor as every rank's window, keyed by rank, with its node's name."""
         rows = {}
-        for values in table.tolist():
-            rank, step, loader_len, stale, peak, fingerprint, measured, count = values[:HEADER]
-            c = int(count)
-            col = [values[HEADER + i * n:HEADER + i * n + c] for i in range(4)]
-            rows[int(rank)] = RankWindow(rank=int(rank), host=self._host_of(int(rank)),
-                                         step=int(step), step_ms=col[0], data_ms=col[1], wait_ms=col[2],
-                                         samples=col[3], fingerprint=int(fingerprint), loader_len=int(loader_len),
-                                         stale_epoch=bool(stale), peak_mem_bytes=int(peak), wait_measured=bool(measured))
+        for values in gathered.cpu().reshape(self.world_size, -1).tolist():
+            row = unpack(values)
+            rows[row.rank] = row.to_window(self._host_of(row.rank))
         return rows
 
     def _judge(self, rows: dict[int, RankWindow]) -> list[Finding]:
-        from ddpdoctor.probes.base import RunView
-        from ddpdoctor.probes.stragglers.scores import diagnose_stragglers
-
+        """Every online check on one gathered table; DOC001 only once it repeats."""
         found = data_findings(rows)
         if self._steps == 1 and self.optimizer is not None:  # once: the first gathered step shows the batch
-            batch = {r: float(self.batch_size) if self.batch_size else (row.samples[-1] if row.samples else 0.0)
-                     for r, row in rows.items()}
-            scaling = batch_scaling_finding(batch, _learning_rates(self.optimizer),
-                                            [rows[r].host for r in sorted(rows)])
-            found += [scaling] if scaling is not None else []
+            found += self._batch_scaling(rows)
         same = any(f.code == "DOC001" for f in found)
         self._same_batch_checks = self._same_batch_checks + 1 if same else 0
         if same and self._same_batch_checks < 2:  # one coincidence is not a missing sampler
@@ -433,19 +475,35 @@ class Doctor:
         if len(next(iter(rows.values())).step_ms) > 1:
             self._history.add(rows)
             found += memory_growth(self._history)
+        return found + self._stragglers(rows)
+
+    def _batch_scaling(self, rows: dict[int, RankWindow]) -> list[Finding]:
+        """DOC010 from the first check: each rank's batch (as given, or as seen) and the optimizer's rates."""
+        batch = {r: float(self.batch_size) if self.batch_size else (row.samples[-1] if row.samples else 0.0)
+                 for r, row in rows.items()}
+        scaling = batch_scaling_finding(batch, _learning_rates(self.optimizer),
+                                        [rows[r].host for r in sorted(rows)])
+        return [scaling] if scaling is not None else []
+
+    def _stragglers(self, rows: dict[int, RankWindow]) -> list[Finding]:
+        """The `stragglers` probe's verdict on the kept windows, once they hold enough steps.
+
+        In a live job a straggler must also cost something: tiny steps make a few percent of
+        noise look like a rank, and a rank that costs under MIN_COST_SHARE of a step is not worth a page.
+        Here a step is only data (before step_begin) and work inside the step, so a real
+        straggler's extra time shows in one of them; extra time in neither ("host overhead")
+        is noise between medians, not a rank."""
+        from ddpdoctor.probes.base import RunView
+        from ddpdoctor.probes.stragglers.scores import diagnose_stragglers
+
         facts = self._history.facts()
-        if facts and min(len(f["steps"]["step_ms"]) for f in facts.values()) >= ONLINE_MIN_STEPS:
-            run = RunView(world_size=self.world_size, hosts={r: row.host for r, row in rows.items()})
-            # In a live job a straggler must also cost something: tiny steps make a few percent of
-            # noise look like a rank, and a rank that costs under MIN_COST_SHARE of a step is not worth a page.
-            # Here a step is only data (before step_begin) and work inside the step, so a real
-            # straggler's extra time shows in one of them; extra time in neither ("host overhead")
-            # is noise between medians, not a rank.
-            found += [f for f in diagnose_stragglers(facts, run) if f.severity >= Severity.WARN
-                      and (f.code != "STR001" or (f.evidence.get("cause") != "host overhead"
-                                                  and f.evidence.get("cost_ms_per_step", 0.0)
-                                                  >= MIN_COST_SHARE * f.evidence.get("median_step_ms", 0.0)))]
-        return found
+        if not facts or min(len(f["steps"]["step_ms"]) for f in facts.values()) < ONLINE_MIN_STEPS:
+            return []
+        run = RunView(world_size=self.world_size, hosts={r: row.host for r, row in rows.items()})
+        return [f for f in diagnose_stragglers(facts, run) if f.severity >= Severity.WARN
+                and (f.code != "STR001" or (f.evidence.get("cause") != "host overhead"
+                                            and f.evidence.get("cost_ms_per_step", 0.0)
+                                            >= MIN_COST_SHARE * f.evidence.get("median_step_ms", 0.0)))]
 
     def _host_of(self, rank: int) -> str:
         if rank not in self._hosts and self._store is not None:
@@ -457,7 +515,7 @@ class Doctor:
                 pass
         return self._hosts.get(rank, f"rank{rank}")
 
-    def _record(self) -> Any:
+    def _record(self) -> torch.cuda.Event:
         import torch
 
         event = torch.cuda.Event(enable_timing=True)
@@ -561,7 +619,7 @@ class Doctor:
                 log.exception("ddpdoctor: on_finding raised")
 
     def _write_json(self) -> None:
-        from ddpdoctor.core.report import atomic_write_json
+        from ddpdoctor.core.files import atomic_write_json
 
         path = self.json_path if self.rank == 0 else f"{self.json_path}.rank{self.rank}"
         try:

@@ -1,0 +1,119 @@
+"""The row each rank contributes to the callback's all_gather, and its one packing.
+
+Why a module of its own: the gather moves one flat float64 tensor per rank, so what a rank
+sends and what every rank reads back must agree on a positional layout. That layout is
+defined here once, from `GatheredRow`'s fields in declaration order, and `pack`/`unpack`
+are the only two functions that know it:
+
+    [scalar fields, in field order] [count] [each column, padded with zeros to `width`]
+
+`width` is the check interval (`every`): every rank sends the same number of floats, and
+`count` (the steps actually in the window, at most `width`) says how much of each column is
+real. A scalar that may be unknown is `Optional` and travels as NaN; integers are exact in a
+float64 up to 2**53 (the batch fingerprint is 52 bits, peak memory is bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from ddpdoctor.callback.online_checks import RankWindow
+
+
+@dataclass
+class GatheredRow:
+    """One rank's window of steps and its local facts, as sent at a check."""
+
+    rank: int
+    steps_done: int  # steps this rank had finished when the row was made
+    loader_len_batches: Optional[int] = None  # None: the loader has no length, or reading it failed
+    stale_epoch: bool = False  # a second pass over the loader began with the sampler's epoch unchanged
+    peak_mem_bytes: Optional[int] = None  # None: reading it failed
+    batch_fingerprint: Optional[int] = None  # of the last step's batch; None: no batch given, or it failed
+    wait_measured: bool = False  # the gradient all-reduce wait is timed (DDP's comm hook is ours)
+    # Per step of the window, oldest first; every column has one entry per step.
+    step_ms: list[float] = field(default_factory=list)  # step begin to end
+    data_ms: list[float] = field(default_factory=list)  # end of the previous step to begin (the loader)
+    wait_ms: list[float] = field(default_factory=list)  # the gradient all-reduce wait (0 when not measured)
+    samples: list[float] = field(default_factory=list)  # the batch's first dimension (0: not known)
+
+    def to_window(self, host: str) -> RankWindow:
+        """What the judges read: unknowns become the sentinels `online_checks` expects
+        (loader length -1, fingerprint 0: none, peak memory 0)."""
+        return RankWindow(rank=self.rank, host=host, step=self.steps_done, step_ms=self.step_ms,
+                          data_ms=self.data_ms, wait_ms=self.wait_ms, samples=self.samples,
+                          fingerprint=_or(self.batch_fingerprint, 0),
+                          loader_len=_or(self.loader_len_batches, -1), stale_epoch=self.stale_epoch,
+                          peak_mem_bytes=_or(self.peak_mem_bytes, 0), wait_measured=self.wait_measured)
+
+
+def _or(value: Optional[int], unknown: int) -> int:
+    return unknown if value is None else value
+
+
+def _optional_int(value: float) -> Optional[int]:
+    return None if math.isnan(value) else int(value)
+
+
+def _decoder(hint: object) -> Callable[[float], object]:
+    """How a scalar field is read back from its float: by its declared type."""
+    if hint is bool:
+        return bool
+    if hint is int:
+        return int
+    if hint == Optional[int]:
+        return _optional_int
+    raise TypeError(f"GatheredRow has a scalar field of a type the gather cannot carry: {hint!r}")
+
+
+def _layout() -> tuple[list[tuple[str, Callable[[float], object]]], list[str]]:
+    """(scalar fields with their decoders, column fields), both in declaration order."""
+    hints = typing.get_type_hints(GatheredRow)
+    scalars: list[tuple[str, Callable[[float], object]]] = []
+    columns: list[str] = []
+    for f in dataclasses.fields(GatheredRow):
+        if typing.get_origin(hints[f.name]) is list:
+            columns.append(f.name)
+        else:
+            scalars.append((f.name, _decoder(hints[f.name])))
+    return scalars, columns
+
+
+SCALARS, COLUMNS = _layout()
+HEADER = len(SCALARS) + 1  # the scalars, then the count of steps in the window
+
+
+def packed_length(width: int) -> int:
+    """Floats per rank in the gather for a window of `width` steps: what the buffer is sized by."""
+    return HEADER + len(COLUMNS) * width
+
+
+def pack(row: GatheredRow, width: int) -> list[float]:
+    """The row as the floats one rank sends; `unpack` reads them back to an equal row."""
+    count = len(row.step_ms)
+    columns = [getattr(row, name) for name in COLUMNS]
+    if count > width or any(len(column) != count for column in columns):
+        raise ValueError(f"a gathered row needs columns of one length up to {width}: {[len(c) for c in columns]}")
+    out = [math.nan if getattr(row, name) is None else float(getattr(row, name)) for name, _ in SCALARS]
+    out.append(float(count))
+    for column in columns:
+        out.extend(float(v) for v in column)
+        out.extend([0.0] * (width - count))
+    return out
+
+
+def unpack(values: Sequence[float]) -> GatheredRow:
+    """One rank's floats, as gathered, back to its row (the width follows from the length)."""
+    width, rest = divmod(len(values) - HEADER, len(COLUMNS))
+    if width < 0 or rest:
+        raise ValueError(f"{len(values)} floats are no gathered row")
+    fields: dict[str, object] = {name: decode(values[i]) for i, (name, decode) in enumerate(SCALARS)}
+    count = int(values[HEADER - 1])
+    for i, name in enumerate(COLUMNS):
+        start = HEADER + i * width
+        fields[name] = [float(v) for v in values[start:start + count]]
+    return GatheredRow(**fields)  # type: ignore[arg-type]
