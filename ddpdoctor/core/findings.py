@@ -25,10 +25,7 @@ class Severity(enum.IntEnum):
 
 
 # Nagios plugin convention, as cluster health checkers use it.
-EXIT_OK = 0
-EXIT_WARNING = 1
-EXIT_CRITICAL = 2
-EXIT_UNKNOWN = 3
+from ddpdoctor.core.exits import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING  # noqa: F401 (re-exported)
 
 
 def exit_code_for(severities: Iterable[Severity]) -> int:

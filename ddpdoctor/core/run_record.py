@@ -1,17 +1,15 @@
 """Everything the channel (and, standalone, the launcher) learned about a run.
 
-Reading is separate from judging: `read_record` only copies what ranks published;
+Reading is separate from judging: `read_record` (runtime/channel.py) only copies what ranks published;
 `run_diagnosis` turns a record into findings and is tested on hand-made records.
 """
 
 from __future__ import annotations
 
 import signal
-import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ddpdoctor.runtime.channel import Channel
 
 
 def signal_name(exit_code: Optional[int]) -> Optional[str]:
@@ -77,19 +75,3 @@ class RunRecord:
         if timeline:
             return str(timeline[-1]["name"])
         return "launch"
-
-
-def read_record(channel: Channel, record: RunRecord) -> RunRecord:
-    """Copy every rank's published keys into `record` (never blocks)."""
-    ranks = range(record.world_size)
-    record.hellos.update(channel.collect("hello/{rank}", ranks))
-    record.heartbeats.update(channel.collect("hb/{rank}", ranks))
-    record.timelines.update(channel.collect("timeline/{rank}", ranks))
-    record.errors.update(channel.collect("error/{rank}", ranks))
-    record.timeouts.update(channel.collect("timeout/{rank}", ranks))
-    record.done.update(channel.collect("done/{rank}", ranks))
-    record.flight_recorder.update(channel.collect("fr/{rank}", ranks))
-    for probe in record.probes:
-        record.results.setdefault(probe, {}).update(channel.collect(f"result/{probe}/{{rank}}", ranks))
-    record.ended = time.time()
-    return record

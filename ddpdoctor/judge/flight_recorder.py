@@ -16,7 +16,16 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ddpdoctor.explain.read import DumpFile
+
+@dataclass(frozen=True)
+class DumpFile:
+    """A Flight Recorder dump (pickle or JSON), one rank's ring buffer of collectives."""
+
+    path: str
+    label: str
+    kind: str  # pickle | json
+    rank_hint: Optional[int] = None
+
 
 MAX_DUMP_BYTES = 512 << 20
 

@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from ddpdoctor.core import keys
+
 ROUNDS = 5
-KEY = "clock"
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,10 @@ def serve(store: Any, rank: int, hosts: Mapping[int, str], timeout_s: float,
         if host == hosts.get(rank):
             continue
         for i in range(ROUNDS):
-            if not _wait(store, f"{KEY}/{leader}/ping/{i}", deadline - time.monotonic()):
+            if not _wait(store, keys.clock_ping(leader, i), deadline - time.monotonic()):
                 silent.append(leader)
                 break
-            store.set(f"{KEY}/{leader}/pong/{i}", repr(clock()))
+            store.set(keys.clock_pong(leader, i), repr(clock()))
     return silent
 
 
@@ -73,27 +74,27 @@ def measure(store: Any, rank: int, hosts: Mapping[int, str], timeout_s: float,
     leader = host_leaders(hosts).get(me, rank)
     deadline = time.monotonic() + timeout_s
     if leader != rank:
-        if not _wait(store, f"{KEY}/{leader}/result", deadline - time.monotonic()):
+        if not _wait(store, keys.clock_result(leader), deadline - time.monotonic()):
             return ClockOffset(0.0, float("inf"), f"no figure from this host's leader, rank {leader}")
-        offset_s, error_s = (float(x) for x in store.get(f"{KEY}/{leader}/result").decode().split())
+        offset_s, error_s = (float(x) for x in store.get(keys.clock_result(leader)).decode().split())
         if error_s == float("inf"):
             return ClockOffset(0.0, error_s, f"rank 0 did not answer this host's leader, rank {leader}")
         return ClockOffset(offset_s, error_s, f"ping-pong with rank 0 (by rank {leader})")
     best: Optional[tuple[float, float]] = None
     for i in range(ROUNDS):
         sent = clock()
-        store.set(f"{KEY}/{rank}/ping/{i}", "1")
-        if not _wait(store, f"{KEY}/{rank}/pong/{i}", deadline - time.monotonic()):
+        store.set(keys.clock_ping(rank, i), "1")
+        if not _wait(store, keys.clock_pong(rank, i), deadline - time.monotonic()):
             break
         received = clock()
-        stamp = float(store.get(f"{KEY}/{rank}/pong/{i}").decode())
+        stamp = float(store.get(keys.clock_pong(rank, i)).decode())
         trip = received - sent
         if best is None or trip < 2 * best[1]:
             best = (stamp - (sent + received) / 2.0, trip / 2.0)
     if best is None:
-        store.set(f"{KEY}/{rank}/result", "0 inf")
+        store.set(keys.clock_result(rank), "0 inf")
         return ClockOffset(0.0, float("inf"), "rank 0 did not answer")
     # The store gets the local clock minus rank 0's, so subtracting it gives rank 0's time.
     offset_s, error_s = -best[0], best[1]
-    store.set(f"{KEY}/{rank}/result", f"{offset_s!r} {error_s!r}")
+    store.set(keys.clock_result(rank), f"{offset_s!r} {error_s!r}")
     return ClockOffset(offset_s, error_s, "ping-pong with rank 0")

@@ -114,3 +114,15 @@ def read_torch_gpu(index: int) -> dict[str, Any]:
         "compute_capability": f"{props.major}.{props.minor}",
         "sm_count": int(props.multi_processor_count),
     }
+
+
+def machine_identity() -> str:
+    """This kernel's boot id and this process's pid namespace: where a pid is meaningful."""
+    parts = []
+    for path, read in (("/proc/sys/kernel/random/boot_id", lambda p: open(p).read().strip()),
+                       ("/proc/self/ns/pid", os.readlink)):
+        try:
+            parts.append(str(read(path)))
+        except OSError:
+            parts.append("?")
+    return "/".join(parts)

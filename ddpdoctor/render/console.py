@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from rich.console import Console
 from rich.live import Live
@@ -18,7 +18,9 @@ from rich.text import Text
 
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.core.report import Report
-from ddpdoctor.snapshot import Diagnosis
+
+if TYPE_CHECKING:  # the type only: `ddpdoctor diagnose` (top level) renders through here
+    from ddpdoctor.snapshot import Diagnosis
 
 _STYLE = {Severity.OK: "green", Severity.INFO: "cyan", Severity.WARN: "yellow", Severity.CRITICAL: "bold red"}
 _VERDICT = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}

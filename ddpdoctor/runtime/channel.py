@@ -26,6 +26,9 @@ import json
 import time
 from typing import Any, Iterable, Optional
 
+from ddpdoctor.core import keys
+from ddpdoctor.core.run_record import RunRecord
+
 PREFIX = "ddpdoctor"
 
 
@@ -97,3 +100,19 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (set, frozenset, tuple)):
         return list(value)
     return str(value)
+
+
+def read_record(channel: Channel, record: RunRecord) -> RunRecord:
+    """Copy every rank's published keys into `record` (never blocks)."""
+    ranks = range(record.world_size)
+    record.hellos.update(channel.collect(keys.HELLO_PATTERN, ranks))
+    record.heartbeats.update(channel.collect(keys.HEARTBEAT_PATTERN, ranks))
+    record.timelines.update(channel.collect(keys.TIMELINE_PATTERN, ranks))
+    record.errors.update(channel.collect(keys.ERROR_PATTERN, ranks))
+    record.timeouts.update(channel.collect(keys.TIMEOUT_PATTERN, ranks))
+    record.done.update(channel.collect(keys.DONE_PATTERN, ranks))
+    record.flight_recorder.update(channel.collect(keys.FLIGHT_RECORDER_PATTERN, ranks))
+    for probe in record.probes:
+        record.results.setdefault(probe, {}).update(channel.collect(keys.result_pattern(probe), ranks))
+    record.ended = time.time()
+    return record

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ddpdoctor.runtime.inject import Fault
+from ddpdoctor.core.faults import Fault
 from ddpdoctor.runtime.user_model import ModelSpec
 
 DEFAULT_TIMEOUT_S = 30.0

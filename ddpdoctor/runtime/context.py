@@ -8,6 +8,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
+from ddpdoctor.core import keys
 from ddpdoctor.runtime.channel import Channel
 from ddpdoctor.runtime.config import CheckConfig
 from ddpdoctor.runtime.inject import Injector
@@ -68,7 +69,7 @@ class RankContext:
                 raise Terminated() from exc
             record.ended, record.status = time.time(), "error"
             record.detail = f"{type(exc).__name__}: {exc}"
-            self._publish(f"error/{self.rank}", {
+            self._publish(keys.error(self.rank), {
                 "stage": name, "t": record.ended, "type": type(exc).__name__,
                 "message": str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__,
                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:],
@@ -114,7 +115,7 @@ class RankContext:
             self.state.collective = None
 
     def _publish_timeline(self) -> None:
-        self._publish(f"timeline/{self.rank}", [s.to_json() for s in self.state.timeline])
+        self._publish(keys.timeline(self.rank), [s.to_json() for s in self.state.timeline])
 
     def _publish(self, key: str, value: Any) -> None:
         """Best effort: when the store itself is gone, the stage's outcome still decides the exit."""

@@ -18,11 +18,11 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
+from ddpdoctor.core import keys
+from ddpdoctor.core.exits import ORPHANED_EXIT, STAGE_TIMEOUT_EXIT, hard_exit
 from ddpdoctor.runtime.channel import Channel
 from ddpdoctor.runtime.rank_state import RankState
 
-STAGE_TIMEOUT_EXIT = 124  # as coreutils' timeout(1)
-ORPHANED_EXIT = 125
 
 
 def python_stacks(skip_current: bool = True) -> str:
@@ -72,13 +72,13 @@ class Heartbeat(threading.Thread):
         while not self.stopped.wait(self.period_s):
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 # Our launcher died (even SIGKILL): never outlive it.
-                os._exit(ORPHANED_EXIT)
-            if self.side.set(f"hb/{self.rank}", self.state.snapshot()):
+                hard_exit(ORPHANED_EXIT)
+            if self.side.set(keys.heartbeat(self.rank), self.state.snapshot()):
                 last_ok = time.monotonic()
             elif time.monotonic() - last_ok > self.lost_after_s:
                 sys.stderr.write(f"ddpdoctor: rank {self.rank} lost the out-of-band store; exiting\n")
                 sys.stderr.flush()
-                os._exit(ORPHANED_EXIT)
+                hard_exit(ORPHANED_EXIT)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -143,12 +143,12 @@ class Watchdog(threading.Thread):
         for entry in reversed(self.state.timeline):
             if entry.ended is None:
                 entry.ended, entry.status = record["t"], "timeout"
-        self.side.set(f"timeout/{self.rank}", record)
-        self.side.set(f"timeline/{self.rank}", [s.to_json() for s in self.state.timeline])
+        self.side.set(keys.timeout(self.rank), record)
+        self.side.set(keys.timeline(self.rank), [s.to_json() for s in self.state.timeline])
         if record["collective"]:
             from ddpdoctor.measure import fr_snapshot
 
-            self.side.set(f"fr/{self.rank}", fr_snapshot.take())  # torch's view of the stuck collective
+            self.side.set(keys.flight_recorder(self.rank), fr_snapshot.take())  # torch's view of the stuck collective
         sys.stderr.write(
             f"ddpdoctor: rank {self.rank} passed the {self.armed_for_s:g}s deadline of stage "
             f"{self.armed_stage!r}; giving up\n")
@@ -160,4 +160,4 @@ class Watchdog(threading.Thread):
             except Exception:
                 pass
         sys.stdout.flush()
-        os._exit(code if isinstance(code, int) else STAGE_TIMEOUT_EXIT)
+        hard_exit(code if isinstance(code, int) else STAGE_TIMEOUT_EXIT)

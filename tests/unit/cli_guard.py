@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-import ddpdoctor.runtime.launcher
-import ddpdoctor.runtime.session
+import ddpdoctor.session.launcher
+import ddpdoctor.session.rank
 
 
 @pytest.fixture(autouse=True)
@@ -29,8 +29,8 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     def must_not_start(*args, **kwargs):
         raise AssertionError("bad input was accepted and ranks were about to start")
 
-    monkeypatch.setattr(ddpdoctor.runtime.launcher, "run_standalone", must_not_start)
-    monkeypatch.setattr(ddpdoctor.runtime.session, "run_rank", must_not_start)
+    monkeypatch.setattr(ddpdoctor.session.launcher, "run_standalone", must_not_start)
+    monkeypatch.setattr(ddpdoctor.session.rank, "run_rank", must_not_start)
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:

@@ -15,7 +15,8 @@ from rich.console import Console
 from ddpdoctor.judge import busbw
 from ddpdoctor.measure.collectives import PLACEMENTS, check_once, make_buffers, time_iterations
 from ddpdoctor.core.findings import Finding, Severity
-from ddpdoctor.runtime.inject import Fault, Injector
+from ddpdoctor.core.faults import Fault
+from ddpdoctor.runtime.inject import Injector
 from ddpdoctor.probes.allreduce.render import render_bench
 from ddpdoctor.probes.allreduce.probe import AllReduce, _phases, merge_results
 from ddpdoctor.probes.base import RunView

@@ -206,7 +206,7 @@ def test_across_nodes_the_model_is_shown_but_never_judged(busbw):
 ASK_AND_FAIL = """
 import os, sys
 from types import SimpleNamespace
-from ddpdoctor.runtime.session import _ask_nccl_for_its_choices, _teardown
+from ddpdoctor.session.rank import _ask_nccl_for_its_choices, _teardown
 from ddpdoctor.measure.host import read_env
 ctx = SimpleNamespace(cache={})
 _ask_nccl_for_its_choices(ctx)
@@ -253,7 +253,7 @@ def test_nccls_choices_are_asked_for_only_when_wanted_and_where_sizes_agree():
     from ddpdoctor.cli import _bench_config, build_parser
     from ddpdoctor.runtime.config import CheckConfig
     from ddpdoctor.core.errors import UsageError
-    from ddpdoctor.runtime.session import wants_nccl_choices
+    from ddpdoctor.session.rank import wants_nccl_choices
 
     parser = build_parser()
     off = _bench_config(parser.parse_args(["allreduce-bench"]))

@@ -11,7 +11,7 @@ import pytest
 from ddpdoctor import cli
 from ddpdoctor.runtime.config import BenchConfig, CheckConfig
 from ddpdoctor.core.findings import EXIT_UNKNOWN
-from ddpdoctor.runtime.inject import Fault, parse_faults
+from ddpdoctor.core.faults import Fault, parse_faults
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
@@ -157,10 +157,10 @@ def test_an_existing_csv_or_plot_is_refused_before_any_rank_starts(capsys, tmp_p
 
 
 def test_force_accepts_existing_csv_and_plot(tmp_path, monkeypatch):
-    import ddpdoctor.runtime.launcher
+    import ddpdoctor.session.launcher
 
     seen = []
-    monkeypatch.setattr(ddpdoctor.runtime.launcher, "run_standalone", lambda cfg, argv, command: seen.append(cfg) or 0)
+    monkeypatch.setattr(ddpdoctor.session.launcher, "run_standalone", lambda cfg, argv, command: seen.append(cfg) or 0)
     csv, svg = tmp_path / "sweep.csv", tmp_path / "sweep.svg"
     csv.write_text("old")
     svg.write_text("old")
@@ -184,7 +184,8 @@ def test_the_plot_writer_never_overwrites_unless_told(tmp_path, capsys):
 
 
 def test_a_blip_slows_the_pairs_own_collective_once_and_nothing_else():
-    from ddpdoctor.runtime.inject import Injector, parse_faults
+    from ddpdoctor.core.faults import parse_faults
+    from ddpdoctor.runtime.inject import Injector
 
     faults = parse_faults("blip:ranks=1,2")
     assert [(f.kind, f.rank, f.peer) for f in faults] == [("blip", 1, 2)]

@@ -107,8 +107,8 @@ class _Started(BaseException):
 
 @pytest.fixture
 def record_launch(monkeypatch):
-    import ddpdoctor.runtime.launcher
-    import ddpdoctor.runtime.session
+    import ddpdoctor.session.launcher
+    import ddpdoctor.session.rank
 
     def standalone(cfg, argv, command):
         raise _Started(cfg, argv)
@@ -116,8 +116,8 @@ def record_launch(monkeypatch):
     def rank(cfg, env, command):
         raise _Started(cfg)
 
-    monkeypatch.setattr(ddpdoctor.runtime.launcher, "run_standalone", standalone)
-    monkeypatch.setattr(ddpdoctor.runtime.session, "run_rank", rank)
+    monkeypatch.setattr(ddpdoctor.session.launcher, "run_standalone", standalone)
+    monkeypatch.setattr(ddpdoctor.session.rank, "run_rank", rank)
 
 
 @pytest.mark.parametrize("command", [["check"], ["scaling"], ["allreduce-bench"],

@@ -27,8 +27,8 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-import ddpdoctor.runtime.launcher
-import ddpdoctor.runtime.session
+import ddpdoctor.session.launcher
+import ddpdoctor.session.rank
 import ddpdoctor.snapshot
 from ddpdoctor import cli
 from ddpdoctor.measure import cuda_visible
@@ -71,8 +71,8 @@ def accept_instead_of_starting(no_launch: None, monkeypatch: pytest.MonkeyPatch)
     def snapshot(measure: bool = True) -> dict[str, Any]:
         raise Accepted("snapshot")
 
-    monkeypatch.setattr(ddpdoctor.runtime.launcher, "run_standalone", standalone)
-    monkeypatch.setattr(ddpdoctor.runtime.session, "run_rank", rank)
+    monkeypatch.setattr(ddpdoctor.session.launcher, "run_standalone", standalone)
+    monkeypatch.setattr(ddpdoctor.session.rank, "run_rank", rank)
     monkeypatch.setattr(ddpdoctor.snapshot, "take_snapshot", snapshot)
 
 
@@ -194,7 +194,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _real_report() -> dict[str, Any]:
-    from ddpdoctor.core.report import build_report
+    from ddpdoctor.session.reporter import build_report
 
     from .test_report import COMMAND, healthy_record
 

@@ -7,8 +7,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ddpdoctor.core.errors import UsageError
-from ddpdoctor.runtime.inject import (_KEYS, FAULT_STAGES, PROBE_STAGE_PREFIX, STAGES, Fault, Injector, check_ranks,
-                              check_standalone, parse_faults)
+from ddpdoctor.core.faults import (_KEYS, FAULT_STAGES, PROBE_STAGE_PREFIX, STAGES, Fault, check_ranks,
+                                   check_standalone, parse_faults)
+from ddpdoctor.runtime.inject import Injector
 
 FAST = settings(database=None, deadline=None, max_examples=200,
                 suppress_health_check=[HealthCheck.too_slow])

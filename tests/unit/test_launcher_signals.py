@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from ddpdoctor.runtime import launcher
+from ddpdoctor.session import launcher
 
 
 def test_a_signal_inside_a_guarded_section_is_raised_when_it_ends():

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from ddpdoctor import __version__
-from ddpdoctor.core import report as report_mod
+from ddpdoctor.core import files as report_mod
+from ddpdoctor.session import reporter
 from ddpdoctor.core.findings import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, Severity
 from ddpdoctor.probes import get_probe
-from ddpdoctor.core.report import SCHEMA, build_report, write_json
+from ddpdoctor.core.report import SCHEMA, write_json
+from ddpdoctor.session.reporter import build_report
 from ddpdoctor.core.run_record import ExitInfo, RunRecord
 from ddpdoctor.runtime.workload import StepTiming, WorkloadResult
 
@@ -222,7 +224,7 @@ def test_write_outputs_follows_the_force_setting(tmp_path, capsys, force):
     path = tmp_path / "r.json"
     path.write_text(OLD)
     cfg = CheckConfig(probes=("ddp-smoke",), json_path=str(path), force=force)
-    report_mod.write_outputs(build_report(healthy_record(), command=COMMAND), cfg)
+    reporter.write_outputs(build_report(healthy_record(), command=COMMAND), cfg)
     if force:
         assert json.loads(path.read_text())["verdict"] == "ok" and sorted(os.listdir(tmp_path)) == ["r.json"]
         assert capsys.readouterr().err == ""
@@ -330,7 +332,7 @@ def test_a_file_system_without_hard_links_still_never_overwrites(tmp_path, monke
 
 _KILLED_WRITER = """
 import os, sys, time
-from ddpdoctor.core import report
+from ddpdoctor.core import files as report
 def half_then_wait(fd, data):
     os.write(fd, data[: len(data) // 2])
     print("half", flush=True)

@@ -22,7 +22,7 @@ from rich.console import Console
 from ddpdoctor.probes import RunView
 from ddpdoctor.probes.homogeneity.probe import Homogeneity
 from ddpdoctor.render.console import render_report
-from ddpdoctor.core.report import build_report
+from ddpdoctor.session.reporter import build_report
 from ddpdoctor.core.run_record import ExitInfo, RunRecord
 
 CPU_ENTRY = Path(__file__).resolve().parent.parent / "fixtures" / "homogeneity" / "cpu_vm_2core_recorded.json"
@@ -101,7 +101,7 @@ def _rendezvous_reads(n: int, missing: int | None = None) -> tuple[dict[int, int
     import torch.distributed as dist
 
     from ddpdoctor.runtime.channel import Channel
-    from ddpdoctor.runtime.session import _rendezvous
+    from ddpdoctor.session.rank import _rendezvous
 
     class Counting(Channel):
         def __init__(self, store: Any) -> None:

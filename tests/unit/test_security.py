@@ -121,7 +121,7 @@ def _relative(path: Path) -> str:
 
 def test_the_scan_covers_the_packages():
     names = {_relative(p) for p in SOURCES}
-    assert {"ddpdoctor/cli.py", "ddpdoctor/runtime/launcher.py", UNPICKLER_HOME, "probes/allreduce/probe.py"} <= names
+    assert {"ddpdoctor/cli.py", "ddpdoctor/session/launcher.py", UNPICKLER_HOME, "probes/allreduce/probe.py"} <= names
     assert len(names) > 60
 
 
@@ -246,7 +246,7 @@ def _other_addresses() -> Iterator[str]:
 def test_the_launchers_store_listens_on_127_0_0_1_only():
     """The launcher's own code path: _listen binds the port, the store takes its fd."""
     from ddpdoctor.runtime.channel import Channel
-    from ddpdoctor.runtime.launcher import _listen
+    from ddpdoctor.session.launcher import _listen
 
     sock, port = _listen(None)
     channel = Channel.connect("127.0.0.1", port, 5.0, is_master=True, listen_fd=sock.detach())
@@ -268,7 +268,7 @@ def test_the_launchers_store_listens_on_127_0_0_1_only():
 
 def test_a_busy_port_is_one_clear_error():
     from ddpdoctor.core.errors import UsageError
-    from ddpdoctor.runtime.launcher import _listen
+    from ddpdoctor.session.launcher import _listen
 
     sock, port = _listen(None)
     try:
@@ -296,7 +296,8 @@ def test_a_report_file_carries_no_secret_from_env_command_errors_or_logs(tmp_pat
     """Every place a run record holds free text: facts (an env dict, as a collector that forgot
     relevant_env would record it), the command line, an exception's message and traceback,
     a watchdog's stack, a rank's log tail."""
-    from ddpdoctor.core.report import build_report, write_json
+    from ddpdoctor.core.report import write_json
+    from ddpdoctor.session.reporter import build_report
 
     from .test_report import COMMAND, SHA, crashed_record, healthy_record
 

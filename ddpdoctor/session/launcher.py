@@ -23,9 +23,10 @@ from ddpdoctor.runtime.channel import Channel
 from ddpdoctor.runtime.rank_processes import RankProcesses
 from ddpdoctor.runtime.config import CheckConfig
 from ddpdoctor.core.errors import UsageError
-from ddpdoctor.runtime.inject import check_ranks
+from ddpdoctor.core.faults import check_ranks
 from ddpdoctor.runtime.launch_env import BACKEND_VAR, DEVICE_VAR, LAUNCHER_PID_VAR, RUN_ID_VAR
-from ddpdoctor.core.run_record import ExitInfo, RunRecord, read_record, signal_name
+from ddpdoctor.core.run_record import ExitInfo, RunRecord, signal_name
+from ddpdoctor.runtime.channel import read_record
 
 STOP_GRACE_S = 3.0  # SIGTERM → SIGKILL
 
@@ -152,7 +153,7 @@ class _SignalsAfter:
 
 def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int:
     from ddpdoctor.render.console import LiveView, make_console, render_report
-    from ddpdoctor.core.report import build_report, write_outputs
+    from ddpdoctor.session.reporter import build_report, write_outputs
 
     nproc = cfg.nproc if cfg.nproc is not None else default_nproc()
     check_ranks(cfg.inject, nproc)

@@ -16,7 +16,9 @@ import sys
 import time
 from typing import Any, Mapping, Optional
 
+from ddpdoctor.core import keys
 from ddpdoctor.runtime.channel import Channel
+from ddpdoctor.measure.host import machine_identity
 from ddpdoctor.measure import fr_snapshot
 from ddpdoctor.runtime.config import CheckConfig
 from ddpdoctor.runtime.context import RankContext, StageFailed
@@ -24,13 +26,15 @@ from ddpdoctor.core.errors import UsageError
 from ddpdoctor.core.findings import EXIT_CRITICAL, EXIT_UNKNOWN
 from ddpdoctor.measure import host_load
 from ddpdoctor.measure import nccl_tuning
-from ddpdoctor.runtime.inject import Injector, check_ranks, check_standalone, no_show
+from ddpdoctor.core.faults import check_ranks, check_standalone
+from ddpdoctor.runtime.inject import Injector, no_show
 from ddpdoctor.runtime.launch_env import BACKEND_VAR, DEVICE_VAR, LaunchEnv, launcher_pid
 from ddpdoctor.runtime.liveness import Heartbeat, SideChannel, Watchdog
 from ddpdoctor.measure.net import Resolution, resolve, wait_for_port
 from ddpdoctor.runtime.rank_state import RankState, Terminated
 from ddpdoctor.probes.init_hang import NAME as INIT_PROBE, before_rendezvous
-from ddpdoctor.core.run_record import RunRecord, read_record
+from ddpdoctor.core.run_record import RunRecord
+from ddpdoctor.runtime.channel import read_record
 from ddpdoctor.runtime.slurm import expand_nodelist
 
 
@@ -108,7 +112,7 @@ def _node_placement(environ: Mapping[str, str], rank: int) -> dict[str, Any]:
 # What the other ranks need of every rank's hello (the backend choice, node grouping, whose
 # processes share a machine): rank 0 reads the N hellos once and publishes this digest, so the
 # rendezvous costs O(N) store calls, not every rank reading every hello (N² on the one store).
-HELLO_DIGEST = "hellos/digest"
+HELLO_DIGEST = keys.HELLO_DIGEST
 _DIGEST_FIELDS = ("rank", "host", "machine", "pid", "local_rank", "local_world_size", "cuda_devices")
 
 
@@ -118,27 +122,27 @@ def _not_arrived(missing: list[int], arrived: int, world_size: int, wait_s: floa
 
 def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:
     """Everyone says hello; a missing rank is named here, before any collective waits on it."""
-    ctx.channel.set(f"hello/{ctx.rank}", _hello(ctx))
-    keys = [f"hello/{r}" for r in range(ctx.world_size)]
+    ctx.channel.set(keys.hello(ctx.rank), _hello(ctx))
+    hello_keys = [keys.hello(r) for r in range(ctx.world_size)]
     # Shorter than the stage deadline, so a missing rank is an orderly finding, not a watchdog exit;
     # the others wait a little longer than rank 0, whose digest says who is missing.
     wait_s = ctx.cfg.timeout_s * 0.8
     with ctx.collective("rendezvous"):
         if ctx.rank == 0:
-            present = ctx.channel.wait(keys, wait_s)
-            missing = [r for r in range(ctx.world_size) if f"hello/{r}" not in present]
+            present = ctx.channel.wait(hello_keys, wait_s)
+            missing = [r for r in range(ctx.world_size) if keys.hello(r) not in present]
             if missing:
                 ctx.channel.set(HELLO_DIGEST, {"missing": missing, "arrived": len(present)})
                 raise _not_arrived(missing, len(present), ctx.world_size, wait_s)
             # Rank 0 goes by the digest too, so every rank decides (the backend first) from the same facts.
             hellos = {r: {k: h.get(k) for k in _DIGEST_FIELDS}
-                      for r, h in ctx.channel.collect("hello/{rank}", range(ctx.world_size)).items()}
+                      for r, h in ctx.channel.collect(keys.HELLO_PATTERN, range(ctx.world_size)).items()}
             ctx.channel.set(HELLO_DIGEST, {"hellos": {str(r): h for r, h in hellos.items()}})
         else:
             if not ctx.channel.wait([HELLO_DIGEST], wait_s + ctx.cfg.timeout_s * 0.1):
                 # Rank 0 never published: it is missing or stuck itself. Look once at who said hello.
-                present = ctx.channel.wait(keys, 0.0)
-                missing = [r for r in range(ctx.world_size) if f"hello/{r}" not in present]
+                present = ctx.channel.wait(hello_keys, 0.0)
+                missing = [r for r in range(ctx.world_size) if keys.hello(r) not in present]
                 raise _not_arrived(missing or [0], len(present), ctx.world_size, wait_s)
             digest = ctx.channel.get(HELLO_DIGEST) or {}
             if "missing" in digest:
@@ -251,7 +255,7 @@ def _write_report(ctx: RankContext, record: RunRecord, channel: Channel, command
                   wait: bool = True, stopped: bool = False) -> int:
     """`stopped`: the launcher is stopping every rank, so a stale heartbeat too means a dead rank."""
     from ddpdoctor.render.console import make_console, render_report
-    from ddpdoctor.core.report import build_report, write_outputs
+    from ddpdoctor.session.reporter import build_report, write_outputs
 
     if wait:
         _wait_for_ranks(channel, record, ctx.cfg)
@@ -321,7 +325,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
         return EXIT_CRITICAL
     if INIT_PROBE in cfg.probes:
         # Before anyone waits on anyone: a rank that hangs from here on has already said how it got here.
-        channel.set(f"result/{INIT_PROBE}/{env.rank}", before_rendezvous(env, lookup, connect_s, record.started))
+        channel.set(keys.result(INIT_PROBE, env.rank), before_rendezvous(env, lookup, connect_s, record.started))
 
     def emergency_report() -> Optional[int]:
         # Our own stage deadline fired: the watchdog leaves through os._exit after this.
@@ -350,7 +354,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
                 _init(ctx, hellos)
             for name in cfg.probes:
                 with ctx.stage(f"probe:{name}", deadline_s=cfg.timeout_s):
-                    channel.set(f"result/{name}/{env.rank}", get_probe(name).collect(ctx))
+                    channel.set(keys.result(name, env.rank), get_probe(name).collect(ctx))
         except StageFailed:
             healthy = False
         # The reporter waits for every other rank's stages, and the others wait for its
@@ -363,12 +367,12 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
             if healthy:
                 if ctx.backend:
                     # torch's own record of every collective, compared across ranks by the report.
-                    channel.set(f"fr/{env.rank}", fr_snapshot.take())
-                channel.set(f"done/{env.rank}", time.time())
+                    channel.set(keys.flight_recorder(env.rank), fr_snapshot.take())
+                channel.set(keys.done(env.rank), time.time())
             ctx.watchdog.arm("report", report_deadline)
             if env.is_reporter:
                 code = _write_report(ctx, record, channel, command)
-                channel.set("verdict", code)
+                channel.set(keys.VERDICT, code)
                 reported = True
             else:
                 if env.store_host != "launcher":
@@ -376,12 +380,12 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
                     # exit with our own health: torchrun names the first non-zero exit as the root
                     # cause, and the verdict is rank 0's exit code and the report's.
                     with ctx.collective("wait_for_verdict"):
-                        channel.wait(["verdict"], report_deadline - 1.0)
+                        channel.wait([keys.VERDICT], report_deadline - 1.0)
                 code = 0 if healthy else 1
-            channel.set(f"bye/{env.rank}", time.time())
+            channel.set(keys.bye(env.rank), time.time())
             if env.hosts_store:
                 # Keep the store up until the others have read the verdict.
-                channel.wait([f"bye/{r}" for r in range(env.world_size)], 3.0)
+                channel.wait([keys.bye(r) for r in range(env.world_size)], 3.0)
     except StageFailed:
         code = code or 1
         if state.store_lost:
@@ -395,7 +399,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
             # while this rank holds the store for the others' goodbyes: the report stands as written,
             # and rewriting it as "stopped" would replace the diagnosis with an interruption.
             return code
-        side.set(f"terminated/{env.rank}", time.time())
+        side.set(keys.terminated(env.rank), time.time())
         if env.store_host != "launcher":
             # torchrun's agent stops every worker when one fails: name the one that failed.
             record.interrupted = "SIGTERM"
@@ -412,18 +416,6 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
         heartbeat.stop()
         _teardown()
     return code
-
-
-def machine_identity() -> str:
-    """This kernel's boot id and this process's pid namespace: where a pid is meaningful."""
-    parts = []
-    for path, read in (("/proc/sys/kernel/random/boot_id", lambda p: open(p).read().strip()),
-                       ("/proc/self/ns/pid", os.readlink)):
-        try:
-            parts.append(str(read(path)))
-        except OSError:
-            parts.append("?")
-    return "/".join(parts)
 
 
 def _process_gone(pid: int) -> bool:
@@ -443,16 +435,16 @@ def _is_dead(channel: Channel, env: LaunchEnv, rank: int, by_heartbeat: bool = T
     A stale heartbeat alone cannot tell a dead rank on another host from a frozen one; only
     after the launcher's SIGTERM, when every live rank is being stopped, is it taken as death.
     """
-    if channel.has(f"terminated/{rank}") or channel.has(f"done/{rank}"):
+    if channel.has(keys.terminated(rank)) or channel.has(keys.done(rank)):
         return False
-    hello = channel.get(f"hello/{rank}") or {}
+    hello = channel.get(keys.hello(rank)) or {}
     # A pid means something only in the same kernel and pid namespace: containers on two hosts
     # may share a host name, so the machine identity (boot id + pid namespace) must match too.
     if hello.get("host") == env.hostname and hello.get("pid") and hello.get("machine") == machine_identity():
         return _process_gone(int(hello["pid"]))
     if not by_heartbeat:
         return False
-    hb = channel.get(f"hb/{rank}") or {}
+    hb = channel.get(keys.heartbeat(rank)) or {}
     return time.time() - float(hb.get("t", 0)) > 2.0
 
 
@@ -460,12 +452,12 @@ def _take_over_reporting(channel: Channel, env: LaunchEnv) -> bool:
     """Rank 0 is the reporter; if it is the casualty, the first live rank to claim it reports."""
     if not _is_dead(channel, env, 0):
         return False
-    return int(channel.store.add("reporter_takeover", 1)) == 1
+    return int(channel.store.add(keys.REPORTER_TAKEOVER, 1)) == 1
 
 
 def _find_dead_ranks(channel: Channel, record: RunRecord, env: LaunchEnv, by_heartbeat: bool = True) -> None:
     for rank in range(env.world_size):
-        if rank != env.rank and not channel.has(f"error/{rank}") and not channel.has(f"timeout/{rank}") \
+        if rank != env.rank and not channel.has(keys.error(rank)) and not channel.has(keys.timeout(rank)) \
                 and _is_dead(channel, env, rank, by_heartbeat):
             record.dead[rank] = ("its process had ended before the launcher stopped the job; its exit status is "
                                  "known only to the launcher (torchrun prints it, with the rank's output)")

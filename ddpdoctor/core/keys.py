@@ -1,0 +1,88 @@
+"""Every key of the out-of-band store, built here and nowhere else.
+
+Why one module: a key is a contract between the rank that writes it and the launcher, the
+reporter or another rank that reads it, often in another process or on another node. Spelled
+in several files, a typo or a renamed key is silent until a hang goes unreported. Writers and
+readers both build keys with these functions; `*_PATTERN` are the `{rank}` templates that
+`Channel.collect` fills in.
+
+All keys live under the channel's `ddpdoctor/` prefix (runtime/channel.py lists them with what
+each holds).
+"""
+
+from __future__ import annotations
+
+HELLO_PATTERN = "hello/{rank}"
+HEARTBEAT_PATTERN = "hb/{rank}"
+TIMELINE_PATTERN = "timeline/{rank}"
+ERROR_PATTERN = "error/{rank}"
+TIMEOUT_PATTERN = "timeout/{rank}"
+DONE_PATTERN = "done/{rank}"
+FLIGHT_RECORDER_PATTERN = "fr/{rank}"
+
+HELLO_DIGEST = "hellos/digest"  # rank 0's digest of every hello (or of who is missing)
+VERDICT = "verdict"  # the exit code the reporter decided, for ranks that wait on it
+REPORTER_TAKEOVER = "reporter_takeover"  # counter: the first live rank to claim it reports
+
+
+def hello(rank: int) -> str:
+    return HELLO_PATTERN.format(rank=rank)
+
+
+def heartbeat(rank: int) -> str:
+    return HEARTBEAT_PATTERN.format(rank=rank)
+
+
+def timeline(rank: int) -> str:
+    return TIMELINE_PATTERN.format(rank=rank)
+
+
+def error(rank: int) -> str:
+    return ERROR_PATTERN.format(rank=rank)
+
+
+def timeout(rank: int) -> str:
+    return TIMEOUT_PATTERN.format(rank=rank)
+
+
+def done(rank: int) -> str:
+    return DONE_PATTERN.format(rank=rank)
+
+
+def flight_recorder(rank: int) -> str:
+    return FLIGHT_RECORDER_PATTERN.format(rank=rank)
+
+
+def terminated(rank: int) -> str:
+    return f"terminated/{rank}"
+
+
+def bye(rank: int) -> str:
+    return f"bye/{rank}"
+
+
+def result_pattern(probe: str) -> str:
+    """`result/<probe>/{rank}`: one probe's facts, per rank."""
+    return f"result/{probe}/{{rank}}"
+
+
+def result(probe: str, rank: int) -> str:
+    return result_pattern(probe).format(rank=rank)
+
+
+def localise_pairs(rank: int) -> str:
+    """The allreduce probe's ring-pair timings from one rank, read by every rank."""
+    return f"localise/pairs/{rank}"
+
+
+def clock_ping(rank: int, i: int) -> str:
+    """measure/clock_offset.py's ping-pong with a node's leader: ping, pong, then the result."""
+    return f"clock/{rank}/ping/{i}"
+
+
+def clock_pong(rank: int, i: int) -> str:
+    return f"clock/{rank}/pong/{i}"
+
+
+def clock_result(rank: int) -> str:
+    return f"clock/{rank}/result"

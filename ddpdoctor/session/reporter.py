@@ -1,0 +1,52 @@
+"""From what the run learned to the report: every probe's diagnosis on all ranks' facts, the
+run's own diagnosis, and the files the report and the probes write.
+
+The diagnose stage of the pipeline: it sits above the probes (it calls their `diagnose`) and
+below the rank session and the launcher, which call it once the facts are in.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+from ddpdoctor.core.report import ProbeSection, Report, write_json
+from ddpdoctor.core.run_record import RunRecord
+from ddpdoctor.judge.run_diagnosis import diagnose_run, rank_fates
+from ddpdoctor.probes import RunView, get_probe, with_context
+from ddpdoctor.probes.base import diagnose_safely
+
+
+def build_report(record: RunRecord, backend: str = "", device: str = "",
+                 command: Optional[list[str]] = None) -> Report:
+    view = with_context(RunView(world_size=record.world_size,
+                                hosts={r: record.host(r) for r in record.hellos},
+                                injected=record.faults, settings=record.settings), record.results)
+    sections = []
+    for name in record.probes:
+        facts = record.results.get(name, {})
+        findings = diagnose_safely(get_probe(name), facts, view)
+        status = "ok" if len(facts) == record.world_size else ("incomplete" if facts else "not-run")
+        sections.append(ProbeSection(name, status, findings, facts))
+    return Report(record, diagnose_run(record), sections, backend, device, list(command or sys.argv),
+                  fates=rank_fates(record))
+
+
+def write_outputs(report: Report, cfg: Any) -> None:
+    """The report's JSON, then what the probes write besides (the bench's CSV and plot).
+
+    A file that cannot be written costs one line on stderr, never the report itself.
+    `cfg.force` (the CLI's --force) decides whether an existing file may be replaced; the
+    CLI already refused existing files before any rank started, so without it a file found
+    now appeared during the run, and the report goes to a free sibling name instead.
+    """
+    if cfg.json_path:
+        write_json(report, cfg.json_path, overwrite=bool(getattr(cfg, "force", False)))
+    for section in report.probes:
+        extra = getattr(get_probe(section.name), "write_outputs", None)
+        if extra is None or not section.facts:
+            continue
+        try:
+            extra(section.facts, cfg)
+        except Exception as exc:
+            sys.stderr.write(f"ddpdoctor: could not write the {section.name} outputs: {type(exc).__name__}: {exc}\n")
