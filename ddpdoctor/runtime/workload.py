@@ -112,6 +112,22 @@ def peak_mem(device: Any) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def weights_sha256(flat: Any) -> str:
+    """The sha256 of a tensor's bytes in memory order: the digest `numpy().tobytes()` gave,
+    without numpy, which torch does not install (a fresh environment has none).
+
+    The bytes are copied into a bytearray through a uint8 tensor sharing its memory
+    (`bytes(tensor.untyped_storage())` would go element by element: seconds per MB).
+    """
+    import torch
+
+    raw = flat.detach().reshape(-1).contiguous().view(torch.uint8)
+    buffer = bytearray(raw.numel())
+    if buffer:  # torch.frombuffer refuses an empty buffer
+        torch.frombuffer(buffer, dtype=torch.uint8).copy_(raw)
+    return hashlib.sha256(buffer).hexdigest()
+
+
 def run_workload(ctx: RankContext) -> WorkloadResult:
     """Construct DDP, train warm-up + measured steps, fingerprint the weights.
 
@@ -215,7 +231,7 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
 
     with ctx.stage("verify"):
         flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in model.parameters()])
-        result.param_sha256 = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+        result.param_sha256 = weights_sha256(flat)
         result.param_sum = float(flat.double().sum())
         result.comm_calls, result.comm_bytes = timer.calls, timer.bytes
         result.peak_mem_bytes = peak_mem(device)
