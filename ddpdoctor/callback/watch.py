@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
-from ddpdoctor.core.findings import Finding, Severity
+from ddpdoctor.core import codes
+from ddpdoctor.core.findings import Finding
 
 log = logging.getLogger("ddpdoctor")
 PREFIX = "ddpdoctor/watch/"
@@ -195,10 +196,10 @@ class Watch:
         where = _main_frame()
         host = socket.gethostname()
         rank = self.target.rank
-        return Finding(
-            code="WATCH001", severity=Severity.CRITICAL, probe="watch",
-            title=(f"{'Rank ' + str(rank) if rank is not None else 'This process (pid ' + str(os.getpid()) + ')'} on "
-                   f"{host} has not called init_process_group after {self.timeout_s:g} s: stuck at {where}"),
+        return codes.finding(
+            "WATCH001", "watch",
+            (f"{'Rank ' + str(rank) if rank is not None else 'This process (pid ' + str(os.getpid()) + ')'} on "
+             f"{host} has not called init_process_group after {self.timeout_s:g} s: stuck at {where}"),
             ranks=(rank,) if rank is not None else (), nodes=(host,),
             evidence={"stuck_at": where, "waited_s": self.timeout_s, "pid": os.getpid(),
                       "known": {k: v for k, v in self.target.__dict__.items() if v is not None}},
@@ -254,8 +255,8 @@ class Watch:
             title = (f"init_process_group has not returned after {self.timeout_s:g} s on rank {rank}, though all "
                      f"{world} ranks reached the store: the backend's own connection between them is stuck")
             evidence["arrived"] = {r: h for r, h in sorted(arrived.items())}
-        return Finding(
-            code="WATCH001", severity=Severity.CRITICAL, probe="watch", title=title,
+        return codes.finding(
+            "WATCH001", "watch", title,
             ranks=tuple(missing) or (rank,), nodes=(host,), evidence=evidence,
             why=("Every rank must call init_process_group with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE; "
                  "until all have, the ones that did wait (by default for 10 to 30 minutes, silently)."),
@@ -270,7 +271,7 @@ class Watch:
         sys.stderr.flush()
         log.warning("ddpdoctor %s %s: %s", finding.severity.label, finding.code, finding.title)
         if self.json_path:
-            from ddpdoctor.core.report import atomic_write_json
+            from ddpdoctor.core.files import atomic_write_json
 
             try:
                 rank = self.target.rank if self.target.rank is not None else f"pid{os.getpid()}"
@@ -393,18 +394,11 @@ def port_conflict(target: Target) -> Optional[Finding]:
         return None
     host = socket.gethostname()
     named = "; ".join(h.describe() for h in holders[:3])
-    return Finding(
-        code="WATCH002", severity=Severity.CRITICAL, probe="watch",
-        title=f"MASTER_PORT {target.port} on {host} is already in use by another process ({named}): this job's "
+    return codes.finding(
+        "WATCH002", "watch",
+        f"MASTER_PORT {target.port} on {host} is already in use by another process ({named}): this job's "
               "rendezvous cannot start there",
         ranks=(0,), nodes=(host,),
         evidence={"MASTER_ADDR": target.addr, "MASTER_PORT": target.port,
                   "held_by": [h.to_json() for h in holders[:3]]},
-        why=("Rank 0 hosts the rendezvous store on MASTER_PORT. Another process already listens there (typically a "
-             "second job with the same hard-coded port on this node), so init_process_group fails with "
-             "\"EADDRINUSE\" / \"address already in use\" on rank 0, and the other ranks may join the other job's "
-             "store and hang."),
-        fix=("Give each job its own port: derive it from the job (e.g. MASTER_PORT = 10000 + SLURM_JOB_ID % 50000), "
-             "pick a free one at start (bind port 0, read it, pass it to the ranks), or use torchrun --standalone; "
-             "or wait for the other job to end."),
     )

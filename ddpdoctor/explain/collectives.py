@@ -9,7 +9,8 @@ from typing import Any, Optional
 
 from ddpdoctor.explain.events import (
     RankStory, agent_root_cause, cite, nodes_of, order_key, victims_evidence, where_text)
-from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+from ddpdoctor.core.codes import finding
+from ddpdoctor.core.findings import Finding, rank_ranges
 from ddpdoctor.judge.flight_recorder import Agreement, Mismatch
 from ddpdoctor.core.grouping import group_ranks, minority
 from ddpdoctor.explain.scan import Event
@@ -50,8 +51,8 @@ def detail_desync(events: list[Event], hosts: dict[int, str]) -> list[Finding]:
     differs = sorted({k for k in ("OpType", "SequenceNumber", "TensorShape", "TensorDtypes")
                       if len({fp.get(k) for fp in prints.values()}) > 1})
     desc = "; ".join(f"rank {rank_ranges(rs)} {'is' if len(rs) == 1 else 'are'} in {c}" for c, rs in groups)
-    return [Finding(
-        code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+    return [finding(
+        "RUN009", PROBE,
         title=f"Collective mismatch (desync): {desc}",
         ranks=tuple(culprits), nodes=nodes_of(culprits, hosts),
         evidence={"collective_by_rank": {str(r): calls[r] for r in sorted(calls)},
@@ -75,8 +76,8 @@ def gloo_size_mismatch(events: list[Event], hosts: dict[int, str]) -> list[Findi
     detector = sorted({e.rank for e in seen if e.rank is not None})
     ranks = sorted({e.rank for e in events if e.rank is not None})
     by = f" on {where_text(detector, hosts)}" if detector else ""
-    return [Finding(
-        code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+    return [finding(
+        "RUN009", PROBE,
         title=(f"Collective mismatch (desync) detected by gloo{by}: it received {first.fields.get('got')} bytes "
                f"where its collective expected {first.fields.get('expected')}"),
         ranks=tuple(ranks), nodes=nodes_of(ranks, hosts),
@@ -120,8 +121,8 @@ def watchdog_timeouts(events: list[Event], hosts: dict[int, str], waits: dict[in
         odd = minority(groups)
         culprits = odd if odd and len(odd) < len(shown) else sorted(shown)
         desc = "; ".join(f"rank {rank_ranges(rs)} timed out in {c}" for c, rs in groups)
-        return [Finding(
-            code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+        return [finding(
+            "RUN009", PROBE,
             title=f"Collective mismatch (desync): {desc}",
             ranks=tuple(culprits), nodes=nodes_of(culprits, hosts), evidence=evidence,
             why=("Ranks waited in different collectives (another op, or the same op at another sequence number), "
@@ -142,22 +143,16 @@ def watchdog_timeouts(events: list[Event], hosts: dict[int, str], waits: dict[in
     silent = sorted(known - set(calls))
     suspects = silent or behind
     if suspects:
-        return [Finding(
-            code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
+        return [finding(
+            "RUN004", PROBE,
             title=f"{where_text(suspects, hosts)} never entered {op_seq}: rank {rank_ranges(ranks)} timed out waiting "
                   f"for {'it' if len(suspects) == 1 else 'them'}",
             ranks=tuple(suspects), nodes=nodes_of(suspects, hosts),
             evidence={**evidence, "silent_ranks": rank_ranges(silent) or "none",
                       "ranks_behind": rank_ranges(behind) or "none"},
-            why=("Every rank that reported timed out in the same collective, and these ranks did not: they were "
-                 "still busy elsewhere (data loading, a rank-only branch, I/O, a slow or hung GPU) and never "
-                 "issued it."),
-            fix=("Find out where the named ranks were: `py-spy dump --pid PID` on a live hang, or the Flight "
-                 "Recorder dump (TORCH_NCCL_DUMP_ON_TIMEOUT=1 with TORCH_NCCL_TRACE_BUFFER_SIZE) for their last "
-                 "collective and its Python stack."),
         )]
-    return [Finding(
-        code="RUN008", severity=Severity.CRITICAL, probe=PROBE,
+    return [finding(
+        "RUN008", PROBE,
         title=f"All ranks timed out inside {op_seq}: the collective itself did not complete",
         ranks=tuple(sorted(ranks)), nodes=nodes_of(ranks, hosts), evidence=evidence,
         why=("Every rank entered the same collective and none finished it: the transport between ranks is broken "
@@ -182,25 +177,19 @@ def flight_recorder_findings(mismatches: list[Mismatch], agreements: list[Agreem
         if m.missing:
             waiting = sorted(present)
             op = next(iter(present.values())).op if present else "?"
-            findings.append(Finding(
-                code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
+            findings.append(finding(
+                "RUN004", PROBE,
                 title=(f"{where_text(m.missing, hosts)} never issued collective #{m.seq} ({op}){group}: "
                        f"rank {rank_ranges(waiting)} did"),
                 ranks=tuple(m.missing), nodes=nodes_of(m.missing, hosts), evidence=evidence,
-                why=("The Flight Recorder dumps show the other ranks entered this collective and these ranks never "
-                     "recorded it: they stopped issuing collectives (stuck in their own code, or exited) while "
-                     "their peers waited."),
-                fix=("Look at what the named ranks did after their last recorded collective: their Python stack "
-                     "(`py-spy dump`), a rank-dependent branch, data loading, or an early exit from the loop "
-                     "(uneven batches per rank: use DistributedSampler(drop_last=True) or the Join context)."),
             ))
             continue
         calls = {r: c.signature() for r, c in present.items()}
         groups = group_ranks(calls)
         odd = minority(groups) or sorted(calls)
         desc = "; ".join(f"rank {rank_ranges(rs)} {'is' if len(rs) == 1 else 'are'} in {c}" for c, rs in groups)
-        findings.append(Finding(
-            code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+        findings.append(finding(
+            "RUN009", PROBE,
             title=f"Collective mismatch at #{m.seq}{group} (Flight Recorder): {desc}",
             ranks=tuple(odd), nodes=nodes_of(odd, hosts), evidence=evidence,
             why=("The ranks' Flight Recorder dumps disagree on the collective with this sequence number (op, "
@@ -209,12 +198,11 @@ def flight_recorder_findings(mismatches: list[Mismatch], agreements: list[Agreem
                  "dump's `frames` of the named ranks show the Python line that issued theirs."),
         ))
     for a in agreements:
-        findings.append(Finding(
-            code="LOG011", severity=Severity.INFO, probe=PROBE,
+        findings.append(finding(
+            "LOG011", PROBE,
             title=(f"Flight Recorder: rank {rank_ranges(a.ranks)} agree on every collective #{a.first_seq}-#{a.last_seq}"
                    + ("" if a.group in ("0", "") else f" of process group {a.group}")),
             ranks=a.ranks, evidence={"first_seq": a.first_seq, "last_seq": a.last_seq},
-            why="Every dumped rank recorded the same collectives with the same shapes and dtypes: no desync.",
         ))
     return findings
 
@@ -237,8 +225,8 @@ def silent_suspects(stories: list[RankStory], waits: dict[int, Event], hosts: di
                                                "which only timed out waiting: it exited first, it did not fail first")
         if all(e.sig in _CLOSED for e in waits.values()) and not stopped:
             # A hung peer makes its partners time out; a closed connection means its process ended.
-            return [Finding(
-                code="RUN002", severity=Severity.CRITICAL, probe=PROBE,
+            return [finding(
+                "RUN002", PROBE,
                 title=(f"{where_text(silent, hosts)} ended without an error in the log: rank {rank_ranges(waits)} "
                        f"lost {'its' if len(waits) == 1 else 'their'} connection to it"),
                 ranks=tuple(silent), nodes=nodes_of(silent, hosts), evidence=evidence,
@@ -248,19 +236,14 @@ def silent_suspects(stories: list[RankStory], waits: dict[int, Event], hosts: di
                 fix=("Find the exit code and last output of the named ranks (their own log file, `dmesg` for the OOM "
                      "killer on their host); give every rank's output to `ddpdoctor explain`."),
             )]
-        return [Finding(
-            code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
+        return [finding(
+            "RUN004", PROBE,
             title=(f"{where_text(silent, hosts)} hung outside any collective: rank {rank_ranges(waits)} timed out "
                    f"waiting for {'it' if len(silent) == 1 else 'them'}"),
             ranks=tuple(silent), nodes=nodes_of(silent, hosts), evidence=evidence,
-            why=("The other ranks failed waiting for a peer, and these ranks printed no error of their own before "
-                 "they were stopped: they were stuck in their own code (data loading, a rank-only branch, I/O, "
-                 "a lock) and never joined the collective."),
-            fix=("Find where the named ranks were: `py-spy dump --pid PID` while it hangs, or run `ddpdoctor check` "
-                 "(stage deadlines with Python stacks); look for rank-dependent work before the collective."),
         )]
-    return [Finding(
-        code="RUN008", severity=Severity.CRITICAL, probe=PROBE,
+    return [finding(
+        "RUN008", PROBE,
         title=f"Every rank ({rank_ranges(waits)}) failed waiting for a peer, and none failed on its own",
         ranks=tuple(sorted(waits)), nodes=nodes_of(waits, hosts), evidence=evidence,
         why=("Each rank timed out or lost its connection while waiting: the transport between them is broken "

@@ -17,7 +17,8 @@ from ddpdoctor.explain.causes import cause_findings
 from ddpdoctor.explain.collectives import (
     detail_desync, flight_recorder_findings, gloo_size_mismatch, silent_suspects, watchdog_timeouts)
 from ddpdoctor.explain.events import RankStory, attribute, is_failure, is_wait, order_key
-from ddpdoctor.core.findings import Finding, Severity
+from ddpdoctor.core.codes import finding
+from ddpdoctor.core.findings import Finding
 from ddpdoctor.judge.flight_recorder import Agreement, Mismatch
 from ddpdoctor.explain.scan import Event
 
@@ -115,15 +116,5 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
 
 
 def _nothing_known(events: list[Event]) -> Finding:
-    return Finding(
-        code="LOG000", severity=Severity.INFO, probe=PROBE,
-        title="No known failure signature in these logs",
-        evidence={"context_lines_recognised": len(events)},
-        why=("None of the error messages of torch.distributed, NCCL, gloo, the elastic agent, Slurm, CUDA or the "
-             "DataLoader that ddpdoctor knows appears here: the job may have hung silently, or its errors went to "
-             "another file."),
-        fix=("Run `ddpdoctor check` with the same launcher and ranks to test the setup; rerun the job with "
-             "NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
-             "(with TORCH_NCCL_DUMP_ON_TIMEOUT=1) so the next failure leaves what `ddpdoctor explain` reads; "
-             "give it every rank's output (torchrun --log-dir, srun --output=%t.log)."),
-    )
+    return finding("LOG000", PROBE, "No known failure signature in these logs",
+                   evidence={"context_lines_recognised": len(events)})

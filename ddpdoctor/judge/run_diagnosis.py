@@ -14,9 +14,10 @@ from typing import Any, Optional
 
 from ddpdoctor.judge.flight_recorder import DumpSet, Mismatch, compare, dump_from_entries, format_dtypes, format_shapes
 from ddpdoctor.core.grouping import group_ranks, minority
-from ddpdoctor.core.findings import Finding, Severity, rank_ranges
-from ddpdoctor.runtime.inject import INJECTED_CRASH_EXIT, parse_faults
-from ddpdoctor.runtime.liveness import ORPHANED_EXIT, STAGE_TIMEOUT_EXIT
+from ddpdoctor.core.codes import finding
+from ddpdoctor.core.findings import Finding, rank_ranges
+from ddpdoctor.core.faults import parse_faults
+from ddpdoctor.core.exits import INJECTED_CRASH_EXIT, ORPHANED_EXIT, STAGE_TIMEOUT_EXIT
 from ddpdoctor.core.run_record import RunRecord, signal_name
 
 PROBE = "run"
@@ -140,122 +141,157 @@ def _injected(record: RunRecord, rank: int, kinds: tuple[str, ...]) -> bool:
     return any(f.kind in kinds and f.rank == rank for f in parse_faults(",".join(record.faults)))
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """The run sorted once for every finding: each rank's fate and host, and which failed ranks
+    are causes (`primaries`), which only waited on a peer (`victims`), which an interrupt stopped."""
+
+    record: RunRecord
+    fates: dict[int, RankFate]
+    hosts: dict[int, str]
+    primaries: dict[int, RankFate]
+    victims: dict[int, RankFate]
+    stopped: dict[int, RankFate]
+
+    @classmethod
+    def of(cls, record: RunRecord) -> "_Outcome":
+        fates = rank_fates(record)
+        failed = {r: f for r, f in fates.items() if f.kind not in ("ok", "interrupted")}
+        return cls(record, fates, {r: record.host(r) for r in range(record.world_size)},
+                   primaries={r: f for r, f in failed.items() if not f.waiting_on_peers},
+                   victims={r: f for r, f in failed.items() if f.waiting_on_peers},
+                   stopped={r: f for r, f in fates.items() if f.kind == "interrupted"})
+
+    def nodes(self, ranks: Any) -> tuple[str, ...]:
+        return tuple(sorted({self.hosts[r] for r in ranks if self.hosts[r] != "?"}))
+
+
 def diagnose_run(record: RunRecord) -> list[Finding]:
-    findings: list[Finding] = []
-    fates = rank_fates(record)
-    hosts = {r: record.host(r) for r in range(record.world_size)}
+    """The run's own findings, in the order a reader needs them: how the run was set up (injected
+    faults, world sizes, GPUs), whether it was cut short, then the first causes (who never
+    arrived, who crashed, failed or hung) and last what only shows across ranks (a desync, a
+    rank stuck before the call, the transport)."""
+    run = _Outcome.of(record)
+    odd_sizes = _odd_world_sizes(record)
+    found = [_injected_faults(record), _world_size_disagreement(run, odd_sizes), _ranks_without_gpu(run),
+             _interrupted(run), _never_arrived(run)]
+    found += [_primary_finding(rank, fate, run.hosts[rank], {**run.victims, **run.stopped})
+              for rank, fate in sorted(run.primaries.items(), key=lambda kv: kv[1].t) if fate.kind != "missing"]
+    if not run.primaries and not odd_sizes:  # a first cause, or a world-size disagreement, explains the waits
+        found.append(_across_ranks(run))
+    return [f for f in found if f is not None]
 
-    def nodes(ranks: Any) -> tuple[str, ...]:
-        return tuple(sorted({hosts[r] for r in ranks if hosts[r] != "?"}))
 
-    if record.faults:
-        findings.append(Finding(
-            code="RUN010", severity=Severity.INFO, probe=PROBE,
-            title="Faults were injected on purpose: " + ", ".join(record.faults),
-            evidence={"injected": list(record.faults)},
-            why="--inject or DDPDOCTOR_INJECT asked ddpdoctor to make ranks misbehave (a fire drill or a test).",
-            fix="Run without --inject and without DDPDOCTOR_INJECT for a real check.",
-        ))
+def _injected_faults(record: RunRecord) -> Optional[Finding]:
+    """RUN010: faults were injected on purpose; said first so no one takes the drill for real."""
+    if not record.faults:
+        return None
+    return finding("RUN010", PROBE, "Faults were injected on purpose: " + ", ".join(record.faults),
+                   evidence={"injected": list(record.faults)})
 
-    sizes = {r: h.get("world_size") for r, h in record.hellos.items()}
-    odd_sizes = sorted(r for r, s in sizes.items() if s != record.world_size)
-    if odd_sizes:
-        findings.append(Finding(
-            code="RUN007", severity=Severity.CRITICAL, probe=PROBE,
-            title=f"Ranks disagree on the world size: rank {rank_ranges(odd_sizes)} expected a different WORLD_SIZE",
-            ranks=tuple(odd_sizes), nodes=nodes(odd_sizes),
-            evidence={"world_size_by_rank": sizes, "expected": record.world_size},
-            why="Every rank must be started with the same WORLD_SIZE; these were launched with another value.",
-            fix="Launch every node with the same --nnodes/--nproc_per_node (torchrun) or --ntasks (srun).",
-        ))
 
-    gpus = {r: int(h.get("cuda_devices") or 0) for r, h in record.hellos.items()}
+def _odd_world_sizes(record: RunRecord) -> list[int]:
+    """The ranks whose hello gives another WORLD_SIZE than the launcher's."""
+    return sorted(r for r, h in record.hellos.items() if h.get("world_size") != record.world_size)
+
+
+def _world_size_disagreement(run: _Outcome, odd_sizes: list[int]) -> Optional[Finding]:
+    """RUN007: ranks launched with another WORLD_SIZE; it also explains every wait that follows."""
+    if not odd_sizes:
+        return None
+    sizes = {r: h.get("world_size") for r, h in run.record.hellos.items()}
+    return finding(
+        "RUN007", PROBE,
+        f"Ranks disagree on the world size: rank {rank_ranges(odd_sizes)} expected a different WORLD_SIZE",
+        ranks=tuple(odd_sizes), nodes=run.nodes(odd_sizes),
+        evidence={"world_size_by_rank": sizes, "expected": run.record.world_size})
+
+
+def _ranks_without_gpu(run: _Outcome) -> Optional[Finding]:
+    """RUN012: some ranks see a GPU and others none, so the whole check fell back to gloo on CPU."""
+    gpus = {r: int(h.get("cuda_devices") or 0) for r, h in run.record.hellos.items()}
     without = sorted(r for r, n in gpus.items() if n == 0)
-    if without and len(without) < len(gpus):
-        with_gpu = sorted(r for r, n in gpus.items() if n > 0)
-        findings.append(Finding(
-            code="RUN012", severity=Severity.WARN, probe=PROBE,
-            title=f"Rank {rank_ranges(without)} see no GPU while rank {rank_ranges(with_gpu)} do: the check ran on CPU with gloo",
-            ranks=tuple(without), nodes=nodes(without),
-            evidence={"cuda_devices_by_rank": gpus},
-            why=("NCCL needs a GPU on every rank, so ddpdoctor fell back to gloo on CPU for all ranks; a real training "
-                 "job would fail or run these ranks on CPU."),
-            fix=("Check CUDA_VISIBLE_DEVICES and the GPU request (--gres=gpu:N, --gpus-per-task) for the nodes of these "
-                 "ranks, and that the driver works there (`nvidia-smi`)."),
-        ))
+    if not without or len(without) == len(gpus):
+        return None
+    with_gpu = sorted(r for r, n in gpus.items() if n > 0)
+    return finding(
+        "RUN012", PROBE,
+        f"Rank {rank_ranges(without)} see no GPU while rank {rank_ranges(with_gpu)} do: the check ran on CPU with gloo",
+        ranks=tuple(without), nodes=run.nodes(without), evidence={"cuda_devices_by_rank": gpus})
 
-    failed = {r: f for r, f in fates.items() if f.kind not in ("ok", "interrupted")}
-    primaries = {r: f for r, f in failed.items() if not f.waiting_on_peers}
-    victims = {r: f for r, f in failed.items() if f.waiting_on_peers}
-    stopped = {r: f for r, f in fates.items() if f.kind == "interrupted"}
 
-    if record.interrupted and not primaries:
-        # With a cause found, the stop is its consequence (torchrun stops every worker when
-        # one fails): the stopped ranks are listed as affected, not as a second alarm.
-        findings.append(Finding(
-            code="RUN006", severity=Severity.CRITICAL, probe=PROBE,
-            title=f"The run was interrupted by {record.interrupted}; results are partial",
-            ranks=tuple(stopped), nodes=nodes(stopped),
-            evidence={"signal": record.interrupted,
-                      "stage_by_rank": {r: f.stage for r, f in fates.items()}},
-            why="ddpdoctor was stopped before every probe finished; every rank was terminated.",
-            fix="Run the check again and let it finish; every stage has its own deadline (--timeout).",
-        ))
+def _interrupted(run: _Outcome) -> Optional[Finding]:
+    """RUN006: the launcher was stopped by a signal and no rank failed first.
 
+    With a cause found, the stop is its consequence (torchrun stops every worker when one
+    fails): the stopped ranks are listed as affected, not as a second alarm."""
+    record = run.record
+    if not record.interrupted or run.primaries:
+        return None
+    return finding(
+        "RUN006", PROBE, f"The run was interrupted by {record.interrupted}; results are partial",
+        ranks=tuple(run.stopped), nodes=run.nodes(run.stopped),
+        evidence={"signal": record.interrupted, "stage_by_rank": {r: f.stage for r, f in run.fates.items()}})
+
+
+def _never_arrived(run: _Outcome) -> Optional[Finding]:
+    """RUN001: ranks that never reached the rendezvous, as whole nodes where the layout shows it,
+    with the reason each printed for not reaching the store where it printed one."""
+    record, primaries = run.record, run.primaries
     missing = sorted(r for r, f in primaries.items() if f.kind == "missing")
+    if not missing:
+        return None
     arrived = sorted(record.hellos)
-    if missing:
-        reasons = {r: primaries[r].detail["arrival_failure"] for r in missing
-                   if primaries[r].detail.get("arrival_failure")}
-        short = sorted({reason.split(" (")[0] for reason in reasons.values()})
-        said = {r for r in missing if r in reasons}
-        gone = missing_nodes(record, missing)
-        findings.append(Finding(
-            code="RUN001", severity=Severity.CRITICAL, probe=PROBE,
-            title=((f"{_nodes_said(gone)} never arrived: none of {'its' if len(gone) == 1 else 'their'} ranks "
-                    f"({rank_ranges(missing)}) connected" if gone and sum(len(n['ranks']) for n in gone) == len(missing)
-                    else f"Rank {rank_ranges(missing)} never arrived")
-                   + f" ({len(arrived)} of {record.world_size} ranks connected)"
-                   + (f": {short[0]}" if len(short) == 1 and said == set(missing) else "")),
-            ranks=tuple(missing), nodes=tuple(n["host"] for n in gone if n.get("host")),
-            evidence={"arrived_ranks": rank_ranges(arrived) or "none", "expected_world_size": record.world_size,
-                      "arrived_hosts": sorted({hosts[r] for r in arrived}),
-                      **({"missing_nodes": [{**n, "ranks": rank_ranges(n["ranks"])} for n in gone]} if gone else {}),
-                      **({"why_not_arrived": {str(r): reason for r, reason in sorted(reasons.items())}}
-                         if reasons else {}),
-                      "affected_ranks": _victims_evidence(victims),
-                      **{f"last_output_rank_{r}": _tail("\n".join(primaries[r].detail["log_tail"]))
-                         for r in missing if primaries[r].detail.get("log_tail") and r not in said}},
-            why=(("The rank(s) said why they could not reach the rendezvous store (why_not_arrived). "
-                  if said == set(missing) else
-                  "These ranks never reached the rendezvous: fewer processes were launched than WORLD_SIZE says, they "
-                  "crashed while starting, or they could not reach MASTER_ADDR:MASTER_PORT (wrong address, another "
-                  "port, a firewall). ")
-                 + "A rank that cannot reach the store on another node can only say so in its own output."),
-            fix=_arrival_fix(short) if said == set(missing) else
-                (("A whole node is missing: check that its job step started there (its torchrun or srun task log, "
-                  "`sacct -j JOB --format=JobID,NodeList,State,ExitCode`), that the node is not drained or down "
-                  "(`sinfo -n HOST`), and that it reaches MASTER_ADDR:MASTER_PORT (`nc -zv MASTER_ADDR MASTER_PORT` "
-                  "from that node). " if gone else "")
-                 + "Check that WORLD_SIZE equals nodes x processes per node, that every node uses the same MASTER_ADDR "
-                   "and MASTER_PORT, and that the port is open between nodes (`nc -zv MASTER_ADDR MASTER_PORT`)."),
-        ))
+    reasons = {r: primaries[r].detail["arrival_failure"] for r in missing
+               if primaries[r].detail.get("arrival_failure")}
+    short = sorted({reason.split(" (")[0] for reason in reasons.values()})
+    said = {r for r in missing if r in reasons}
+    gone = missing_nodes(record, missing)
+    return finding(
+        "RUN001", PROBE,
+        ((f"{_nodes_said(gone)} never arrived: none of {'its' if len(gone) == 1 else 'their'} ranks "
+          f"({rank_ranges(missing)}) connected" if gone and sum(len(n['ranks']) for n in gone) == len(missing)
+          else f"Rank {rank_ranges(missing)} never arrived")
+         + f" ({len(arrived)} of {record.world_size} ranks connected)"
+         + (f": {short[0]}" if len(short) == 1 and said == set(missing) else "")),
+        ranks=tuple(missing), nodes=tuple(n["host"] for n in gone if n.get("host")),
+        evidence={"arrived_ranks": rank_ranges(arrived) or "none", "expected_world_size": record.world_size,
+                  "arrived_hosts": sorted({run.hosts[r] for r in arrived}),
+                  **({"missing_nodes": [{**n, "ranks": rank_ranges(n["ranks"])} for n in gone]} if gone else {}),
+                  **({"why_not_arrived": {str(r): reason for r, reason in sorted(reasons.items())}}
+                     if reasons else {}),
+                  "affected_ranks": _victims_evidence(run.victims),
+                  **{f"last_output_rank_{r}": _tail("\n".join(primaries[r].detail["log_tail"]))
+                     for r in missing if primaries[r].detail.get("log_tail") and r not in said}},
+        why=(("The rank(s) said why they could not reach the rendezvous store (why_not_arrived). "
+              if said == set(missing) else
+              "These ranks never reached the rendezvous: fewer processes were launched than WORLD_SIZE says, they "
+              "crashed while starting, or they could not reach MASTER_ADDR:MASTER_PORT (wrong address, another "
+              "port, a firewall). ")
+             + "A rank that cannot reach the store on another node can only say so in its own output."),
+        fix=_arrival_fix(short) if said == set(missing) else
+            (("A whole node is missing: check that its job step started there (its torchrun or srun task log, "
+              "`sacct -j JOB --format=JobID,NodeList,State,ExitCode`), that the node is not drained or down "
+              "(`sinfo -n HOST`), and that it reaches MASTER_ADDR:MASTER_PORT (`nc -zv MASTER_ADDR MASTER_PORT` "
+              "from that node). " if gone else "")
+             + "Check that WORLD_SIZE equals nodes x processes per node, that every node uses the same MASTER_ADDR "
+               "and MASTER_PORT, and that the port is open between nodes (`nc -zv MASTER_ADDR MASTER_PORT`)."),
+    )
 
-    for rank, fate in sorted(primaries.items(), key=lambda kv: kv[1].t):
-        if fate.kind == "missing":
-            continue
-        findings.append(_primary_finding(rank, fate, hosts[rank], {**victims, **stopped}))
 
-    mismatches = recorded_mismatches(record)
+def _across_ranks(run: _Outcome) -> Optional[Finding]:
+    """With no first cause: what only the ranks together show. Every failed rank waited in a
+    collective (a desync, a rank stuck before the call, or the transport: _collective_hang), or
+    every rank got through yet torch recorded different calls at one sequence number (a backend
+    that does not check shapes, NCCL, runs them and reduces garbage, or hangs later)."""
+    mismatches = recorded_mismatches(run.record)
     recorded = recorded_mismatch(mismatches)
-    if victims and not primaries and not odd_sizes:  # a world-size disagreement explains the waits
-        findings.append(_collective_hang(victims, hosts, recorded, recorded_laggards(mismatches, record.timeouts),
-                                         _network(record), _recorder_off(record)))
-    elif recorded is not None and not primaries and not odd_sizes:
-        # Every rank got through, yet torch recorded different calls at one sequence number:
-        # a backend that does not check shapes (NCCL) runs them and reduces garbage, or hangs later.
-        findings.append(_recorded_desync(recorded, hosts, {}))
-    return findings
+    if run.victims:
+        return _collective_hang(run.victims, run.hosts, recorded, recorded_laggards(mismatches, run.record.timeouts),
+                                _network(run.record), _recorder_off(run.record))
+    if recorded is not None:
+        return _recorded_desync(recorded, run.hosts, {})
+    return None
 
 
 def missing_nodes(record: RunRecord, missing: list[int]) -> list[dict[str, Any]]:
@@ -353,8 +389,8 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
         injected = fate.detail.get("injected")
         killed_oom = fate.detail.get("signal") == "SIGKILL"
         oom = fate.detail.get("out_of_memory")
-        return Finding(
-            code="RUN002", severity=Severity.CRITICAL, probe=PROBE,
+        return finding(
+            "RUN002", PROBE,
             title=f"{where} crashed in stage {fate.stage} ({how})" + (": out of memory" if oom else "")
                   + (" [injected]" if injected else ""),
             ranks=(rank,), nodes=(host,) if host != "?" else (),
@@ -373,8 +409,8 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
         )
     if fate.kind == "error":
         oom, injected = fate.detail.get("out_of_memory"), fate.detail.get("injected")
-        return Finding(
-            code="RUN003", severity=Severity.CRITICAL, probe=PROBE,
+        return finding(
+            "RUN003", PROBE,
             title=f"{where} {'ran out of memory' if oom else 'failed'} in stage {fate.stage}: "
                   f"{fate.detail.get('error')}" + (" [injected]" if injected else ""),
             ranks=(rank,), nodes=(host,) if host != "?" else (),
@@ -389,28 +425,20 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
                  "Fix the error shown; if it names a backend or device, see docs/runtime.md for that message."),
         )
     if fate.kind == "timeout":
-        return Finding(
-            code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
-            title=f"{where} hung in stage {fate.stage}, outside any collective"
-                  + ("; the others waited for it" if victims else ""),
+        return finding(
+            "RUN004", PROBE,
+            f"{where} hung in stage {fate.stage}, outside any collective"
+            + ("; the others waited for it" if victims else ""),
             ranks=(rank,), nodes=(host,) if host != "?" else (),
             evidence={"stage": fate.stage, "deadline_s": fate.detail.get("deadline_s"),
                       "python_stack": _tail(fate.detail.get("stack", ""), 16), "affected_ranks": affected},
-            why=("This rank did not finish its stage within the deadline and was not waiting on a peer: it is stuck "
-                 "in its own code (see its stack); every other rank was blocked waiting for it."),
-            fix=("Read the stack: a hang in data loading, a lock, I/O or a rank-dependent branch is the usual cause. "
-                 "Raise --timeout only if the stage is legitimately slow."),
         )
     # silent: frozen (no heartbeat) or stopped while running
-    return Finding(
-        code="RUN005", severity=Severity.CRITICAL, probe=PROBE,
-        title=f"{where} stopped answering in stage {fate.stage}",
+    return finding(
+        "RUN005", PROBE, f"{where} stopped answering in stage {fate.stage}",
         ranks=(rank,), nodes=(host,) if host != "?" else (),
         evidence={"stage": fate.stage, **{k: v for k, v in fate.detail.items() if k != "log_tail"},
                   "last_output": fate.detail.get("log_tail", [])[-12:], "affected_ranks": affected},
-        why=("Its heartbeat stopped while the process still existed: it is frozen (stopped by a signal, swapping, "
-             "or stuck in native code holding the interpreter lock), or its node lost the network."),
-        fix="Log in to that host and run `py-spy dump --pid PID`; check `dmesg` and memory pressure there.",
     )
 
 
@@ -496,8 +524,8 @@ def _recorded_desync(m: Mismatch, hosts: dict[int, str], evidence: dict[str, Any
                                         ("dtypes", {format_dtypes(c.in_dtypes) for c in present.values()}))
               if len(values) > 1]
     differs = " and ".join(differ)
-    return Finding(
-        code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+    return finding(
+        "RUN009", PROBE,
         title=f"Collective mismatch (desync) in torch's Flight Recorder: {desc}",
         ranks=culprits, nodes=tuple(sorted({hosts.get(r, "?") for r in culprits} - {"?"})),
         evidence={**evidence, "flight_recorder": {"process_group": m.group, "seq": m.seq, "differs_in": differs,
@@ -541,19 +569,14 @@ def _stuck_before_the_backend(laggards: Mismatch, victims: dict[int, RankFate], 
     stacks = {f"python_stack_rank_{r}": _tail(victims[r].detail.get("stack", ""), 16)
               for r in stuck if r in victims and victims[r].detail.get("stack")}
     others = sorted(r for r in laggards.calls if r not in stuck)
-    return Finding(
-        code="RUN004", severity=Severity.CRITICAL, probe=PROBE,
-        title=(f"{where[0].upper() + where[1:]} never handed {op} #{laggards.seq} to the backend: "
-               f"stuck in its own code, the others waited for it"),
+    return finding(
+        "RUN004", PROBE,
+        (f"{where[0].upper() + where[1:]} never handed {op} #{laggards.seq} to the backend: "
+         f"stuck in its own code, the others waited for it"),
         ranks=stuck, nodes=tuple(sorted({hosts.get(r, "?") for r in stuck} - {"?"})),
         evidence={**evidence, "flight_recorder": {"process_group": laggards.group, "seq": laggards.seq,
                                                   "calls": {str(r): c for r, c in _recorded_calls(laggards).items()}},
                   "waiting_ranks": rank_ranges(others), **stacks},
-        why=(f"Every rank entered the same step, but torch's Flight Recorder shows rank {rank_ranges(stuck)} never "
-             f"issued {op} #{laggards.seq} while rank {rank_ranges(others)} did and waited in it: the network is not "
-             "the problem; the named rank is stuck before the call (its stack shows where)."),
-        fix=("Read the stack: a hang in a backward hook, a lock, I/O or a rank-dependent branch before the "
-             "collective is the usual cause. Raise --timeout only if the step is legitimately slow."),
     )
 
 
@@ -576,8 +599,8 @@ def _collective_hang(victims: dict[int, RankFate], hosts: dict[int, str],
         if recorded is not None:
             evidence["flight_recorder"] = {"process_group": recorded.group, "seq": recorded.seq,
                                            "calls": {str(r): c for r, c in _recorded_calls(recorded).items()}}
-        return Finding(
-            code="RUN009", severity=Severity.CRITICAL, probe=PROBE,
+        return finding(
+            "RUN009", PROBE,
             title=f"Collective mismatch (desync): {desc}",
             ranks=culprits, nodes=tuple(sorted({hosts[r] for r in culprits if hosts[r] != "?"})), evidence=evidence,
             why=("Ranks called different collectives at the same point, so each waits for a partner that never comes; "
@@ -596,8 +619,8 @@ def _collective_hang(victims: dict[int, RankFate], hosts: dict[int, str],
         return _stuck_before_the_backend(laggards, victims, hosts, evidence)
     if network:
         evidence["network"] = network
-    return Finding(
-        code="RUN008", severity=Severity.CRITICAL, probe=PROBE,
+    return finding(
+        "RUN008", PROBE,
         title=f"All ranks failed inside {next(iter(ops.values()))}: the collective itself did not complete",
         ranks=ranks, nodes=nodes, evidence=evidence,
         why="Every rank entered the same collective and none finished it: the transport between ranks is broken or blocked.",

@@ -1,0 +1,536 @@
+"""Every finding code ddpdoctor can emit, in one table: its severity, who emits it, where
+docs/ explains it, and its why and fix where the code has one wording.
+
+Users search for a code (the docs, a colleague's report, a CI log), so a code means one
+thing wherever it is raised: `check`, `explain` and the callback take a shared code's words
+from here instead of spelling them again. Titles stay at the call site: they carry the
+ranks, hosts and numbers of the case. Where the words must differ per case (RUN009 seen by
+DETAIL, by gloo, by NCCL's watchdog or in the Flight Recorder: each knows something the
+others do not), the entry says so in `per_case` and leaves `why`/`fix` to the call site.
+
+Pure data: imports only the core. tests/unit/test_codes_catalogue.py holds it to the code
+(every code built anywhere is here, with a severity allowed here) and to docs/ (every code
+has its section on the page named here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Union
+
+from ddpdoctor.core.findings import Finding, Severity
+
+# The page that explains each family's codes: a heading or a table row names the code.
+DOC_PAGES: Mapping[str, str] = {
+    "allreduce": "docs/probes/allreduce.md",
+    "callback": "docs/callback.md",
+    "ddp-smoke": "docs/probes/ddp-smoke.md",
+    "explain": "docs/explain.md",
+    "gpu-count": "docs/probes/gpu-count.md",
+    "homogeneity": "docs/probes/homogeneity.md",
+    "init-hang": "docs/probes/init-hang.md",
+    "run": "docs/runtime.md",
+    "scaling": "docs/scaling.md",
+    "stragglers": "docs/probes/stragglers.md",
+    "topology": "docs/probes/topology.md",
+    "watch": "docs/callback.md",
+}
+
+
+@dataclass(frozen=True)
+class Code:
+    """One finding code. `severities` holds more than one where the same fault weighs more or
+    less by what was measured (`severity_rule` says which when); `reserved`, if set, says why a
+    code nothing emits yet keeps its place."""
+
+    code: str
+    severities: frozenset[Severity]
+    family: str  # the probe or component that raises it
+    doc: str  # the docs/ page with its section
+    why: str = ""
+    fix: str = ""
+    severity_rule: str = ""
+    per_case: str = ""
+    reserved: str = ""
+
+    @property
+    def severity(self) -> Severity:
+        """The code's one severity; a code with several has its call site choose (severity_rule)."""
+        if len(self.severities) != 1:
+            raise ValueError(f"{self.code} has several severities: {self.severity_rule}")
+        return next(iter(self.severities))
+
+    def allowed(self, severity: Optional[Severity]) -> Severity:
+        """The severity a call site raises this code with: the code's own, or the one the case chose
+        where the code has several (it must be one of them)."""
+        if severity is None:
+            return self.severity
+        if severity not in self.severities:
+            raise ValueError(f"{self.code} is never {severity.label}: {sorted(s.label for s in self.severities)}")
+        return severity
+
+
+def _code(code: str, severity: Union[Severity, frozenset[Severity]], family: str, **texts: str) -> Code:
+    severities = severity if isinstance(severity, frozenset) else frozenset({severity})
+    return Code(code, severities, family, DOC_PAGES[family], **texts)
+
+
+_OK, _INFO, _WARN, _CRITICAL = Severity.OK, Severity.INFO, Severity.WARN, Severity.CRITICAL
+
+_ENTRIES = (
+    _code("BW000", frozenset({Severity.INFO, Severity.OK}), "allreduce",
+          severity_rule='INFO when another finding of the run explains a slow or failed measurement, else OK'),
+    _code("BW001", _CRITICAL, "allreduce",
+          why=('Every rank knows what each peer contributed, so the result is checked exactly; wrong elements mean '
+               'corrupted data on the path to that rank (GPU memory, PCIe/NVLink, NIC, or a library bug), the kind of '
+               'fault that shows up as a loss that suddenly diverges.'),
+          fix=('Drain the node of the named ranks and run `dcgmi diag -r 3` and nccl-tests with `-c 1`; check '
+               '`nvidia-smi -q -d ECC,ROW_REMAPPER` and the kernel log for Xid errors; try NCCL_PROTO=Simple to rule '
+               'out a protocol bug; replace hardware that keeps failing.')),
+    _code("BW002", _CRITICAL, "allreduce",
+          why='--min-busbw makes this a gate: the interconnect did not deliver the bandwidth the job needs.',
+          fix=('Look at the slow-link findings and the per-node view; check NCCL_DEBUG=INFO output for the transport '
+               '("via NET/Socket" where "NET/IB" was expected, "via SHM" where "P2P/IPC" or NVLink was expected) and '
+               'the links themselves (`nvidia-smi topo -m`, `ibstat`).')),
+    _code("BW003", _WARN, "allreduce",
+          why=('Each neighbouring pair of ranks ran its own all-reduce (judged by its best iteration); a rank whose '
+               'two ring pairs are both slow has a slow link of its own (NIC, PCIe slot, NVLink), a single slow pair '
+               'is the link between them.'),
+          fix=('On the named node: `nvidia-smi topo -m` and `nvidia-smi nvlink -s` for NVLink, `lspci -vv` for the '
+               "PCIe link (LnkSta vs LnkCap), `ibstat` / `ethtool` for the NIC's rate; then nccl-tests between just "
+               'those ranks to confirm.')),
+    _code("BW004", _WARN, "allreduce",
+          why=("All nodes' ranks ran an all-reduce among themselves at once; this node's GPUs talk to each other "
+               "slower than the others' do (NVLink down, a PCIe switch or slot trained low, P2P disabled)."),
+          fix=('On that node: `nvidia-smi topo -m`, `nvidia-smi nvlink -s`, `lspci -vv` (LnkSta vs LnkCap); compare '
+               'with a good node, and drain it if it differs.')),
+    _code("BW005", _WARN, "allreduce",
+          why=("One rank per node ran an all-reduce with the next node's along a ring; the node in both slow pairs has"
+               ' a slow NIC or port, a single slow pair is the path between those two nodes.'),
+          fix=('Check the NIC rate and errors (`ibstat`, `ethtool -S`, `ibdiagnet`), the switch port, and that NCCL '
+               'uses the intended NIC (NCCL_DEBUG=INFO: "NET/IB" not "NET/Socket").')),
+    _code("BW006", _WARN, "allreduce",
+          why=('The expectation is the slowest hop of the ring the GPUs form (NVLink, PCIe, the socket link or the '
+               "NIC) times NCCL's usual efficiency; falling to half of it on sizes large enough to be bandwidth-bound "
+               'means the data takes a slower path than the links offer: NCCL over sockets instead of InfiniBand, '
+               'through host memory instead of P2P, or a link running below its rate.'),
+          fix=('Run with NCCL_DEBUG=INFO and read the transport of each channel ("via NET/Socket" where "NET/IB" was '
+               'meant, "via SHM" where "P2P/IPC" or NVLink was meant); check that NCCL_P2P_DISABLE, NCCL_SHM_DISABLE '
+               'and NCCL_IB_DISABLE are unset, and the topology findings (TOP001 PCIe below its rate, TOP002 NVLinks '
+               'down, TOP004 P2P blocked by ACS/IOMMU).')),
+    _code("BW007", _INFO, "allreduce",
+          why=("nccl-tests' busbw assumes every byte crosses the ring's links 2(n-1)/n times; with in-network "
+               'reduction (NVLink SHARP on NVSwitch systems, CollNet/SHARP on InfiniBand switches) the switch adds the'
+               ' data, so less crosses the links and busbw can exceed their speed.'),
+          fix=("Nothing to fix. Compare busbw with NCCL_NVLS_ENABLE=0 (and NCCL_COLLNET_ENABLE=0) to see the links' "
+               'own figure; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING shows the algorithm NCCL chose.')),
+    _code("DDP001", _OK, "ddp-smoke"),
+    _code("DDP002", _CRITICAL, "ddp-smoke",
+          why=('DDP keeps replicas identical only if every rank applies the same averaged gradient to the same '
+               'starting weights; these ranks changed their weights outside DDP or skipped gradient synchronisation.'),
+          fix=('Look for code that touches parameters on some ranks only (rank-dependent init after wrapping, loading '
+               'a checkpoint on rank 0 after DDP construction, no_sync() left on) and keep it before the '
+               'DistributedDataParallel(...) call.')),
+    _code("DDP003", _CRITICAL, "ddp-smoke",
+          why="DDP's gradient hook did not run, so these ranks trained on their local gradients only.",
+          fix=("Make sure the model is wrapped in DistributedDataParallel and backward() runs on the wrapped model's "
+               'output.')),
+    _code("DDP004", _CRITICAL, "ddp-smoke",
+          why=('A NaN or infinite loss on a synthetic, well-conditioned problem means broken arithmetic on that '
+               'device.'),
+          fix="Run the device's own diagnostics (e.g. `dcgmi diag -r 2`) and check for ECC errors on that GPU."),
+    _code("DDP005", _CRITICAL, "ddp-smoke",
+          why='These ranks delivered no result from the DDP workload; the run findings say what happened to them.',
+          fix='Fix the crash, hang or error reported for these ranks first, then run the check again.'),
+    _code("DOC001", _CRITICAL, "callback",
+          why=('Without a DistributedSampler each rank iterates the whole dataset in the same order, so N ranks do the'
+               ' work of one: the same gradients N times, N times the compute for nothing.'),
+          fix=('Give the DataLoader sampler=DistributedSampler(dataset) (shuffle=False on the DataLoader) and call '
+               'sampler.set_epoch(epoch) at the start of every epoch.')),
+    _code("DOC002", _CRITICAL, "callback",
+          why=("The ranks with fewer batches leave the loop while the others enter another step's gradient all-reduce,"
+               " which then waits forever (or until the NCCL watchdog's timeout)."),
+          fix=('Shard with DistributedSampler (it pads every rank to the same count) and drop_last=True. (model.join()'
+               " for uneven inputs does not cover the ddpdoctor callback's own gather: balance the data.)")),
+    _code("DOC003", _WARN, "callback",
+          why=('DistributedSampler shuffles with seed + epoch; without set_epoch the epoch stays 0 and every epoch '
+               "repeats the first one's order, which hurts convergence."),
+          fix='Call loader.sampler.set_epoch(epoch) at the start of every epoch, before iterating the loader.'),
+    _code("DOC004", _CRITICAL, "callback",
+          why='Without DDP, gradients are never averaged: each rank trains its own model.',
+          fix=('model = DistributedDataParallel(model, device_ids=[local_rank]) after init_process_group and '
+               '.to(device).')),
+    _code("DOC005", _WARN, "callback",
+          why='The job was started as one process; DDP needs one process per GPU.'),
+    _code("DOC006", _WARN, "callback",
+          why='Steadily growing memory is usually a tensor kept across steps (a loss history kept with its graph).',
+          fix='Store loss.item() (or detach()) instead of the loss tensor; look for lists that grow every step.'),
+    _code("DOC007", _CRITICAL, "callback",
+          why=('A rank stuck in a collective waits for a peer that never arrives; a rank stuck elsewhere (data, I/O, a'
+               " deadlock) is the one the others wait for. Every rank's stack tells which is which."),
+          fix="Compare the ranks' stacks: the rank that is not in the collective is the cause."),
+    _code("DOC008", _INFO, "callback",
+          why=('Each rank iterates the whole dataset unless the sampler shards it; DOC001 says so for sure when the '
+               "ranks' batches turn out identical."),
+          fix='sampler=DistributedSampler(dataset), and sampler.set_epoch(epoch) every epoch.'),
+    _code("DOC009", frozenset({Severity.WARN, Severity.INFO}), "callback",
+          severity_rule='WARN when the process holds contexts on several GPUs, INFO for one',
+          fix=('Replace nn.DataParallel(model) with DistributedDataParallel: one process per GPU started by `torchrun '
+               '--nproc_per_node=<GPUs> train.py`, init_process_group("nccl"), torch.cuda.set_device(LOCAL_RANK), '
+               'DistributedDataParallel(model.to(LOCAL_RANK), device_ids=[LOCAL_RANK]), and a DistributedSampler for '
+               'the data. The per-process batch is then the old batch divided by the number of GPUs.')),
+    _code("DOC010", _INFO, "callback",
+          why=("Each optimizer step averages the gradients of every rank's batch, so the step is taken on the "
+               "effective batch: N times one process's batch. A learning rate tuned on one GPU is then too small for "
+               'the same number of epochs (linear rule, usual for SGD with a warm-up) or scales with the square root '
+               '(usual for Adam-like optimizers).'),
+          fix=("Information only. If the learning rate was tuned for one process's batch, scale it by one of the rules"
+               ' (with a few epochs of warm-up for large factors); if it was tuned for the effective batch, keep it. '
+               'Pass batch_size= to Doctor when a step accumulates several batches.')),
+    _code("DOC011", _INFO, "callback",
+          why=('A synchronous step takes as long on every rank as on the slowest: only the time each rank waits for '
+               "the others tells the slow one from the waiting ones. ddpdoctor measures that wait through DDP's comm "
+               "hook; FSDP's collectives (and a job's own comm hook) are not timed, so a rank slow to compute cannot "
+               'be named here. A rank slow to load data still is (STR001, cause data loading).'),
+          fix=('Run `ddpdoctor check --probes stragglers` on the same nodes for a compute verdict, or measure with a '
+               'DDP-wrapped copy of the model.')),
+    _code("GPU000", frozenset({Severity.OK, Severity.INFO}), "gpu-count",
+          severity_rule='OK when every rank sees its GPU, INFO when the check ran without GPUs'),
+    _code("GPU001", _CRITICAL, "gpu-count",
+          why=('NCCL refuses two ranks on one GPU ("Duplicate GPU detected" / "Multiple Ranks are using the same '
+               'GPU/Partition"); with gloo they compete for its memory and compute.')),
+    _code("GPU002", _WARN, "gpu-count",
+          why='Launched with fewer processes per node than GPUs (e.g. --nproc_per_node=2 on a 4-GPU node).'),
+    _code("GPU003", _CRITICAL, "gpu-count",
+          per_case=("gpu-count counts the ranks on each GPU; explain reads NCCL's refusal, worded one way before "
+                    "NCCL 2.30 (Duplicate GPU detected) and another after (Multiple Ranks are using the same GPU)")),
+    _code("GPU004", _CRITICAL, "gpu-count",
+          why=('Each context costs several hundred MB on that GPU: the classic "OOM on GPU 0 only" when ranks touch '
+               "cuda:0 (torch.cuda.set_device missing, tensors created with device='cuda' before it)."),
+          fix=("Call torch.cuda.set_device(LOCAL_RANK) first thing, and use torch.device('cuda', LOCAL_RANK) "
+               'explicitly.')),
+    _code("GPU005", frozenset({Severity.CRITICAL, Severity.WARN}), "gpu-count",
+          severity_rule=("CRITICAL when CUDA_VISIBLE_DEVICES or LOCAL_RANK leaves a rank without its GPU, WARN when "
+                         "the variable is only partly readable"),
+          per_case=("gpu-count names what hides the GPU (an unreadable, empty or wrong CUDA_VISIBLE_DEVICES, LOCAL_RANK "
+                    "past the visible GPUs); explain reads CUDA's `invalid device ordinal`")),
+    _code("GPU006", _WARN, "gpu-count",
+          why=('What the scheduler allocated and what CUDA exposes disagree: GPUs are idle, or shared with another '
+               'job.'),
+          fix=('Request GPUs with --gres=gpu:N or --gpus-per-node and do not override CUDA_VISIBLE_DEVICES in the job '
+               'script; if torch sees none, check it is a CUDA build.')),
+    _code("GPU007", _WARN, "gpu-count",
+          why='Another job or a leftover process shares these GPUs: less memory, slower steps, possible OOM.',
+          fix=('Find them with `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`; end leftovers, or ask '
+               'the scheduler for exclusive GPUs (--exclusive, or GPU exclusive-process compute mode).')),
+    _code("GPU008", _CRITICAL, "gpu-count",
+          per_case=("gpu-count words it from the rank's own CUDA error; explain tells a driver too old for torch "
+                    "from no usable GPU at all, which need different fixes")),
+    _code("GPU009", _WARN, "gpu-count",
+          why='The classic "only one GPU is used": the script was started with `python train.py`, not torchrun.'),
+    _code("HOM000", _OK, "homogeneity"),
+    _code("HOM001", _WARN, "homogeneity",
+          why=('DDP waits for the slowest GPU at every step, and the smallest memory sets the batch size every rank '
+               'can hold.'),
+          fix=('Request identical GPUs (a Slurm constraint or node feature, e.g. --constraint=h100_80gb) or exclude '
+               'the odd nodes (--exclude).')),
+    _code("HOM002", _CRITICAL, "homogeneity",
+          why=('Ranks running different torch or NCCL builds may disagree on the collective protocol: hangs, "NCCL '
+               'error: invalid usage" or silently wrong results.'),
+          fix=('Run every rank from the same environment: one container image or one shared venv/conda env, and check '
+               "`python -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())'` on each node.")),
+    _code("HOM003", _WARN, "homogeneity",
+          why=('Nodes on different driver branches behave differently (NVLink, P2P, NCCL features) and an old driver '
+               'can refuse a newer CUDA runtime.'),
+          fix="Drain the odd nodes and bring them to the cluster's driver version, or exclude them from the job."),
+    _code("HOM004", _INFO, "homogeneity",
+          why="These differences do not change DDP's results; they can explain small speed gaps."),
+    _code("HOM005", frozenset({Severity.WARN, Severity.INFO}), "homogeneity",
+          severity_rule='WARN when ranks on one node disagree, INFO when only nodes differ'),
+    _code("HOM006", _WARN, "homogeneity",
+          why=('DDP runs every step at the pace of its slowest rank. On identical hardware a slower rank points at '
+               'clocks held low, thermal or power throttling, another process on its device, or a busy CPU.')),
+    _code("HOM007", frozenset({Severity.CRITICAL, Severity.WARN, Severity.INFO}), "homogeneity",
+          severity_rule=('CRITICAL for a failed row remap, WARN for errors since the last reset or a pending remap, '
+                         'INFO for lifetime counts'),
+          why=('Uncorrectable ECC errors kill the process that hit them (Xid 48/63/64) and can corrupt results; a '
+               'pending row remap only takes effect after a GPU reset, and a failed remap means the GPU has run out of'
+               ' spare rows.'),
+          fix=('Drain the node; reset the GPU (`nvidia-smi -r -i <id>` with no process on it, or reboot) to apply '
+               'pending remaps; if remapping failed or errors return, replace the GPU (NVIDIA: RMA).')),
+    _code("HOM008", _WARN, "homogeneity",
+          why='A GPU capped below its default power limit runs at lower clocks under load, and DDP waits for it.',
+          fix='Restore it with `sudo nvidia-smi -i <id> -pl <default W>` (or ask the admins why it was capped).'),
+    _code("HOM009", _WARN, "homogeneity",
+          why='Application clocks were set below the default (`nvidia-smi -ac`), so this GPU computes slower.',
+          fix='Reset them with `sudo nvidia-smi -i <id> -rac` (and `-rgc` if clocks were locked with -lgc).'),
+    _code("HOM010", frozenset({Severity.WARN, Severity.INFO}), "homogeneity",
+          severity_rule='WARN for hardware or thermal slowdown, INFO for the software power cap',
+          why=('The driver lowered this GPU\'s clocks for heat, power or a hardware signal ("HW Slowdown", "Thermal '
+               'Slowdown" in `nvidia-smi -q -d PERFORMANCE`).'),
+          fix=("Check cooling and airflow (`nvidia-smi -q -d TEMPERATURE`), the PSU and power brake, and the BMC's "
+               'logs; a GPU that keeps throttling on a cool node should be replaced.')),
+    _code("HOM011", _WARN, "homogeneity",
+          why=('DataLoader workers, pinned buffers, checkpoint saving and CPU offload all take host RAM per GPU; below'
+               ' about 16 GiB per GPU jobs get OOM-killed (exit 137, "Killed") or swap.'),
+          fix='Use fewer DataLoader workers per rank and smaller prefetch, or run on nodes with more memory per GPU.'),
+    _code("HOM012", _WARN, "homogeneity",
+          why=("Each rank's torch starts one thread per core; several ranks per node then fight over the cores and "
+               'every CPU-side step (data loading, optimizer on CPU, gloo) slows down. torchrun sets OMP_NUM_THREADS=1'
+               ' for this reason; srun and mp.spawn do not.'),
+          fix='Export OMP_NUM_THREADS=<cores per node / ranks per node> in the job script (or use torchrun).'),
+    _code("HOM013", _INFO, "homogeneity",
+          why='More compute threads than cores: the ranks time-share, and their measured speeds are scheduling noise.',
+          fix='Give each rank its own cores (fewer ranks per node, or OMP_NUM_THREADS=cores/ranks) to compare them.'),
+    _code("HOM014", _INFO, "homogeneity",
+          why=('Without persistence mode the driver tears down and re-initialises the GPU between jobs: seconds of '
+               'extra start-up and re-trained links.'),
+          fix='Run nvidia-persistenced (or `sudo nvidia-smi -pm 1`) on GPU nodes.'),
+    _code("HOM015", _WARN, "homogeneity",
+          why=('Processes that are not part of this job took that much CPU while the check ran (measured from each '
+               "process's CPU time, ours left out). Data loading, gloo and the CPU side of every step slow down, so a "
+               "straggler or a slow speed measured there may be the other job's doing, not the hardware's."),
+          fix=('Find them with `top` or `ps -eo pid,pcpu,comm --sort=-pcpu | head`; ask the scheduler for whole nodes '
+               '(Slurm --exclusive) or exclude the node, then check again.')),
+    _code("INIT000", _OK, "init-hang",
+          why='Every rank resolved the rendezvous address, reached the store and initialised the process group.',
+          fix='Nothing to do.'),
+    _code("INIT001", frozenset({Severity.CRITICAL, Severity.WARN}), "init-hang",
+          severity_rule="CRITICAL when this run's backend reads the variable, WARN when only another backend would"),
+    _code("INIT002", frozenset({Severity.CRITICAL, Severity.INFO}), "init-hang",
+          severity_rule='CRITICAL when gloo is the backend, INFO otherwise',
+          why=('Without GLOO_SOCKET_IFNAME, gloo binds to the address its host name resolves to; a hosts-file line '
+               'like `127.0.1.1 myhost` makes that loopback, which peers on other nodes cannot reach (gloo warns '
+               '"Unable to resolve hostname to a (local) address. Using the loopback address as fallback", then '
+               'connections time out).'),
+          fix=('Set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to the cluster interface, e.g. the one the route to '
+               "MASTER_ADDR uses, or fix /etc/hosts so the host name maps to that interface's address.")),
+    _code("INIT003", _WARN, "init-hang",
+          why=('The ranks met this time, but each node asks its own resolver (DNS, /etc/hosts); a node with a stale or'
+               ' local entry for the name connects elsewhere, and the job hangs at init on the day it matters.'),
+          fix="Use the rendezvous host's IP address as MASTER_ADDR, or make its name resolve the same on every node."),
+    _code("INIT004", _WARN, "init-hang",
+          why=('Every other rank waited idle for these; the usual causes are a slow start (imports from a busy network'
+               ' filesystem, a container still pulling, a node busy with another job) or a launcher that started them '
+               'late. A rendezvous timeout shorter than the gap fails the whole job.'),
+          fix=("Look at `start_to_arrival_s`: a large value is this process's own start-up (pre-install or cache the "
+               'environment on local disk); a small one means it was launched late (check the scheduler and the '
+               'launcher on that node).')),
+    _code("LOG000", _INFO, "explain",
+          why=('None of the error messages of torch.distributed, NCCL, gloo, the elastic agent, Slurm, CUDA or the '
+               'DataLoader that ddpdoctor knows appears here: the job may have hung silently, or its errors went to '
+               'another file.'),
+          fix=('Run `ddpdoctor check` with the same launcher and ranks to test the setup; rerun the job with '
+               'NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_NCCL_TRACE_BUFFER_SIZE=2000 (with '
+               'TORCH_NCCL_DUMP_ON_TIMEOUT=1) so the next failure leaves what `ddpdoctor explain` reads; give it every'
+               " rank's output (torchrun --log-dir, srun --output=%t.log).")),
+    _code("LOG001", _CRITICAL, "explain",
+          why=('The caching allocator could not get the memory it asked for on this GPU. When only some ranks run out,'
+               " those ranks hold more than the others: more data, rank-0-only work, or another rank's context on "
+               'their GPU.'),
+          fix=("Lower the per-GPU batch size or sequence length, enable activation checkpointing or mixed precision; "
+               "if only some ranks run out, look for extra work or tensors on those ranks (rank 0 evaluation, "
+               "metrics gathered to one rank) and for other ranks' CUDA contexts on their GPU (a missing "
+               "torch.cuda.set_device(local_rank)); `ddpdoctor check` shows contexts per GPU (GPU004).")),
+    _code("LOG002", _CRITICAL, "explain",
+          per_case="four DataLoader failures (worker killed, out of /dev/shm, exited, timed out): each its own cause and fix"),
+    _code("LOG003", _CRITICAL, "explain",
+          why=("Some parameters took no part in the loss in the previous iteration, so DDP's reducer never finished "
+               'that iteration\'s all-reduce ("Expected to have finished reduction in the prior iteration").'),
+          fix=('Pass find_unused_parameters=True to DistributedDataParallel (it costs a graph traversal per step), or '
+               'make every parameter part of the loss each step; TORCH_DISTRIBUTED_DEBUG=INFO names the parameters.')),
+    _code("LOG004", _CRITICAL, "explain",
+          why=('DistributedDataParallel checks at construction that every rank has the same parameters (count, '
+               'shapes); these ranks built another model.'),
+          fix=('Build the model the same way on every rank (same config, same code path; no rank-dependent layers), '
+               'and load checkpoints before wrapping in DDP on every rank.')),
+    _code("LOG005", _CRITICAL, "explain",
+          why=('The store could not listen on MASTER_PORT (EADDRINUSE): another job on this node uses the port, or a '
+               "previous run's process is still alive."),
+          fix=('Pick a free MASTER_PORT per job (torchrun --master-port, or --rdzv-endpoint host:0 with standalone), '
+               "or find the holder with `ss -ltnp 'sport = :PORT'` and stop it.")),
+    _code("LOG006", _CRITICAL, "explain",
+          per_case="the store of init_process_group (MASTER_ADDR) or torchrun's elastic endpoint (--rdzv-endpoint)"),
+    _code("LOG007", _CRITICAL, "explain",
+          per_case="NCCL's socket error, no usable interface, or an InfiniBand/RoCE error: each its own setting to fix"),
+    _code("LOG008", _CRITICAL, "explain",
+          why=("The scheduler stopped the job (time limit, preemption or scancel); the ranks' errors after it are "
+               'fallout.'),
+          fix='Ask for more time (--time), checkpoint and resume, or requeue on preemption (--requeue).'),
+    _code("LOG009", _CRITICAL, "explain",
+          why=('A kernel failed on the GPU. An illegal memory access or a device-side assert is a bug in the model or '
+               'a custom kernel (an index out of range in an embedding or loss is the usual one); an ECC error is '
+               'faulty hardware. The CUDA context is unusable afterwards, so every later call fails too.'),
+          fix=('Rerun with CUDA_LAUNCH_BLOCKING=1 to get the failing line; for device-side asserts, run one step on '
+               'CPU to see the Python error. For ECC errors, drain the node and run `ddpdoctor check` (HOM007).')),
+    _code("LOG010", _CRITICAL, "explain",
+          why=('The thread that watches collectives stopped making progress, which happens when a CUDA or NCCL call '
+               'blocks inside the driver (a hung GPU, a stuck NVLink/PCIe transfer), not a Python-level hang.'),
+          fix=("Check the node's GPUs (`nvidia-smi`, `dmesg | grep -i xid`); collect the Flight Recorder dump "
+               '(TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT=1) to see the last collective.')),
+    _code("LOG011", _INFO, "explain",
+          why='Every dumped rank recorded the same collectives with the same shapes and dtypes: no desync.'),
+    _code("RUN001", _CRITICAL, "run",
+          per_case=("check words it from what the missing ranks printed (why_not_arrived: refused, no answer, an "
+                    "unresolved name) and whether whole nodes are gone; explain from the store's count or torchrun's "
+                    "elastic rendezvous")),
+    _code("RUN002", _CRITICAL, "run",
+          per_case=("check knows the signal or exit code, whether it was injected or out of memory; explain reads "
+                    "torchrun's or srun's summary, Slurm's OOM kill, or only the peers' closed connections")),
+    _code("RUN003", _CRITICAL, "run",
+          per_case="check knows the stage and whether the error was injected or out of memory; explain only the exception"),
+    _code("RUN004", _CRITICAL, "run",
+          why=("These ranks never issued the collective their peers were waiting in: they were stuck in their own "
+               "code (data loading, a lock, I/O, a rank-dependent branch, a hung GPU) or had left the loop, and every "
+               "other rank was blocked waiting for them. The network is not the problem."),
+          fix=("Find where the named ranks were: their Python stack (in the evidence, or `py-spy dump --pid PID` on a "
+               "live hang), or their last collective in the Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000 with "
+               "TORCH_NCCL_DUMP_ON_TIMEOUT=1). The usual causes are data loading, a lock, I/O, or a rank-dependent "
+               "branch or hook before the collective, and uneven batches per rank (DistributedSampler(drop_last=True),"
+               " the Join context). Raise --timeout only if the stage is legitimately slow.")),
+    _code("RUN005", _CRITICAL, "run",
+          why=('Its heartbeat stopped while the process still existed: it is frozen (stopped by a signal, swapping, or'
+               ' stuck in native code holding the interpreter lock), or its node lost the network.'),
+          fix='Log in to that host and run `py-spy dump --pid PID`; check `dmesg` and memory pressure there.'),
+    _code("RUN006", _CRITICAL, "run",
+          why='ddpdoctor was stopped before every probe finished; every rank was terminated.',
+          fix='Run the check again and let it finish; every stage has its own deadline (--timeout).'),
+    _code("RUN007", _CRITICAL, "run",
+          why='Every rank must be started with the same WORLD_SIZE; these were launched with another value.',
+          fix='Launch every node with the same --nnodes/--nproc_per_node (torchrun) or --ntasks (srun).'),
+    _code("RUN008", _CRITICAL, "run",
+          per_case=("check sees every rank inside one collective; explain sees NCCL's watchdog name one op, or only "
+                    "waits, where a rank missing from the logs may be the cause")),
+    _code("RUN009", _CRITICAL, "run",
+          per_case=("seen in our marks, torch's Flight Recorder, TORCH_DISTRIBUTED_DEBUG=DETAIL, gloo's size check or "
+                    "NCCL's watchdog: each knows something the others do not (gloo cannot say whose call differs)")),
+    _code("RUN010", _INFO, "run",
+          why='--inject or DDPDOCTOR_INJECT asked ddpdoctor to make ranks misbehave (a fire drill or a test).',
+          fix='Run without --inject and without DDPDOCTOR_INJECT for a real check.'),
+    _code("RUN011", _WARN, "run",
+          fix='Report this bug to ddpdoctor with the JSON report attached.'),
+    _code("RUN012", _WARN, "run",
+          why=('NCCL needs a GPU on every rank, so ddpdoctor fell back to gloo on CPU for all ranks; a real training '
+               'job would fail or run these ranks on CPU.'),
+          fix=('Check CUDA_VISIBLE_DEVICES and the GPU request (--gres=gpu:N, --gpus-per-task) for the nodes of these '
+               'ranks, and that the driver works there (`nvidia-smi`).')),
+    _code("SCL000", _OK, "scaling"),
+    _code("SCL001", _WARN, "scaling",
+          why=('With the same batch per rank, n ranks should process n times the samples per second; the table splits '
+               'the time each size adds per step over one rank into its parts, measured on the ranks.')),
+    _code("SCL002", _INFO, "scaling",
+          why='Measured at the largest size on this model, each setting for the same number of steps.'),
+    _code("SCL003", _INFO, "scaling",
+          why=('DDP averages the gradients of n batches, so each optimizer step sees n times the samples. The linear '
+               'rule (Goyal et al. 2017, with warm-up) suits SGD on large batches; the square-root rule (Krizhevsky '
+               '2014, Hoffer et al. 2017) is the gentler choice, often used with Adam.')),
+    _code("SCL004", _WARN, "scaling",
+          why='Sizes that include these ranks are not judged.',
+          fix="See the run's findings for what happened to them."),
+    _code("SCL005", _INFO, "scaling",
+          why=('Ranks that outnumber the CPU cores wait for a core in everything they do, the all-reduce included: the'
+               ' lost time shows up as communication and slower computation, but its cause is the host.'),
+          fix='Measure with at most one rank per core (or per GPU): --sizes up to the CPU count, or a bigger host.'),
+    _code("STR001", frozenset({Severity.CRITICAL, Severity.WARN}), "stragglers",
+          severity_rule='CRITICAL when the straggler costs at least half a step, WARN below',
+          why=('DDP is synchronous: every rank waits at each gradient all-reduce for the last one to arrive, so the '
+               "whole job runs at this rank's pace.")),
+    _code("STR002", _OK, "stragglers"),
+    _code("STR003", _WARN, "stragglers",
+          fix=('Shard the data with DistributedSampler(dataset, num_replicas=world_size, rank=rank) and the same '
+               'batch_size on every rank; use drop_last=True (or pad) so every rank gets the same number of batches; '
+               'for variable-length samples, balance tokens per rank (a length-grouped sampler).')),
+    _code("STR004", _WARN, "stragglers",
+          why=('One rank holding extra state (metrics, a copy of the model or of the dataset, logging on rank 0) sets '
+               'the memory limit, and so the batch size, for all of them.'),
+          fix=('Keep rank-0-only work (evaluation, checkpoint gathering, logging buffers) small or off the GPU, and '
+               'free it before training steps.')),
+    _code("STR005", _INFO, "stragglers",
+          why='No rank makes the others wait; the all-reduce itself takes as long as the rest of the step.',
+          fix=('Measure the interconnect with `ddpdoctor allreduce-bench`; larger per-rank batches or gradient '
+               "accumulation (no_sync) amortise communication; check DDP's bucket_cap_mb.")),
+    _code("STR006", _INFO, "stragglers",
+          why=('Ranks that wait for a straggler or for data idle their GPU; the busiest GPU is the one the others wait'
+               ' for.'),
+          fix='See the straggler and data findings; utilisation evens out when the slow rank is fixed.'),
+    _code("STR007", _INFO, "stragglers",
+          why='A verdict on one rank, or on a handful of steps, would be noise.',
+          fix='Run with more ranks, or drop --steps to measure for --straggler-seconds.'),
+    _code("STR008", _INFO, "stragglers",
+          why=('Short bursts (another process, a page-cache flush, a checkpoint on a shared disk) slow a rank for a '
+               'while.'),
+          fix='If it recurs, run again with --straggler-seconds 30 to see whether it persists.'),
+    _code("TOP001", _WARN, "topology",
+          why=('The link trained below what the GPU and its slot support, so every copy between host and GPU, and any '
+               'all-reduce that goes over PCIe, has less bandwidth. Read while the GPU was busy, so this is not the '
+               'power saving of an idle link.')),
+    _code("TOP002", frozenset({Severity.CRITICAL, Severity.WARN, Severity.INFO}), "topology",
+          severity_rule=('CRITICAL with no NVLink left, WARN with some down, INFO where NVML cannot tell or the job '
+                         'does not use the GPU'),
+          why=("NCCL routes around a missing NVLink: with some links down this GPU's traffic shares fewer links, with "
+               'all down it falls back to PCIe and host memory, several times slower; every all-reduce of the job '
+               'waits for it.')),
+    _code("TOP003", _WARN, "topology",
+          why=("Every ring or tree through this GPU crosses a slower path (the CPU's host bridge or the socket "
+               "interconnect) than the others use, so the whole all-reduce runs at that path's speed."),
+          fix=('Run on GPUs that share a switch or socket (choose them with CUDA_VISIBLE_DEVICES; in Slurm, '
+               "`--gpus-per-node` with `--gpu-bind=closest`), or ask the admins whether this GPU's NVLink or slot is "
+               'as designed (`nvidia-smi topo -m`).')),
+    _code("TOP004", _WARN, "topology",
+          why=('These GPUs sit behind one PCIe switch (or share NVLink), so their data could go GPU to GPU; without '
+               'P2P, NCCL stages every byte in host memory ("via SHM" instead of "via P2P/IPC" in NCCL_DEBUG=INFO '
+               'output), at a fraction of the bandwidth. The usual causes are PCIe ACS enabled on the switch, an IOMMU'
+               ' in translation mode, a VM without P2P passthrough, or NCCL_P2P_DISABLE.'),
+          fix=('Check `nvidia-smi topo -p2p r` (it should say OK). Disable ACS on the PCIe switches (BIOS, or `setpci`'
+               " at boot) and boot with `iommu=pt` (or the IOMMU off), as NCCL's troubleshooting guide describes; in a"
+               ' VM, enable P2P in the hypervisor. Make sure NCCL_P2P_DISABLE is not set.')),
+    _code("TOP005", _WARN, "topology",
+          why=('Data loading, kernel launches and host-to-GPU copies of such a rank cross the socket interconnect, and'
+               ' its pinned memory lives on the far node: slower steps, and the one rank everyone else waits for.'),
+          fix=("Bind each rank to its GPU's NUMA node: in Slurm `srun --cpu-bind=cores --gpu-bind=closest`; by hand "
+               '`numactl --cpunodebind=N --membind=N` per rank; or remove a wrong `taskset`/cgroup cpuset. `nvidia-smi'
+               " topo -m` shows each GPU's CPU Affinity and NUMA Affinity.")),
+    _code("TOP006", _INFO, "topology",
+          why=('Not an error: the scheduler may keep each rank near its GPU, or may not. Binding makes step times '
+               'steadier on multi-socket hosts.'),
+          fix=('Optional: `srun --cpu-bind=cores --gpu-bind=closest`, or `numactl --cpunodebind=N --membind=N` with N '
+               "the GPU's NUMA node from `nvidia-smi topo -m`.")),
+    _code("TOP007", _INFO, "topology",
+          why=('What `ddpdoctor allreduce-bench` (or nccl-tests) should come close to on large messages; a measurement'
+               ' far below it points at the machine.')),
+    _code("TOP008", _WARN, "topology",
+          why=('Replays are link-level retransmissions after errors: a marginal link (riser, slot, signal integrity) '
+               'that costs bandwidth and may get worse. A healthy link replays rarely, if ever, in a quarter of a '
+               'second.'),
+          fix=('Watch `nvidia-smi -q -d PCIE` (Replays Since Reset) while training; node health checkers fail a GPU at'
+               ' 80 replays over their test. Reseat the GPU or riser; drain the node if it keeps counting.')),
+    _code("TOP009", _INFO, "topology",
+          why='Without NVML there are no GPU links to judge; ranks run on CPU (gloo).'),
+    _code("TOP010", _INFO, "topology",
+          why="The slot (or the CPU's root port) caps the link below the GPU's own generation.",
+          fix='Nothing to repair; a newer platform or slot would double host-to-GPU bandwidth per generation.'),
+    _code("WATCH001", _CRITICAL, "watch",
+          per_case=("the process never reached init_process_group (its rank may be unknown), or it called it and "
+                    "waits for peers")),
+    _code("WATCH002", _CRITICAL, "watch",
+          why=('Rank 0 hosts the rendezvous store on MASTER_PORT. Another process already listens there (typically a '
+               'second job with the same hard-coded port on this node), so init_process_group fails with "EADDRINUSE" '
+               '/ "address already in use" on rank 0, and the other ranks may join the other job\'s store and hang.'),
+          fix=('Give each job its own port: derive it from the job (e.g. MASTER_PORT = 10000 + SLURM_JOB_ID % 50000), '
+               'pick a free one at start (bind port 0, read it, pass it to the ranks), or use torchrun --standalone; '
+               'or wait for the other job to end.')),
+)
+
+CODES: Mapping[str, Code] = {entry.code: entry for entry in _ENTRIES}
+
+
+def finding(code: str, probe: str, title: str, severity: Optional[Severity] = None, **fields: Any) -> Finding:
+    """A finding in the catalogue's words: its severity (or one it allows, where the case decides)
+    and its why and fix; the call site gives the title and evidence, and the why and fix only
+    for a code worded per case, so one code cannot drift into two wordings."""
+    entry = CODES[code]
+    for text in ("why", "fix"):
+        if getattr(entry, text) and text in fields:
+            raise ValueError(f"{code} has its {text} in the catalogue; the call site must not word it again")
+        fields.setdefault(text, getattr(entry, text))
+    return Finding(code=code, severity=entry.allowed(severity), probe=probe, title=title, **fields)
