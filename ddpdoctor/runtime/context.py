@@ -1,4 +1,11 @@
-"""RankContext: everything a probe needs on one rank, built once per run."""
+"""RankContext: everything a probe needs on one rank, built once per run.
+
+Narrow on purpose: a probe reads the rank, the world, the device and backend, the settings, the
+hellos every rank sent at the rendezvous (from rank 0's digest: never re-read from the store,
+which at N ranks would be N² reads), and the typed `SharedState` other stages left; it marks its
+stages and collectives, and publishes partial facts through `publish_partial`, the one writer of
+its result keys.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import contextlib
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 from ddpdoctor.core import keys
 from ddpdoctor.runtime.channel import Channel
@@ -15,6 +22,29 @@ from ddpdoctor.runtime.inject import Injector
 from ddpdoctor.runtime.launch_env import LaunchEnv
 from ddpdoctor.runtime.liveness import Watchdog
 from ddpdoctor.runtime.rank_state import RankState, StageRecord, Terminated
+
+
+if TYPE_CHECKING:
+    from ddpdoctor.measure.host_load import CpuSample
+    from ddpdoctor.runtime.workload import WorkloadResult
+
+
+@dataclass
+class SharedState:
+    """What one stage of a rank leaves for another on the same rank: typed, so a probe says what
+    it reads instead of fishing in a dict."""
+
+    # Every rank's hello from the rendezvous digest (session/rank.py's _rendezvous), by rank.
+    hellos: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # The shared DDP workload, run once by whichever probe needs it first (runtime/workload.py).
+    workload: Optional["WorkloadResult"] = None
+    # This host's CPU counters at the rank's start (local rank 0 only), for the foreign load.
+    host_load_start: Optional["CpuSample"] = None
+    # The folder NCCL writes its tuning log to when --nccl-algo asked for it; the allreduce probe
+    # takes it (and removes it).
+    nccl_tuning_dir: Optional[str] = None
+    # When the scaling run last said it was alive (time.time()).
+    scaling_beat: float = 0.0
 
 
 class StageFailed(Exception):
@@ -31,7 +61,7 @@ class RankContext:
     watchdog: Watchdog
     backend: str = ""  # chosen at init
     device: Any = None  # torch.device once init has chosen it
-    cache: dict[str, Any] = field(default_factory=dict)  # shared workload results
+    shared: SharedState = field(default_factory=SharedState)
 
     @property
     def rank(self) -> int:
@@ -40,6 +70,21 @@ class RankContext:
     @property
     def world_size(self) -> int:
         return self.env.world_size
+
+    @property
+    def hellos(self) -> Mapping[int, dict[str, Any]]:
+        """Every rank's hello, from the rendezvous digest: read once, by rank 0, for everyone."""
+        return self.shared.hellos
+
+    def publish_partial(self, probe: str, facts: Any) -> None:
+        """This rank's facts of `probe` so far (a Facts object or its JSON), under its result key.
+
+        The only writer of `result/<probe>/<rank>`: a probe publishes what it has before a step
+        that may hang or crash (the shared workload), and the session publishes the whole facts
+        when collect returns, so the report has the measurements either way.
+        """
+        value = facts.to_json() if hasattr(facts, "to_json") else facts
+        self.channel.set(keys.result(probe, self.rank), value)
 
     @contextlib.contextmanager
     def stage(self, name: str, deadline_s: Optional[float] = None, inject_as: Optional[str] = None) -> Iterator[None]:

@@ -148,7 +148,7 @@ def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:
             if "missing" in digest:
                 raise _not_arrived(list(digest["missing"]), int(digest.get("arrived", 0)), ctx.world_size, wait_s)
             hellos = {int(r): h for r, h in digest["hellos"].items()}
-    ctx.cache["hellos"] = hellos
+    ctx.shared.hellos = hellos
     return hellos
 
 
@@ -214,7 +214,7 @@ def _ask_nccl_for_its_choices(ctx: RankContext) -> None:
         shutil.rmtree(folder, True)
         return
     set_for_ourselves(extra)  # NCCL reads them at its init; the environment facts keep the user's own
-    ctx.cache["nccl_tuning_dir"] = folder
+    ctx.shared.nccl_tuning_dir = folder
     _NCCL_LOG_DIR = folder
 
 
@@ -341,7 +341,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     heartbeat = Heartbeat(side, env.rank, state, cfg.heartbeat_s, cfg.silent_after_s, parent)
     heartbeat.start()
     ctx = RankContext(env, cfg, channel, Injector(cfg.inject, env.rank), state, watchdog)
-    ctx.cache["host_load_start"] = load_start
+    ctx.shared.host_load_start = load_start
 
     healthy = True
     code = 0
@@ -354,7 +354,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
                 _init(ctx, hellos)
             for name in cfg.probes:
                 with ctx.stage(f"probe:{name}", deadline_s=cfg.timeout_s):
-                    channel.set(keys.result(name, env.rank), get_probe(name).collect(ctx))
+                    ctx.publish_partial(name, get_probe(name).collect(ctx))
         except StageFailed:
             healthy = False
         # The reporter waits for every other rank's stages, and the others wait for its

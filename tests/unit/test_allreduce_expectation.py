@@ -208,9 +208,10 @@ import os, sys
 from types import SimpleNamespace
 from ddpdoctor.session.rank import _ask_nccl_for_its_choices, _teardown
 from ddpdoctor.measure.host import read_env
-ctx = SimpleNamespace(cache={})
+from ddpdoctor.runtime.context import SharedState
+ctx = SimpleNamespace(shared=SharedState())
 _ask_nccl_for_its_choices(ctx)
-folder = ctx.cache["nccl_tuning_dir"]
+folder = ctx.shared.nccl_tuning_dir
 print(folder, os.path.isdir(folder), os.environ["NCCL_DEBUG"], "NCCL_DEBUG" in read_env(),
       "NCCL_DEBUG_FILE" in read_env(), flush=True)
 _teardown()  # what run_rank's finally does; the probe never ran to read and remove it

@@ -22,6 +22,7 @@ from rich.console import Console
 from ddpdoctor.probes import RunView
 from ddpdoctor.probes.homogeneity.probe import Homogeneity
 from ddpdoctor.render.console import render_report
+from ddpdoctor.runtime.context import SharedState
 from ddpdoctor.session.reporter import build_report
 from ddpdoctor.core.run_record import ExitInfo, RunRecord
 
@@ -115,7 +116,7 @@ def _rendezvous_reads(n: int, missing: int | None = None) -> tuple[dict[int, int
     class Ctx:
         def __init__(self, rank: int) -> None:
             self.rank, self.world_size, self.channel = rank, n, Counting(store)
-            self.cfg, self.cache = SimpleNamespace(timeout_s=5.0), {}
+            self.cfg, self.shared = SimpleNamespace(timeout_s=5.0), SharedState()
             self.env = SimpleNamespace(hostname=f"node{rank // PER_NODE}", local_rank=rank % PER_NODE,
                                        local_world_size=PER_NODE, mode="env")
 
