@@ -9,70 +9,72 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Union
 
+from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.measure.host_layout import linux_bus_id, parse_cpulist
 from ddpdoctor.judge.link_model import (LEVEL_ORDER, Expectation, Hop, level_rank, network_expectation, pcie_gbps,
                                   ring_expectation)
 
 from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.topology.facts import (GpuNode, GpuPair, LoadReading, Nic, NodeFacts, NvLink, PcieLink,
+                                             TopologyFacts)
 
 NAME = "topology"
-Facts = Mapping[int, Mapping[str, Any]]
+ByRank = Mapping[int, TopologyFacts]
+# What the public entry points take: typed facts, or the JSON a report holds (its rank keys are strings).
+RankFacts = Union[ByRank, Mapping[int, Mapping[str, object]], Mapping[str, Mapping[str, object]]]
+
+
+def typed(facts: RankFacts) -> dict[int, TopologyFacts]:
+    """Each rank's facts as TopologyFacts; a rank whose facts are not an object at all reported nothing."""
+    return facts_by_rank(TopologyFacts, {r: f for r, f in facts.items() if isinstance(f, (Mapping, TopologyFacts))})
 
 
 @dataclass
 class NodeView:
     host: str
     ranks: list[int]
-    node: Optional[Mapping[str, Any]]  # the leader's node facts; None when no leader reported
+    node: Optional[NodeFacts]  # the leader's node facts; None when no leader reported
     rank_gpu: dict[int, int] = field(default_factory=dict)  # rank -> NVML index of its GPU
 
     @property
-    def gpus(self) -> list[Mapping[str, Any]]:
+    def gpus(self) -> list[GpuNode]:
         """The GPUs NVML could read, each with an int index (facts from a file may be anything)."""
-        topo = (self.node or {}).get("gpus")
-        listed = topo.get("gpus") if isinstance(topo, Mapping) else None
-        return [g for g in listed if isinstance(g, Mapping) and isinstance(g.get("index"), int) and "unknown" not in g] \
-            if isinstance(listed, list) else []
+        listed = self.node.gpus.gpus if self.node is not None else []
+        return [g for g in listed if isinstance(g.index, int) and g.unknown is None]
 
     @property
     def job_gpus(self) -> list[int]:
         return sorted(set(self.rank_gpu.values()))
 
-    def gpu(self, index: int) -> Mapping[str, Any]:
-        return next(g for g in self.gpus if g.get("index") == index)
+    def gpu(self, index: int) -> GpuNode:
+        return next(g for g in self.gpus if g.index == index)
 
-    def pair(self, a: int, b: int) -> Mapping[str, Any]:
+    def pair(self, a: int, b: int) -> GpuPair:
         lo, hi = min(a, b), max(a, b)
-        topo = (self.node or {}).get("gpus")
-        pairs = topo.get("pairs") if isinstance(topo, Mapping) else None
-        return next((p for p in pairs if isinstance(p, Mapping) and p.get("a") == lo and p.get("b") == hi), {}) \
-            if isinstance(pairs, list) else {}
+        pairs = self.node.gpus.pairs if self.node is not None else []
+        return next((p for p in pairs if p.a == lo and p.b == hi), GpuPair())
 
 
-def node_views(facts: Facts, run: RunView) -> list[NodeView]:
+def node_views(facts: RankFacts, run: RunView) -> list[NodeView]:
+    by_rank = typed(facts)
     views: dict[str, NodeView] = {}
-    for rank in sorted(r for r in facts if isinstance(facts[r], Mapping)):
-        f = facts[rank]
-        host = str(f.get("host") or run.hosts.get(rank) or "?")
+    for rank in sorted(by_rank):
+        f = by_rank[rank]
+        host = str(f.host or run.hosts.get(rank) or "?")
         view = views.setdefault(host, NodeView(host, [], None))
         view.ranks.append(rank)
-        if isinstance(f.get("node"), Mapping) and view.node is None:
-            view.node = f["node"]
+        if f.node is not None and view.node is None:
+            view.node = f.node
     for view in views.values():
-        by_uuid = {g["uuid"]: g["index"] for g in view.gpus if isinstance(g.get("uuid"), str)}
+        by_uuid = {g.uuid: g.index for g in view.gpus if isinstance(g.uuid, str)}
         for rank in view.ranks:
-            uuid = facts[rank].get("gpu_uuid")
+            uuid = by_rank[rank].gpu_uuid
             if isinstance(uuid, str) and uuid in by_uuid:
                 view.rank_gpu[rank] = by_uuid[uuid]
     return list(views.values())
-
-
-def as_mapping(value: Any) -> Mapping[str, Any]:
-    """Facts read back from a file may hold anything where a mapping belongs."""
-    return value if isinstance(value, Mapping) else {}
 
 
 def _finding(code: str, severity: Severity, title: str, ranks: Iterable[int], nodes: Iterable[str],
@@ -81,38 +83,32 @@ def _finding(code: str, severity: Severity, title: str, ranks: Iterable[int], no
                    nodes=tuple(dict.fromkeys(nodes)), evidence=evidence, why=why, fix=fix)
 
 
-def ranks_on(view: NodeView, index: int) -> list[int]:
+def ranks_on(view: NodeView, index: Optional[int]) -> list[int]:
     return [r for r, g in view.rank_gpu.items() if g == index]
 
 
 # -- NVLink ----------------------------------------------------------------------------
 
-def links(gpu: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    listed = gpu.get("nvlinks")
-    return [link for link in listed if isinstance(link, Mapping)] if isinstance(listed, list) else []
+def active_links(gpu: GpuNode) -> list[NvLink]:
+    return [link for link in gpu.nvlinks if link.active]
 
 
-def active_links(gpu: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return [link for link in links(gpu) if link.get("active") is True]
+def switched(gpu: GpuNode) -> bool:
+    return any(link.remote_type == "switch" for link in gpu.nvlinks)
 
 
-def switched(gpu: Mapping[str, Any]) -> bool:
-    return any(link.get("remote_type") == "switch" for link in links(gpu))
-
-
-def nvlinks_between(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
+def nvlinks_between(a: GpuNode, b: GpuNode) -> int:
     """Direct links from a to b; through NVSwitch, as many as the GPU with fewer switch links has."""
-    direct = sum(1 for link in active_links(a) if link.get("remote_type") == "gpu"
-                 and link.get("remote_bus_id") == b.get("pci_bus_id"))
+    direct = sum(1 for link in active_links(a) if link.remote_type == "gpu" and link.remote_bus_id == b.pci_bus_id)
     if direct:
         return direct
-    switched_a = sum(1 for link in active_links(a) if link.get("remote_type") == "switch")
-    switched_b = sum(1 for link in active_links(b) if link.get("remote_type") == "switch")
+    switched_a = sum(1 for link in active_links(a) if link.remote_type == "switch")
+    switched_b = sum(1 for link in active_links(b) if link.remote_type == "switch")
     return min(switched_a, switched_b)
 
 
-def _nvlink_version(gpu: Mapping[str, Any]) -> Optional[int]:
-    versions = [link.get("version") for link in active_links(gpu) if isinstance(link.get("version"), int)]
+def _nvlink_version(gpu: GpuNode) -> Optional[int]:
+    versions = [link.version for link in active_links(gpu) if isinstance(link.version, int)]
     return max(versions) if versions else None
 
 
@@ -123,7 +119,7 @@ def cell(view: NodeView, a: int, b: int) -> str:
     links = nvlinks_between(view.gpu(a), view.gpu(b))
     if links:
         return f"NV{links}"
-    level = view.pair(a, b).get("level")
+    level = view.pair(a, b).level
     return level if isinstance(level, str) else "?"
 
 
@@ -136,22 +132,22 @@ def nvlink_findings(view: NodeView) -> list[Finding]:
     systems every GPU must be on the fabric. A GPU no rank of the job uses is information too.
     """
     findings = []
-    by_model: dict[Any, list[Mapping[str, Any]]] = {}
+    by_model: dict[str, list[GpuNode]] = {}
     for gpu in view.gpus:
-        if links(gpu):  # only GPUs whose links NVML reports at all
-            by_model.setdefault(str(gpu.get("name")), []).append(gpu)
+        if gpu.nvlinks:  # only GPUs whose links NVML reports at all
+            by_model.setdefault(str(gpu.name), []).append(gpu)
     for model, gpus in by_model.items():
         if len(gpus) < 2:
             continue  # nothing to compare with: a lone bridge-capable card reports its links inactive
-        counts = {g["index"]: len(active_links(g)) for g in gpus}
+        counts = {g.index: len(active_links(g)) for g in gpus}
         best = max(counts.values())
         fabric = any(switched(g) for g in gpus)
         for gpu in gpus:
-            have = counts[gpu["index"]]
+            have = counts[gpu.index]
             if have >= best:
                 continue
-            down = [link.get("link") for link in links(gpu) if link.get("active") is not True]
-            ranks = ranks_on(view, gpu["index"])
+            down = [link.link for link in gpu.nvlinks if not link.active]
+            ranks = ranks_on(view, gpu.index)
             none_left = have == 0
             if none_left and not fabric:
                 severity = Severity.INFO  # no bridge fitted, or a bridge that is down: NVML cannot tell
@@ -161,11 +157,11 @@ def nvlink_findings(view: NodeView) -> list[Finding]:
                 severity = Severity.CRITICAL if none_left else Severity.WARN
             findings.append(_finding(
                 "TOP002", severity,
-                f"GPU {gpu['index']} on {view.host}: "
+                f"GPU {gpu.index} on {view.host}: "
                 f"{'no NVLink active' if none_left else f'{have} of {best} NVLinks active'}"
                 f"{'' if fabric or not none_left else ' (no bridge fitted, or a bridge down)'}",
                 ranks, [view.host],
-                {"gpu": gpu["index"], "model": model, "pci_bus_id": gpu.get("pci_bus_id"), "active_links": have,
+                {"gpu": gpu.index, "model": model, "pci_bus_id": gpu.pci_bus_id, "active_links": have,
                  "links_on_its_best_peer": best, "inactive_links": down, "ranks_on_it": ranks,
                  "nvswitch": fabric},
                 why=("NCCL routes around a missing NVLink: with some links down this GPU's traffic shares fewer "
@@ -175,61 +171,97 @@ def nvlink_findings(view: NodeView) -> list[Finding]:
                      "errors. On NVSwitch systems check that the fabric manager runs (`systemctl status "
                      "nvidia-fabricmanager`); with bridged boards, that the bridge is seated. A GPU reset or a reboot "
                      "retrains the links; if a link stays down, drain the node and open a hardware ticket."
-                     ).format(i=gpu["index"])))
+                     ).format(i=gpu.index)))
     return findings
 
 
 # -- PCIe --------------------------------------------------------------------------------
 
-def pcie_findings(view: NodeView, facts: Facts) -> list[Finding]:
+@dataclass
+class LoadedLink:
+    """One rank's GPU link as read under load, with what every PCIe finding about it cites."""
+
+    rank: int
+    host: str
+    where: str  # "GPU 2 on host", or the rank's GPU when its NVML index is not known
+    bus: Optional[str]
+    link: PcieLink
+    evidence: dict[str, Any]
+
+
+def loaded_link(view: NodeView, rank: int, load: LoadReading, link: PcieLink) -> LoadedLink:
+    gpu = view.rank_gpu.get(rank)
+    where = f"GPU {gpu} on {view.host}" if gpu is not None else f"rank {rank}'s GPU on {view.host}"
+    bus = view.gpu(gpu).pci_bus_id if gpu is not None else None
+    bus = bus if isinstance(bus, str) else None
+    gen, width, max_gen, max_width = link.gen, link.width, link.max_gen, link.max_width
+    evidence = {"gpu": gpu, "rank": rank, "pci_bus_id": bus, "link_under_load": f"Gen{gen} x{width}",
+                "link_max": f"Gen{max_gen} x{max_width}", "host_to_device_gbps": load.h2d_gbps,
+                "device_to_host_gbps": load.d2h_gbps,
+                "link_gbps_now": pcie_gbps(gen, width), "link_gbps_at_max": pcie_gbps(max_gen, max_width)}
+    return LoadedLink(rank, view.host, where, bus, link, evidence)
+
+
+def downtrained_finding(loaded: LoadedLink) -> list[Finding]:
+    """TOP001: a link below its generation or width while the GPU was busy."""
+    gen, width, max_gen, max_width = (loaded.link.gen, loaded.link.width, loaded.link.max_gen,
+                                      loaded.link.max_width)
+    low_gen = isinstance(gen, int) and isinstance(max_gen, int) and gen < max_gen
+    low_width = isinstance(width, int) and isinstance(max_width, int) and width < max_width
+    if not (low_gen or low_width):
+        return []
+    what = " and ".join(s for s, on in ((f"x{width} of x{max_width}", low_width),
+                                         (f"Gen{gen} of Gen{max_gen}", low_gen)) if on)
+    return [_finding(
+        "TOP001", Severity.WARN, f"PCIe link of {loaded.where} runs at {what} under load", [loaded.rank],
+        [loaded.host], loaded.evidence,
+        why=("The link trained below what the GPU and its slot support, so every copy between host and GPU, "
+             "and any all-reduce that goes over PCIe, has less bandwidth. Read while the GPU was busy, so "
+             "this is not the power saving of an idle link."),
+        fix=("Compare `nvidia-smi -q -d PCIE` (Link Width / Generation, Current vs Max) and `lspci -vv -s "
+             f"{linux_bus_id(loaded.bus) if loaded.bus else '<bus id>'} | grep -E 'LnkCap|LnkSta'` (\"LnkSta ... (downgraded)\"). Reseat the GPU or its "
+             "riser, use a slot wired x16, and check the BIOS for a forced link speed or bifurcation; if it "
+             "persists, drain the node and open a hardware ticket."))]
+
+
+def replay_finding(loaded: LoadedLink, replays: Optional[int]) -> list[Finding]:
+    """TOP008: link-level retransmissions during the copies."""
+    if not (isinstance(replays, int) and replays > 0):
+        return []
+    return [_finding(
+        "TOP008", Severity.WARN, f"PCIe link of {loaded.where} retransmitted {replays} times under load",
+        [loaded.rank], [loaded.host], dict(loaded.evidence, replays_during_load=replays),
+        why=("Replays are link-level retransmissions after errors: a marginal link (riser, slot, signal "
+             "integrity) that costs bandwidth and may get worse. A healthy link replays rarely, if ever, "
+             "in a quarter of a second."),
+        fix=("Watch `nvidia-smi -q -d PCIE` (Replays Since Reset) while training; node health checkers fail "
+             "a GPU at 80 replays over their test. Reseat the GPU or riser; drain the node if it keeps "
+             "counting."))]
+
+
+def capped_slot_finding(loaded: LoadedLink) -> list[Finding]:
+    """TOP010: a GPU whose own PCIe generation is above what its slot allows."""
+    gpu_max, max_gen = loaded.link.gpu_max_gen, loaded.link.max_gen
+    if not (isinstance(gpu_max, int) and isinstance(max_gen, int) and gpu_max > max_gen):
+        return []
+    return [_finding(
+        "TOP010", Severity.INFO, f"{loaded.where} supports PCIe Gen{gpu_max}, its slot only Gen{max_gen}",
+        [loaded.rank], [loaded.host], dict(loaded.evidence, gpu_max_gen=gpu_max, slot_max_gen=max_gen),
+        why="The slot (or the CPU's root port) caps the link below the GPU's own generation.",
+        fix="Nothing to repair; a newer platform or slot would double host-to-GPU bandwidth per generation.")]
+
+
+def pcie_findings(view: NodeView, facts: ByRank) -> list[Finding]:
+    """Each rank's link under load: downtrained (TOP001), replaying (TOP008), capped by its slot (TOP010)."""
     findings = []
     for rank in view.ranks:
-        load = facts[rank].get("load")
-        if not isinstance(load, Mapping) or not isinstance(load.get("pcie"), Mapping):
+        load = facts[rank].load
+        if load is None or load.pcie is None:
             continue
-        link = load["pcie"]
-        gen, width, max_gen, max_width = (link.get(k) for k in ("gen", "width", "max_gen", "max_width"))
-        gpu = view.rank_gpu.get(rank)
-        where = f"GPU {gpu} on {view.host}" if gpu is not None else f"rank {rank}'s GPU on {view.host}"
-        bus = view.gpu(gpu).get("pci_bus_id") if gpu is not None else None
-        bus = bus if isinstance(bus, str) else None
-        evidence = {"gpu": gpu, "rank": rank, "pci_bus_id": bus, "link_under_load": f"Gen{gen} x{width}",
-                    "link_max": f"Gen{max_gen} x{max_width}", "host_to_device_gbps": load.get("h2d_gbps"),
-                    "device_to_host_gbps": load.get("d2h_gbps"),
-                    "link_gbps_now": pcie_gbps(gen, width), "link_gbps_at_max": pcie_gbps(max_gen, max_width)}
-        low_gen = all(isinstance(v, int) for v in (gen, max_gen)) and gen < max_gen
-        low_width = all(isinstance(v, int) for v in (width, max_width)) and width < max_width
-        if low_gen or low_width:
-            what = " and ".join(s for s, on in ((f"x{width} of x{max_width}", low_width),
-                                                 (f"Gen{gen} of Gen{max_gen}", low_gen)) if on)
-            findings.append(_finding(
-                "TOP001", Severity.WARN, f"PCIe link of {where} runs at {what} under load", [rank], [view.host],
-                evidence,
-                why=("The link trained below what the GPU and its slot support, so every copy between host and GPU, "
-                     "and any all-reduce that goes over PCIe, has less bandwidth. Read while the GPU was busy, so "
-                     "this is not the power saving of an idle link."),
-                fix=("Compare `nvidia-smi -q -d PCIE` (Link Width / Generation, Current vs Max) and `lspci -vv -s "
-                     f"{linux_bus_id(bus) if bus else '<bus id>'} | grep -E 'LnkCap|LnkSta'` (\"LnkSta ... (downgraded)\"). Reseat the GPU or its "
-                     "riser, use a slot wired x16, and check the BIOS for a forced link speed or bifurcation; if it "
-                     "persists, drain the node and open a hardware ticket.")))
-        replays = load.get("replays_during_load")
-        if isinstance(replays, int) and replays > 0:
-            findings.append(_finding(
-                "TOP008", Severity.WARN, f"PCIe link of {where} retransmitted {replays} times under load",
-                [rank], [view.host], dict(evidence, replays_during_load=replays),
-                why=("Replays are link-level retransmissions after errors: a marginal link (riser, slot, signal "
-                     "integrity) that costs bandwidth and may get worse. A healthy link replays rarely, if ever, "
-                     "in a quarter of a second."),
-                fix=("Watch `nvidia-smi -q -d PCIE` (Replays Since Reset) while training; node health checkers fail "
-                     "a GPU at 80 replays over their test. Reseat the GPU or riser; drain the node if it keeps "
-                     "counting.")))
-        gpu_max = link.get("gpu_max_gen")
-        if isinstance(gpu_max, int) and isinstance(max_gen, int) and gpu_max > max_gen:
-            findings.append(_finding(
-                "TOP010", Severity.INFO, f"{where} supports PCIe Gen{gpu_max}, its slot only Gen{max_gen}",
-                [rank], [view.host], dict(evidence, gpu_max_gen=gpu_max, slot_max_gen=max_gen),
-                why="The slot (or the CPU's root port) caps the link below the GPU's own generation.",
-                fix="Nothing to repair; a newer platform or slot would double host-to-GPU bandwidth per generation."))
+        loaded = loaded_link(view, rank, load, load.pcie)
+        findings += downtrained_finding(loaded)
+        findings += replay_finding(loaded, load.replays_during_load)
+        findings += capped_slot_finding(loaded)
     return findings
 
 
@@ -252,7 +284,7 @@ def asymmetry_findings(view: NodeView) -> list[Finding]:
     findings = []
     for gpu, level in best.items():
         if level_rank(level) <= usual or level_rank(level) < level_rank("NODE") \
-                or len(active_links(view.gpu(gpu))) < len(links(view.gpu(gpu))):
+                or len(active_links(view.gpu(gpu))) < len(view.gpu(gpu).nvlinks):
             continue
         usual_level = next(c for c in best.values() if level_rank(c) == usual)
         ranks = ranks_on(view, gpu)
@@ -281,13 +313,13 @@ def p2p_findings(view: NodeView) -> list[Finding]:
         for b in gpus[i + 1:]:
             pair = view.pair(a, b)
             where = cell(view, a, b)
-            status = pair.get("p2p_read")
+            status = pair.p2p_read
             nvml_blocks = (where.startswith("NV") or where in P2P_CAPABLE) and isinstance(status, str) \
                 and status not in ("OK", "GNS")
-            cuda_blocks = pair.get("torch_peer") is False and status == "OK"
+            cuda_blocks = pair.torch_peer is False and status == "OK"
             if nvml_blocks or cuda_blocks:
                 bad.append({"gpus": f"{a}-{b}", "path": where, "nvml_p2p_read": status,
-                            "nvml_p2p_nvlink": pair.get("p2p_nvlink"), "torch_can_access_peer": pair.get("torch_peer")})
+                            "nvml_p2p_nvlink": pair.p2p_nvlink, "torch_can_access_peer": pair.torch_peer})
     if not bad:
         return []
     involved = {int(x) for p in bad for x in p["gpus"].split("-")}
@@ -307,29 +339,28 @@ def p2p_findings(view: NodeView) -> list[Finding]:
 
 # -- CPU placement ------------------------------------------------------------------------
 
-def _cpus(text: Any) -> Optional[set[int]]:
+def _cpus(text: object) -> Optional[set[int]]:
     try:
         return parse_cpulist(text) if isinstance(text, str) else None
     except ValueError:
         return None
 
 
-def affinity_findings(view: NodeView, facts: Facts) -> list[Finding]:
-    numa = as_mapping(view.node).get("numa")
-    if not isinstance(numa, Mapping) or "unknown" in numa or len(numa) < 2 or not view.rank_gpu:
+def affinity_findings(view: NodeView, facts: ByRank) -> list[Finding]:
+    numa = view.node.numa if view.node is not None else {}
+    if "unknown" in numa or len(numa) < 2 or not view.rank_gpu:
         return []  # one NUMA node: every CPU is local to every GPU
     if any(_cpus(c) is None for c in numa.values()):
         return []
     remote, unpinned = [], []
     for rank, index in sorted(view.rank_gpu.items()):
-        placement = facts[rank].get("placement")
-        placement = placement if isinstance(placement, Mapping) else {}
-        mine, near = _cpus(placement.get("cpus")), _cpus(view.gpu(index).get("cpu_affinity"))
+        placement, gpu = facts[rank].placement, view.gpu(index)
+        mine, near = _cpus(placement.cpus), _cpus(gpu.cpu_affinity)
         if not mine or not near:
             continue
-        row = {"rank": rank, "gpu": index, "gpu_numa_node": view.gpu(index).get("numa_node"),
-               "rank_cpus": placement["cpus"], "rank_numa_nodes": placement.get("numa_nodes"),
-               "gpu_local_cpus": view.gpu(index).get("cpu_affinity")}
+        row = {"rank": rank, "gpu": index, "gpu_numa_node": gpu.numa_node,
+               "rank_cpus": placement.cpus, "rank_numa_nodes": placement.numa_nodes,
+               "gpu_local_cpus": gpu.cpu_affinity}
         if not mine & near:
             remote.append(row)  # not one CPU local to its GPU: the fault
         elif not mine <= near:
@@ -362,20 +393,19 @@ def affinity_findings(view: NodeView, facts: Facts) -> list[Finding]:
 
 # -- the bandwidth this topology allows ---------------------------------------------------
 
-def _loaded_pcie(view: NodeView, facts: Facts, index: int, at_max: bool) -> Optional[float]:
+def _loaded_pcie(view: NodeView, facts: ByRank, index: int, at_max: bool) -> Optional[float]:
     """A GPU's PCIe GB/s: as measured under load by a rank on it, else (or `at_max`) its max."""
-    idle = view.gpu(index).get("pcie_idle")
-    idle = idle if isinstance(idle, Mapping) else {}
     if not at_max:
         for rank in ranks_on(view, index):
-            load = facts[rank].get("load")
-            link = load.get("pcie") if isinstance(load, Mapping) else None
-            if isinstance(link, Mapping) and pcie_gbps(link.get("gen"), link.get("width")) is not None:
-                return pcie_gbps(link.get("gen"), link.get("width"))
-    return pcie_gbps(idle.get("max_gen"), idle.get("max_width"))
+            load = facts[rank].load
+            link = load.pcie if load is not None else None
+            if link is not None and pcie_gbps(link.gen, link.width) is not None:
+                return pcie_gbps(link.gen, link.width)
+    idle = view.gpu(index).pcie_idle
+    return pcie_gbps(idle.max_gen, idle.max_width)
 
 
-def ring_hops(view: NodeView, facts: Facts, at_max: bool = False) -> list[Hop]:
+def ring_hops(view: NodeView, facts: ByRank, at_max: bool = False) -> list[Hop]:
     """The job's GPUs on this node as a ring in PCI order, which is how they sit on the switches."""
     gpus = view.job_gpus
     if len(gpus) < 2:
@@ -387,7 +417,7 @@ def ring_hops(view: NodeView, facts: Facts, at_max: bool = False) -> list[Hop]:
         ga, gb = view.gpu(a), view.gpu(b)
         links = nvlinks_between(ga, gb)
         pcie = [_loaded_pcie(view, facts, g, at_max) for g in (a, b)]
-        status = view.pair(a, b).get("p2p_read")
+        status = view.pair(a, b).p2p_read
         hops.append(Hop(a, b, cell(view, a, b), links, _nvlink_version(ga) if links else None,
                         min(pcie) if all(p is not None for p in pcie) else None,
                         p2p=status in ("OK", None) or isinstance(status, Mapping)))
@@ -395,15 +425,16 @@ def ring_hops(view: NodeView, facts: Facts, at_max: bool = False) -> list[Hop]:
 
 
 def _network_mbps(view: NodeView) -> list[int]:
-    listed = as_mapping(view.node).get("nics")
-    nics = [n for n in (listed if isinstance(listed, list) else []) if isinstance(n, Mapping)
-            and not n.get("virtual") and n.get("up") and isinstance(n.get("speed_mbps"), int)]
-    rdma = [n for n in nics if n.get("rdma")]
-    chosen = rdma or sorted(nics, key=lambda n: -n["speed_mbps"])[:1]
-    return [int(n["speed_mbps"]) for n in chosen]
+    """The speeds of the NICs NCCL would use between nodes: every RDMA one, else the fastest."""
+    usable: list[tuple[int, Nic]] = []
+    for nic in view.node.nics if view.node is not None else []:
+        if not nic.virtual and nic.up and isinstance(nic.speed_mbps, int):
+            usable.append((int(nic.speed_mbps), nic))
+    rdma = [speed for speed, nic in usable if nic.rdma]
+    return rdma or sorted((speed for speed, _ in usable), reverse=True)[:1]
 
 
-def expectation(views: list[NodeView], facts: Facts, at_max: bool = False) -> Expectation:
+def expectation(views: list[NodeView], facts: ByRank, at_max: bool = False) -> Expectation:
     """The job's all-reduce bound: its slowest node's ring, and the network when it spans nodes."""
     bounds = []
     for view in views:
@@ -424,15 +455,15 @@ def expectation(views: list[NodeView], facts: Facts, at_max: bool = False) -> Ex
     return Expectation(e.busbw_gbps, f"{e.bottleneck} on {host}", e.hop, e.wire_gbps)
 
 
-def expected_busbw(facts: Mapping[Any, Mapping[str, Any]], run: RunView) -> dict[str, Any]:
+def expected_busbw(facts: RankFacts, run: RunView) -> dict[str, Any]:
     """TOP007's figure as plain values, for the allreduce probe to set its measurement against:
     `gbps` (None with `why` when not modelled), at the links' full speed, and the bottleneck."""
-    facts = {int(k): v for k, v in facts.items()}
-    views = node_views(facts, run)
+    by_rank = typed(facts)
+    views = node_views(by_rank, run)
     if sum(len(v.job_gpus) for v in views) < 2:
         hosts = ", ".join(sorted({v.host for v in views if v.node is not None and not v.gpus}))
         return {"gbps": None, "why": f"{hosts} has no GPU topology" if hosts else "fewer than 2 GPUs in the job"}
-    now, at_max = expectation(views, facts), expectation(views, facts, at_max=True)
+    now, at_max = expectation(views, by_rank), expectation(views, by_rank, at_max=True)
     if now.busbw_gbps is None:
         return {"gbps": None, "why": now.bottleneck}
     return {"gbps": now.busbw_gbps, "at_full_link_gbps": at_max.busbw_gbps, "bottleneck": now.bottleneck,
@@ -440,7 +471,7 @@ def expected_busbw(facts: Mapping[Any, Mapping[str, Any]], run: RunView) -> dict
             "model": "slowest ring hop x efficiency (docs/probes/topology.md)"}
 
 
-def expectation_finding(views: list[NodeView], facts: Facts) -> list[Finding]:
+def expectation_finding(views: list[NodeView], facts: ByRank) -> list[Finding]:
     if sum(len(v.job_gpus) for v in views) < 2:
         return []  # one GPU in all: the all-reduce moves nothing between GPUs
     now, at_max = expectation(views, facts), expectation(views, facts, at_max=True)
@@ -458,27 +489,27 @@ def expectation_finding(views: list[NodeView], facts: Facts) -> list[Finding]:
 
 def no_gpu_findings(views: list[NodeView]) -> list[Finding]:
     """Nodes without GPUs NVML can see: the probe still recorded CPU placement and NICs."""
-    bare = [v for v in views if v.node is not None and not v.gpus]
-    if not bare:
+    reasons = {v.host: str(v.node.gpus.unknown or "NVML sees no GPU") for v in views if v.node is not None and not v.gpus}
+    if not reasons:
         return []
-    reasons = {v.host: str(as_mapping(as_mapping(v.node).get("gpus")).get("unknown") or "NVML sees no GPU") for v in bare}
+    bare = [v for v in views if v.host in reasons]
     return [_finding("TOP009", Severity.INFO,
                      f"No GPU topology on {len(bare)} node{'s' if len(bare) != 1 else ''}: CPU placement and NICs only",
                      [r for v in bare for r in v.ranks], list(reasons), {"why_no_gpus": reasons},
                      why="Without NVML there are no GPU links to judge; ranks run on CPU (gloo).", fix="")]
 
 
-def diagnose_topology(facts: Mapping[Any, Mapping[str, Any]], run: RunView) -> list[Finding]:
-    facts = {int(k): v for k, v in facts.items()}  # a report read back from JSON has string keys
-    views = node_views(facts, run)
+def diagnose_topology(facts: RankFacts, run: RunView) -> list[Finding]:
+    by_rank = typed(facts)  # a report read back from JSON has string keys and plain objects
+    views = node_views(by_rank, run)
     findings = no_gpu_findings(views)
     for view in views:
         if view.node is None:
             continue  # its local rank 0 did not report: the run's findings say why
         findings += nvlink_findings(view)
-        findings += pcie_findings(view, facts)
+        findings += pcie_findings(view, by_rank)
         findings += asymmetry_findings(view)
         findings += p2p_findings(view)
-        findings += affinity_findings(view, facts)
-    findings += expectation_finding(views, facts)
+        findings += affinity_findings(view, by_rank)
+    findings += expectation_finding(views, by_rank)
     return findings

@@ -6,20 +6,23 @@ since the others look the same (and every node is in the JSON report).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.core.findings import Severity, rank_ranges
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
-from ddpdoctor.probes.topology.checks import NodeView, as_mapping, cell, diagnose_topology, node_views, ranks_on
+from ddpdoctor.probes.topology.checks import (ByRank, NodeView, RankFacts, cell, diagnose_topology, node_views, ranks_on,
+                                              typed)
+from ddpdoctor.probes.topology.facts import Nic, NodeFacts
 
 MAX_NODES = 2
 
 
-def _marks(findings: list[Any], host: str) -> tuple[set[int], set[tuple[int, int]]]:
+def _marks(findings: list[Finding], host: str) -> tuple[set[int], set[tuple[int, int]]]:
     gpus: set[int] = set()
     pairs: set[tuple[int, int]] = set()
     for f in findings:
@@ -37,18 +40,19 @@ def _marks(findings: list[Any], host: str) -> tuple[set[int], set[tuple[int, int
     return gpus, pairs
 
 
-def _link(view: NodeView, facts: Mapping[int, Mapping[str, Any]], index: int) -> str:
+def _link(view: NodeView, facts: ByRank, index: int) -> str:
     for rank in ranks_on(view, index):
-        link = as_mapping(as_mapping(facts[rank].get("load")).get("pcie"))
-        if "gen" in link:
-            return f"Gen{link.get('gen')} x{link.get('width')} / Gen{link.get('max_gen')} x{link.get('max_width')}"
-    idle = as_mapping(view.gpu(index).get("pcie_idle"))
-    return f"idle, max Gen{idle.get('max_gen')} x{idle.get('max_width')}"
+        load = facts[rank].load
+        link = load.pcie if load is not None else None
+        if link is not None and link.gen is not None:
+            return f"Gen{link.gen} x{link.width} / Gen{link.max_gen} x{link.max_width}"
+    idle = view.gpu(index).pcie_idle
+    return f"idle, max Gen{idle.max_gen} x{idle.max_width}"
 
 
-def _matrix(view: NodeView, facts: Mapping[int, Mapping[str, Any]], findings: list[Any], console: Any) -> None:
+def _matrix(view: NodeView, facts: ByRank, findings: list[Finding], console: Console) -> None:
     bad_gpus, bad_pairs = _marks(findings, view.host)
-    indices = [g["index"] for g in view.gpus]
+    indices = [g.index for g in view.gpus if g.index is not None]
     table = Table(title=f"topology  {view.host}: {len(indices)} GPUs; PCIe: under load / max",
                   title_justify="left", box=None, pad_edge=False, header_style="bold")
     table.add_column("")
@@ -64,53 +68,55 @@ def _matrix(view: NodeView, facts: Mapping[int, Mapping[str, Any]], findings: li
             cells.append(Text(text, style="bold red" if (a, b) in bad_pairs else ("dim" if text == "X" else "")))
         ranks = ranks_on(view, a)
         table.add_row(Text(f"GPU{a}", style="bold red" if a in bad_gpus else ""), *cells,
-                      str(gpu.get("cpu_affinity") if isinstance(gpu.get("cpu_affinity"), str) else "?"),
-                      str(gpu.get("numa_node") if gpu.get("numa_node") is not None else "-"),
+                      str(gpu.cpu_affinity if isinstance(gpu.cpu_affinity, str) else "?"),
+                      str(gpu.numa_node if gpu.numa_node is not None else "-"),
                       _link(view, facts, a), rank_ranges(ranks) if ranks else "")
     console.print(table)
 
 
-def _nic(card: Mapping[str, Any]) -> str:
-    speed = card.get("speed_mbps")
-    rdma = card.get("rdma")
-    return (f"{card.get('name')} {'up' if card.get('up') else 'down'}"
+def _nic(card: Nic) -> str:
+    speed = card.speed_mbps
+    return (f"{card.name} {'up' if card.up else 'down'}"
             f"{f' {speed / 1000:g} Gb/s' if isinstance(speed, (int, float)) else ''}"
-            f"{' RDMA ' + '/'.join(str(d) for d in rdma) if isinstance(rdma, list) and rdma else ''}")
+            f"{' RDMA ' + '/'.join(str(d) for d in card.rdma) if card.rdma else ''}")
 
 
-def _cpu_line(view: NodeView, facts: Mapping[int, Mapping[str, Any]]) -> Text:
-    node = view.node or {}
-    gpus = node.get("gpus")
-    why = str(gpus.get("unknown") if isinstance(gpus, Mapping) and gpus.get("unknown") else "no GPU")
+def _placements(view: NodeView, facts: ByRank) -> list[str]:
+    """Where the node's first ranks may run, for a node without GPUs to draw."""
     places = []
     for rank in view.ranks[:4]:
-        placement = facts[rank].get("placement")
-        if isinstance(placement, Mapping) and isinstance(placement.get("cpus"), str):
-            nodes = placement.get("numa_nodes")
+        placement = facts[rank].placement
+        if isinstance(placement.cpus, str):
+            nodes = placement.numa_nodes
             numa = ",".join(str(n) for n in nodes) if isinstance(nodes, list) and nodes else "?"
-            places.append(f"rank {rank} on CPUs {placement['cpus']} (NUMA {numa})")
-    listed = node.get("nics")
-    cards = [n for n in (listed if isinstance(listed, list) else []) if isinstance(n, Mapping) and not n.get("virtual")]
-    transport = node.get("transport") if isinstance(node.get("transport"), Mapping) else {}
-    gloo = transport.get("gloo_interface") or transport.get("gloo_default_interface")
-    gloo_text = ", ".join(str(g) for g in gloo) if isinstance(gloo, list) and gloo else "?"
-    return Text(f"topology  {view.host}: no GPU topology ({why}); {'; '.join(places + [''])}"
+            places.append(f"rank {rank} on CPUs {placement.cpus} (NUMA {numa})")
+    return places
+
+
+def _cpu_line(view: NodeView, node: NodeFacts, facts: ByRank) -> Text:
+    why = str(node.gpus.unknown or "no GPU")
+    cards = [n for n in node.nics if not n.virtual]
+    transport = node.transport
+    gloo = transport.gloo_interface or transport.gloo_default_interface
+    gloo_text = ", ".join(str(g) for g in gloo) if gloo else "?"
+    return Text(f"topology  {view.host}: no GPU topology ({why}); {'; '.join(_placements(view, facts) + [''])}"
                 f"NICs: {', '.join(_nic(c) for c in cards) or 'none'}; "
-                f"NCCL net {transport.get('nccl_net', '?')}, gloo on {gloo_text}", style="dim")
+                f"NCCL net {transport.nccl_net or '?'}, gloo on {gloo_text}", style="dim")
 
 
-def render_matrices(facts: Mapping[Any, Mapping[str, Any]], console: Any) -> None:
-    facts = {int(k): v for k, v in facts.items()}
-    views = [v for v in node_views(facts, RunView(world_size=len(facts))) if v.node is not None]
-    findings = diagnose_topology(facts, RunView(world_size=len(facts)))
+def render_matrices(facts: RankFacts, console: Console) -> None:
+    run = RunView(world_size=len(facts))
+    by_rank = typed(facts)
+    views = [v for v in node_views(by_rank, run) if v.node is not None]
+    findings = diagnose_topology(by_rank, run)
     troubled = {n for f in findings if f.severity >= Severity.WARN for n in f.nodes}
     ordered = sorted(views, key=lambda v: v.host not in troubled)
     shown = [v for v in ordered if v.host in troubled][:MAX_NODES] or ordered[:1]
     for view in shown:
         if view.gpus:
-            _matrix(view, facts, findings, console)
-        else:
-            console.print(_cpu_line(view, facts))
+            _matrix(view, by_rank, findings, console)
+        elif view.node is not None:  # always, for the views shown: their leader reported
+            console.print(_cpu_line(view, view.node, by_rank))
     if len(views) > len(shown):
         console.print(Text(f"({len(views) - len(shown)} more node{'s' if len(views) - len(shown) != 1 else ''} "
                            "in the JSON report)", style="dim"))
