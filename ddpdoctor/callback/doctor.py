@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
+from ddpdoctor.core.exits import STAGE_TIMEOUT_EXIT, hard_exit
 from ddpdoctor.callback.online_checks import (PROBE, DataParallelGpu, History, RankWindow, batch_scaling_finding,
                                               data_findings, data_parallel_finding, memory_growth, setup_findings)
 from ddpdoctor.callback.row import GatheredRow, pack, packed_length, unpack
@@ -661,9 +662,9 @@ class Doctor:
         if self.on_hang == "exit":
             # The first peer to leave resets this rank's connections, and its main thread may die of
             # that error before this thread exits: the exit status stays "hung", not the error's 1.
-            atexit.register(os._exit, 124)
+            atexit.register(hard_exit, STAGE_TIMEOUT_EXIT)
             self._wait_for_peers_reports()
-            os._exit(124)
+            hard_exit(STAGE_TIMEOUT_EXIT)
 
     def _wait_for_peers_reports(self) -> None:
         """Before leaving, give the other ranks' watchdogs the time to report their own stacks.
@@ -676,7 +677,7 @@ class Doctor:
         grace = max(2.0, min(10.0, self.deadline_s / 2))
         # A store call can itself block past the grace (TCPStore serialises its clients): the exit
         # must not wait on it. This timer ends the process if the calls below do not return.
-        backstop = threading.Timer(grace + 2.0, os._exit, (124,))
+        backstop = threading.Timer(grace + 2.0, hard_exit, (STAGE_TIMEOUT_EXIT,))
         backstop.daemon = True
         backstop.start()
         keys = [HANG_KEY.format(rank=r) for r in range(self.world_size)]
