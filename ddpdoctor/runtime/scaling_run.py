@@ -14,8 +14,11 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar
 
+from ddpdoctor.core import keys
+from ddpdoctor.core.facts import Facts
 from ddpdoctor.runtime.context import RankContext
 from ddpdoctor.measure.slow_compute import SlowCompute
 from ddpdoctor.runtime.user_model import forward
@@ -74,24 +77,93 @@ class Parts:
         return to_device(inputs, self.device), to_device(targets, self.device)
 
 
-class _Steps:
-    """Per-step columns in ms; medians for the facts."""
+@dataclass
+class SizeRow(Facts):
+    """One rank's medians (ms) at one size, as the facts' `sizes[n]` hold them.
 
-    def __init__(self) -> None:
-        self.columns: dict[str, list[float]] = {}
+    A column with no steps is absent (`forward_alone_ms` and `backward_alone_ms` at one rank,
+    which has no all-reduce to switch off)."""
 
-    def add(self, **ms: float) -> None:
-        for key, value in ms.items():
-            self.columns.setdefault(key, []).append(round(value, 4))
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({
+        "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "step_ms", "forward_alone_ms",
+        "backward_alone_ms", "spun_ms"})
 
-    def medians(self) -> dict[str, float]:
-        return {key: round(statistics.median(values), 4) for key, values in self.columns.items() if values}
+    steps: int = 0
+    data_ms: Optional[float] = None
+    forward_ms: Optional[float] = None
+    backward_ms: Optional[float] = None  # includes the wait for the gradient all-reduce
+    optimizer_ms: Optional[float] = None
+    step_ms: Optional[float] = None
+    forward_alone_ms: Optional[float] = None  # under no_sync(): no all-reduce
+    backward_alone_ms: Optional[float] = None
+    spun_ms: Optional[float] = None  # injected slowness (--inject slow), for the record
+    step_ms_all: list[float] = field(default_factory=list)  # every step, for the DDP settings' mean
+
+
+@dataclass
+class KnobRow(Facts):
+    """One DDP setting tried at the largest size, as the facts' `knobs[name]` hold it."""
+
+    step_ms: Optional[float] = None
+    accumulate: int = 1  # micro-batches per all-reduce
+    ms_per_batch: Optional[float] = None
+
+
+class ScalingRecord(Protocol):
+    """What `measure` fills in and publishes: the scaling probe's facts (probes/scaling/facts.py)."""
+
+    sizes: dict[str, SizeRow]
+    knobs: dict[str, KnobRow]
+    batch_size: Optional[int]
+    sizes_asked: list[int]
+    parameters: int
+    gradient_bytes: int
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def _median(values: list[float]) -> Optional[float]:
+    """A column's median as the facts hold it; None for a column with no steps."""
+    return round(statistics.median(values), 4) if values else None
+
+
+@dataclass
+class SizeTimeline:
+    """One size's training, step by step (ms); its medians are the size's row."""
+
+    data_ms: list[float] = field(default_factory=list)
+    forward_ms: list[float] = field(default_factory=list)
+    backward_ms: list[float] = field(default_factory=list)
+    optimizer_ms: list[float] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    forward_alone_ms: list[float] = field(default_factory=list)
+    backward_alone_ms: list[float] = field(default_factory=list)
+    spun_ms: list[float] = field(default_factory=list)
+
+    def add(self, *, data_ms: float, forward_ms: float, backward_ms: float, optimizer_ms: float,
+            step_ms: float) -> None:
+        self.data_ms.append(round(data_ms, 4))
+        self.forward_ms.append(round(forward_ms, 4))
+        self.backward_ms.append(round(backward_ms, 4))
+        self.optimizer_ms.append(round(optimizer_ms, 4))
+        self.step_ms.append(round(step_ms, 4))
+
+    def add_alone(self, *, forward_ms: float, backward_ms: float) -> None:
+        self.forward_alone_ms.append(round(forward_ms, 4))
+        self.backward_alone_ms.append(round(backward_ms, 4))
+
+    def row(self, steps: int) -> SizeRow:
+        return SizeRow(steps=steps, data_ms=_median(self.data_ms), forward_ms=_median(self.forward_ms),
+                       backward_ms=_median(self.backward_ms), optimizer_ms=_median(self.optimizer_ms),
+                       step_ms=_median(self.step_ms), forward_alone_ms=_median(self.forward_alone_ms),
+                       backward_alone_ms=_median(self.backward_alone_ms), spun_ms=_median(self.spun_ms),
+                       step_ms_all=self.step_ms)
 
 
 def _train(ctx: RankContext, parts: Parts, model: Any, optimizer: Any, steps: int, no_sync: Optional[Any],
-           slow: SlowCompute, data_delay_s: float, accumulate: int = 1) -> _Steps:
+           slow: SlowCompute, data_delay_s: float, accumulate: int = 1) -> SizeTimeline:
     """`steps` timed steps (after a warm-up); with `no_sync`, also a no-communication step after each other."""
-    out = _Steps()
+    out = SizeTimeline()
     device = parts.device
     for step in range(WARMUP + steps):
         for micro in range(accumulate):
@@ -120,10 +192,10 @@ def _train(ctx: RankContext, parts: Parts, model: Any, optimizer: Any, steps: in
                 forward_s, backward_s = _forward_backward(parts, model, inputs, targets)
             optimizer.zero_grad(set_to_none=True)  # drop the local gradient: weights stay in step
             slow.observe_backward(backward_s)
-            out.add(forward_alone_ms=forward_s * 1e3, backward_alone_ms=backward_s * 1e3)
+            out.add_alone(forward_ms=forward_s * 1e3, backward_ms=backward_s * 1e3)
         ctx.progress()
         beat(ctx)
-    out.columns.setdefault("spun_ms", []).append(round(slow.take_spun_ms(), 3))
+    out.spun_ms.append(round(slow.take_spun_ms(), 3))
     return out
 
 
@@ -152,8 +224,8 @@ def beat(ctx: RankContext) -> None:
     """A measuring rank says it is moving on (at most twice a second): the ranks that sit a
     size out wait as long as it does, however long its steps are, and no longer."""
     now = time.time()
-    if now - ctx.cache.get("scaling_beat", 0.0) >= BEAT_S:
-        ctx.cache["scaling_beat"] = now
+    if now - ctx.shared.scaling_beat >= BEAT_S:
+        ctx.shared.scaling_beat = now
         ctx.channel.set(f"scaling/beat/{ctx.rank}", now)
 
 
@@ -182,7 +254,7 @@ def _agree_steps(ctx: RankContext, step_s: Optional[float]) -> int:
 
 
 def _one_size(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, accumulate: int = 1,
-              **ddp_options: Any) -> dict[str, Any]:
+              **ddp_options: Any) -> SizeRow:
     import torch
 
     slow = SlowCompute(ctx.injector.slow_factor(), parts.device)
@@ -198,17 +270,19 @@ def _one_size(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, ac
         with ctx.collective("ddp_gradient_allreduce", size=n):
             timed = _train(ctx, parts, ddp, optimizer, steps, ddp.no_sync, slow, ctx.injector.data_delay_s(),
                            accumulate=accumulate)
-    return {"steps": steps, **timed.medians(), "step_ms_all": timed.columns.get("step_ms", [])}
+    return timed.row(steps)
 
 
-def _turn(ctx: RankContext, facts: dict[str, Any], where: tuple[str, str], key: str, n: int, what: str,
-          work: Callable[[], dict[str, Any]]) -> None:
-    """The first n ranks measure into facts[section][name] and publish what they have; every rank
-    then waits for all n."""
+Row = TypeVar("Row", SizeRow, KnobRow)
+
+
+def _turn(ctx: RankContext, facts: ScalingRecord, into: dict[str, Row], name: str, key: str, n: int, what: str,
+          work: Callable[[], Row]) -> None:
+    """The first n ranks measure into `into[name]` (a section of `facts`) and publish what they
+    have; every rank then waits for all n."""
     if ctx.rank < n:
-        section, name = where
-        facts[section][name] = work()
-        ctx.channel.set(f"result/scaling/{ctx.rank}", facts)
+        into[name] = work()
+        ctx.channel.set(keys.result("scaling", ctx.rank), facts.to_json())
         ctx.channel.set(f"{key}/{ctx.rank}", time.time())
     wait_for(ctx, [f"{key}/{r}" for r in range(n)], range(n), what)
 
@@ -218,7 +292,7 @@ def sizes_for(wanted: tuple[int, ...], world: int) -> list[int]:
     return sorted({1, *(n for n in (wanted or default_sizes(world)) if 1 <= n <= world)})
 
 
-def measure(ctx: RankContext, facts: dict[str, Any]) -> dict[str, Any]:
+def measure(ctx: RankContext, facts: ScalingRecord) -> None:
     """This rank's part of every size, and of the DDP settings tried at the largest.
 
     `facts` is published after each size, so a size that fails keeps the ones before it."""
@@ -229,29 +303,28 @@ def measure(ctx: RankContext, facts: dict[str, Any]) -> dict[str, Any]:
     parts = Parts(ctx, cfg.batch)
     groups = {n: dist.new_group(list(range(n))) for n in sizes if n > 1}  # every rank creates every group
     model = parts.model()
-    facts.update(sizes={}, knobs={}, batch_size=parts.samples, sizes_asked=list(cfg.sizes),
-                 parameters=sum(p.numel() for p in model.parameters()),
-                 gradient_bytes=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad))
+    facts.sizes, facts.knobs, facts.batch_size, facts.sizes_asked = {}, {}, parts.samples, list(cfg.sizes)
+    facts.parameters = sum(p.numel() for p in model.parameters())
+    facts.gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     del model
     step_s: Optional[float] = None
     if ctx.rank == 0 and ctx.cfg.steps is None:
         with ctx.stage("scaling_calibrate"):
-            step_s = _one_size(ctx, parts, 1, None, 5)["step_ms"] / 1e3
+            step_s = (_one_size(ctx, parts, 1, None, 5).step_ms or 0.0) / 1e3
     steps = _agree_steps(ctx, step_s)
     for n in sizes:
         with ctx.stage(f"scaling_{n}", inject_as="train"):
-            _turn(ctx, facts, ("sizes", str(n)), f"scaling/done/{n}", n, f"size {n}",
+            _turn(ctx, facts, facts.sizes, str(n), f"scaling/done/{n}", n, f"size {n}",
                   lambda: _one_size(ctx, parts, n, groups.get(n), steps))
     largest = max(sizes)
     if largest > 1 and cfg.knobs:
-        grad_mb = facts["gradient_bytes"] / 2**20
+        grad_mb = facts.gradient_bytes / 2**20
         for index, (name, options) in enumerate(knob_settings(grad_mb)):
             with ctx.stage("scaling_knob", inject_as=""):
-                _turn(ctx, facts, ("knobs", name), f"scaling/knob/{index}", largest, name,
+                _turn(ctx, facts, facts.knobs, name, f"scaling/knob/{index}", largest, name,
                       lambda: _one_knob(ctx, parts, largest, groups[largest], max(MIN_STEPS, steps // 4), options))
     with ctx.collective("scaling_barrier"):
         dist.barrier()  # every rank is here: quick
-    return facts
 
 
 def knob_settings(grad_mb: float) -> list[tuple[str, dict[str, Any]]]:
@@ -271,9 +344,9 @@ def knob_settings(grad_mb: float) -> list[tuple[str, dict[str, Any]]]:
     return settings
 
 
-def _one_knob(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, options: dict[str, Any]) -> dict[str, Any]:
+def _one_knob(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, options: dict[str, Any]) -> KnobRow:
     """A size's training with other DDP settings (`accumulate`: micro-batches per all-reduce)."""
     timed = _one_size(ctx, parts, n, group, steps, **options)
     # Per micro-batch: with accumulation a "step" here is one micro-batch, all-reduced once in `accumulate`.
-    return {"step_ms": timed["step_ms"], "accumulate": int(options.get("accumulate", 1)),
-            "ms_per_batch": round(statistics.fmean(timed["step_ms_all"]), 4)}
+    return KnobRow(step_ms=timed.step_ms, accumulate=int(options.get("accumulate", 1)),
+                   ms_per_batch=round(statistics.fmean(timed.step_ms_all), 4))

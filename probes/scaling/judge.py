@@ -18,9 +18,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+from ddpdoctor.runtime.scaling_run import SizeRow
 
 from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.scaling.facts import ScalingFacts
 
 NAME = "scaling"
 # Common practice (the issue's and the DDP tutorials' rule of thumb): ~95% at 2 ranks is good,
@@ -72,47 +75,59 @@ class SizeResult:
                 "shared_cpus": self.shared_cpus}
 
 
-def _num(value: Any) -> Optional[float]:
+ByRank = Mapping[int, ScalingFacts]
+
+
+def by_rank(facts: Mapping[Any, Any]) -> dict[int, ScalingFacts]:
+    """Typed facts keyed by int rank (a report has plain objects keyed by strings); a rank whose
+    facts are not an object has none."""
+    return facts_by_rank(ScalingFacts, {r: f for r, f in facts.items() if isinstance(f, (Mapping, ScalingFacts))})
+
+
+def _num(value: object) -> Optional[float]:
+    """A finite number, or None: a median the JSON holds as null, NaN or something else."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
-def _size_rows(facts: Mapping[int, Mapping[str, Any]], n: int) -> dict[int, Mapping[str, Any]]:
+def _size_rows(facts: ByRank, n: int) -> dict[int, SizeRow]:
     rows = {}
     for rank, f in facts.items():
-        sizes = f.get("sizes") if isinstance(f, Mapping) else None
-        row = sizes.get(str(n)) if isinstance(sizes, Mapping) else None
-        if isinstance(row, Mapping) and _num(row.get("step_ms")):
+        row = f.sizes.get(str(n))
+        if row is not None and _num(row.step_ms):
             rows[rank] = row
     return rows
 
 
-def _compute(row: Mapping[str, Any], alone: bool) -> Optional[float]:
-    keys = ("forward_alone_ms", "backward_alone_ms") if alone else ("forward_ms", "backward_ms")
-    values = [_num(row.get(k)) for k in keys]
-    return sum(values) if all(v is not None for v in values) else None  # type: ignore[misc]
+def _step_ms(row: SizeRow) -> float:
+    """A reported row's median step (`_size_rows` keeps only rows that have one)."""
+    return _num(row.step_ms) or 0.0
 
 
-def sizes_of(facts: Mapping[int, Mapping[str, Any]]) -> list[int]:
+def _compute(row: SizeRow, alone: bool) -> Optional[float]:
+    forward, backward = (row.forward_alone_ms, row.backward_alone_ms) if alone else (row.forward_ms, row.backward_ms)
+    f, b = _num(forward), _num(backward)
+    return f + b if f is not None and b is not None else None
+
+
+def sizes_of(facts: ByRank) -> list[int]:
     found: set[int] = set()
     for f in facts.values():
-        sizes = f.get("sizes") if isinstance(f, Mapping) else None
-        if isinstance(sizes, Mapping):
-            found.update(int(k) for k in sizes if str(k).isdigit())
+        found.update(int(k) for k in f.sizes if str(k).isdigit())
     return sorted(found)
 
 
-def evaluate(facts: Mapping[int, Mapping[str, Any]], targets: tuple[tuple[int, float], ...] = DEFAULT_TARGETS
-             ) -> list[SizeResult]:
+def evaluate(facts: ByRank, targets: tuple[tuple[int, float], ...] = DEFAULT_TARGETS) -> list[SizeResult]:
     """Every size that all its ranks reported, with its speedup and where its time went."""
+    facts = by_rank(facts)
     results: list[SizeResult] = []
     base: Optional[SizeResult] = None
-    base_row: Optional[Mapping[str, Any]] = None
+    base_row: Optional[SizeRow] = None
     for n in sizes_of(facts):
         rows = _size_rows(facts, n)
         if len(rows) < n:
             continue  # a rank of this size did not report: nothing honest to compute
-        batch = _num(next(iter(facts.values())).get("batch_size")) or 1.0
-        step = max(float(r["step_ms"]) for r in rows.values())
+        batch = _num(next(iter(facts.values())).batch_size) or 1.0
+        step = max(_step_ms(r) for r in rows.values())
         result = SizeResult(n, step, n * batch / (step / 1e3), shared_cpus=_shared_cpus(facts, rows))
         if n == 1:
             base, base_row = result, rows[min(rows)]
@@ -125,27 +140,26 @@ def evaluate(facts: Mapping[int, Mapping[str, Any]], targets: tuple[tuple[int, f
     return results
 
 
-def _shared_cpus(facts: Mapping[int, Mapping[str, Any]], rows: Mapping[int, Any]) -> Optional[str]:
+def _shared_cpus(facts: ByRank, rows: Mapping[int, SizeRow]) -> Optional[str]:
     """CPU ranks of this size that outnumber their host's usable CPUs: each waits for a core,
     in computation and in the all-reduce alike, so the efficiency measures the host."""
     by_host: dict[str, list[int]] = {}
     for rank in rows:
         f = facts[rank]
-        if str(f.get("device", "")).startswith("cpu"):
-            by_host.setdefault(str(f.get("host")), []).append(rank)
+        if f.device.startswith("cpu"):
+            by_host.setdefault(str(f.host), []).append(rank)
     for host, ranks in by_host.items():
-        cpus = [c for r in ranks if (c := _num(facts[r].get("cpus_usable")))]
+        cpus = [c for r in ranks if (c := _num(facts[r].cpus_usable))]
         if cpus and len(ranks) > min(cpus):
             return f"{len(ranks)} ranks share {int(min(cpus))} CPUs on {host}"
     return None
 
 
-def _explain(result: SizeResult, rows: Mapping[int, Mapping[str, Any]], base: SizeResult,
-             base_row: Mapping[str, Any]) -> None:
-    exposed = [_num(r.get("backward_ms")) - _num(r.get("backward_alone_ms"))  # type: ignore[operator]
-               for r in rows.values() if _num(r.get("backward_ms")) is not None and _num(r.get("backward_alone_ms")) is not None]
+def _explain(result: SizeResult, rows: Mapping[int, SizeRow], base: SizeResult, base_row: SizeRow) -> None:
+    exposed = [b - alone for r in rows.values()
+               if (b := _num(r.backward_ms)) is not None and (alone := _num(r.backward_alone_ms)) is not None]
     compute = {rank: c for rank, r in rows.items() if (c := _compute(r, alone=True)) is not None}
-    data = {rank: d for rank, r in rows.items() if (d := _num(r.get("data_ms"))) is not None}
+    data = {rank: d for rank, r in rows.items() if (d := _num(r.data_ms)) is not None}
     loss: dict[str, float] = {"comm": max(0.0, min(exposed)) if exposed else 0.0}
     if compute:
         slowest = max(compute, key=lambda r: compute[r])
@@ -160,8 +174,8 @@ def _explain(result: SizeResult, rows: Mapping[int, Mapping[str, Any]], base: Si
         loss["contention"] = max(0.0, median - alone_at_1) if alone_at_1 is not None else 0.0
     if data:
         slowest_data = max(data, key=lambda r: data[r])
-        loss["data"] = max(0.0, data[slowest_data] - (_num(base_row.get("data_ms")) or 0.0))
-        median_step = statistics.median(float(r["step_ms"]) for r in rows.values())
+        loss["data"] = max(0.0, data[slowest_data] - (_num(base_row.data_ms) or 0.0))
+        median_step = statistics.median(_step_ms(r) for r in rows.values())
         if median_step > 0 and 100.0 * (data[slowest_data] - statistics.median(data.values())) / median_step >= SLOW_RANK_PCT:
             result.slow_data_rank = slowest_data
     loss["other"] = max(0.0, result.step_ms - base.step_ms - sum(loss.values()))
@@ -258,14 +272,13 @@ def _verdict(results: list[SizeResult], judged: list[SizeResult], run: RunView, 
         fix=_fix(worst))]
 
 
-def knob_findings(facts: Mapping[int, Mapping[str, Any]], default_name: str) -> list[Finding]:
+def knob_findings(facts: ByRank, default_name: str) -> list[Finding]:
     """What the DDP settings tried at the largest size did, against the defaults, per batch."""
     knobs: dict[str, list[float]] = {}
     for f in facts.values():
-        measured = f.get("knobs") if isinstance(f, Mapping) else None
-        for name, row in (measured.items() if isinstance(measured, Mapping) else ()):
-            if isinstance(row, Mapping) and _num(row.get("ms_per_batch")):
-                knobs.setdefault(str(name), []).append(float(row["ms_per_batch"]))
+        for name, row in f.knobs.items():
+            if ms := _num(row.ms_per_batch):
+                knobs.setdefault(str(name), []).append(ms)
     if default_name not in knobs or len(knobs) < 2:
         return []
     per_batch = {name: max(values) for name, values in knobs.items()}  # the slowest rank sets the pace
@@ -303,11 +316,11 @@ def batch_findings(results: list[SizeResult], batch: Optional[float], lr: Option
                     fix="")]
 
 
-def diagnose_scaling(facts: Mapping[Any, Mapping[str, Any]], run: RunView, default_name: str) -> list[Finding]:
-    facts = {int(k): v for k, v in facts.items() if isinstance(v, Mapping)}
+def diagnose_scaling(facts: ByRank, run: RunView, default_name: str) -> list[Finding]:
+    facts = by_rank(facts)
     targets = run.settings.get("efficiency_targets") or DEFAULT_TARGETS
     results = evaluate(facts, tuple((int(n), float(p)) for n, p in targets))
-    batch = _num(next(iter(facts.values()), {}).get("batch_size")) if facts else None
+    batch = _num(next(iter(facts.values())).batch_size) if facts else None
     lr = _num(run.settings.get("lr"))
     missing = [r for r in range(run.world_size) if r not in facts]
     findings = efficiency_findings(results, run) + knob_findings(facts, default_name) + batch_findings(results, batch, lr)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ddpdoctor.probes.scaling.facts import ScalingFacts
 from ddpdoctor.probes.scaling.judge import evaluate
 
 
-def render_table(facts: Mapping[Any, Mapping[str, Any]], console: Any) -> None:
-    results = evaluate({int(k): v for k, v in facts.items() if isinstance(v, Mapping)})
+def render_table(facts: Mapping[int, ScalingFacts], console: Console) -> None:
+    results = evaluate(facts)
     if not results:
         return
     table = Table(title="scaling  same batch per rank; lost: ms a step adds over 1 rank (comm not hidden, "
