@@ -10,6 +10,7 @@ import argparse
 import os
 import stat
 import sys
+import tempfile
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ddpdoctor import __version__
@@ -227,6 +228,22 @@ def _check_output_path(flag: str, path: Optional[str]) -> None:
     if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
         # Writes are a rename onto the path: over /dev/null (as root) that would replace the device.
         raise UsageError(f"{flag} {path} is not a regular file (a device, FIFO or socket): give a file path")
+    problem = _cannot_create_in(directory)
+    if problem:
+        raise UsageError(f"{flag} {path}: cannot create a file in {directory} ({problem}): "
+                         "give a path in a writable folder")
+
+
+def _cannot_create_in(directory: str) -> Optional[str]:
+    """Why no file can be made in `directory`, or None. os.access tells root yes in /proc
+    and /sys, where the write would fail only after the measuring."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ddpdoctor-", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def _refuse_existing(outputs: Sequence[tuple[str, Optional[str]]], force: bool) -> None:

@@ -311,4 +311,8 @@ def write_snapshot(snapshot: Mapping[str, Any], path: Optional[str], *, overwrit
     from ddpdoctor.core.report import atomic_write_json
 
     target = path or f"ddpdoctor-snapshot-{snapshot['host']}.json"
-    return atomic_write_json(snapshot, target, overwrite=overwrite)
+    try:
+        return atomic_write_json(snapshot, target, overwrite=overwrite)
+    except OSError as exc:  # the folder went away or filled up while the snapshot was measured
+        raise UsageError(f"{target}: cannot write the snapshot ({exc.strerror or exc}): "
+                         "give --out a path in a writable folder") from None
