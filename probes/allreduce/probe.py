@@ -10,21 +10,30 @@ as nccl-tests does, from the median.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from ddpdoctor.core.facts import facts_by_rank
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.judge import busbw
 from ddpdoctor.measure import nccl_tuning
-from ddpdoctor.measure.collectives import PLACEMENTS, check_once, element_size, make_buffers, time_iterations, torch_dtype
-from ddpdoctor.core.findings import Finding, Severity, rank_ranges
-
+from ddpdoctor.measure.collectives import (
+    PLACEMENTS, check_once, element_size, make_buffers, time_iterations, torch_dtype)
+from ddpdoctor.probes.allreduce.facts import AllReduceFacts, NodeTimings, PairTimings, SizeTiming
+from ddpdoctor.probes.allreduce.localise import (
+    SLOW_LINK_RATIO, Pair, device_kind, intra_node_busbw, leader_pair_busbw, pairs_to_retime, ring_pair_busbw,
+    slow_hosts, slow_pairs)
 from ddpdoctor.probes.base import RunView
+
+if TYPE_CHECKING:
+    import torch
+    from rich.console import Console
+    from torch.distributed import ProcessGroup
+
+    from ddpdoctor.runtime.config import CheckConfig
+    from ddpdoctor.runtime.context import RankContext
 
 NAME = "allreduce"
 PAIR_CAP_BYTES = {"cuda": 64 * 2**20, "cpu": 4 * 2**20}  # big enough to be bandwidth-bound, small enough to be quick
-# A pair below this fraction of the typical pair is a slow link. Real faults halve a link or
-# worse (x8 for x16, Gen3 for Gen4, NVLink down to PCIe); CPU ranks on a shared host
-# differ by up to ~30% from noise alone (measured on a 2-core VM), so they get a wider margin.
-SLOW_LINK_RATIO = {"cuda": 0.8, "cpu": 0.5}
 
 
 def _fmt_bytes(size: int) -> str:
@@ -38,53 +47,28 @@ class AllReduce:
     name = NAME
     trains = False
     summary = "Sweep collective sizes: algbw/busbw as nccl-tests, wrong elements counted, slow link localised."
+    facts_type = AllReduceFacts
 
     # -- collect (on each rank) -------------------------------------------------
-    def collect(self, ctx: Any) -> dict[str, Any]:
+    def collect(self, ctx: RankContext) -> dict[str, Any]:
         bench = ctx.cfg.bench
-        n, rank, device = ctx.world_size, ctx.rank, ctx.device
         dtype = torch_dtype(bench.dtype)
         elem = element_size(bench.dtype)
-        lo, hi, factor = busbw.default_range(device.type)
-        sizes = busbw.sweep_sizes(bench.min_bytes or lo, bench.max_bytes or hi, bench.factor or factor, elem, n, bench.op)
-        facts: dict[str, Any] = {"host": ctx.env.hostname, "rank": rank, "local_rank": ctx.env.local_rank,
-                                 "device": str(device), "backend": ctx.backend, "op": bench.op, "dtype": bench.dtype,
-                                 "world_size": n, "warmup": bench.warmup, "iters": bench.iters, "results": []}
-        everyone = range(n)
-        for in_place in PLACEMENTS[bench.op]:
-            for size in sizes:
-                ctx.progress()
-                count = busbw.count_per_rank(bench.op, size, elem, n)
-                buffers = make_buffers(bench.op, count, n, rank, in_place, dtype, device)
-                with ctx.collective(bench.op, size=size, in_place=in_place):
-                    times = time_iterations(buffers, device, bench.warmup, bench.iters,
-                                            ctx.injector.link_delay_s(everyone, size))
-                    wrong = check_once(buffers, corrupt=ctx.injector.corrupts()) if bench.check else None
-                facts["results"].append({"size_bytes": size, "count": count, "in_place": in_place,
-                                         "times_s": times, "wrong": wrong})
-                del buffers
-                # What is measured so far reaches the report even if a later size hangs or crashes.
-                ctx.channel.set(f"result/{NAME}/{rank}", facts)
-        folder = ctx.cache.pop("nccl_tuning_dir", None)
-        if folder:  # what NCCL chose for the sweep's sizes, before the pairs' calls add theirs
-            import shutil
-
-            chosen = nccl_tuning.by_size(nccl_tuning.read_choices(folder), bench.op)
-            facts["nccl_algorithms"] = {str(size): chosen[size] for size in sizes if size in chosen}
-            shutil.rmtree(folder, ignore_errors=True)
-            ctx.channel.set(f"result/{NAME}/{rank}", facts)
-        pair_size = min(sizes[-1], PAIR_CAP_BYTES.get(device.type, sizes[-1]))
-        if bench.localise == "always" and n >= 2 or bench.localise == "auto" and n >= 3:
-            facts["pairs"] = _measure_ring_pairs(ctx, pair_size, dtype, elem)
-            # The hellos read at rendezvous: every rank re-reading N keys would be N² store calls.
-            hellos = ctx.cache.get("hellos") or {r: ctx.channel.get(f"hello/{r}") for r in range(n)}
-            hosts = [str((hellos.get(r) or {}).get("host", "?")) for r in range(n)]
-            if len(set(hosts)) > 1:
-                facts["nodes"] = _measure_nodes(ctx, hosts, pair_size, dtype, elem)
-        return facts
+        lo, hi, factor = busbw.default_range(ctx.device.type)
+        sizes = busbw.sweep_sizes(bench.min_bytes or lo, bench.max_bytes or hi, bench.factor or factor, elem,
+                                  ctx.world_size, bench.op)
+        facts = AllReduceFacts(host=ctx.env.hostname, rank=ctx.rank, local_rank=ctx.env.local_rank,
+                               device=str(ctx.device), backend=ctx.backend, op=bench.op, dtype=bench.dtype,
+                               world_size=ctx.world_size, warmup=bench.warmup, iters=bench.iters)
+        _sweep(ctx, facts, sizes, dtype, elem)
+        _record_nccl_choices(ctx, facts, sizes)
+        if bench.localise == "always" and ctx.world_size >= 2 or bench.localise == "auto" and ctx.world_size >= 3:
+            _localise(ctx, facts, min(sizes[-1], PAIR_CAP_BYTES.get(ctx.device.type, sizes[-1])), dtype, elem)
+        return facts.to_json()
 
     # -- diagnose (pure) --------------------------------------------------------
-    def diagnose(self, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    def diagnose(self, facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Finding]:
+        facts = facts_by_rank(AllReduceFacts, facts)
         if not facts:
             return []
         results = merge_results(facts)
@@ -106,9 +90,10 @@ class AllReduce:
             findings.insert(0, _verdict(summary, results, sample, run, len(facts), troubled))
         return findings
 
-    def write_outputs(self, facts: Mapping[int, Mapping[str, Any]], cfg: Any) -> None:
+    def write_outputs(self, facts: Mapping[int, AllReduceFacts], cfg: CheckConfig) -> None:
         from ddpdoctor.probes.allreduce.outputs import to_csv, write_plot
-        from ddpdoctor.core.report import atomic_write_text
+
+        from ddpdoctor.core.files import atomic_write_text
 
         results = merge_results(facts)
         if cfg.bench.csv_path:
@@ -117,56 +102,108 @@ class AllReduce:
             write_plot(results, cfg.bench.plot_path, f"{results[0].op} busbw, {len(facts)} ranks, {results[0].dtype}",
                        overwrite=cfg.force)
 
-    def render_details(self, facts: Mapping[int, Mapping[str, Any]], console: Any) -> None:
+    def render_details(self, facts: Mapping[int, AllReduceFacts], console: Console) -> None:
         from ddpdoctor.probes.allreduce.render import render_bench
 
         render_bench(merge_results(facts), facts, console)
 
 
-def _measure_ring_pairs(ctx: Any, size: int, dtype: Any, elem: int) -> dict[str, Any]:
+def _publish(ctx: RankContext, facts: AllReduceFacts) -> None:
+    """What is measured so far reaches the report even if a later size hangs or crashes."""
+    ctx.publish_partial(NAME, facts)
+
+
+def _sweep(ctx: RankContext, facts: AllReduceFacts, sizes: Sequence[int], dtype: torch.dtype | None,
+           elem: int) -> None:
+    """Every size in every placement the op has: this rank's time of each call, and its wrong elements."""
+    bench = ctx.cfg.bench
+    n, rank, device = ctx.world_size, ctx.rank, ctx.device
+    everyone = range(n)
+    for in_place in PLACEMENTS[bench.op]:
+        for size in sizes:
+            ctx.progress()
+            count = busbw.count_per_rank(bench.op, size, elem, n)
+            buffers = make_buffers(bench.op, count, n, rank, in_place, dtype, device)
+            with ctx.collective(bench.op, size=size, in_place=in_place):
+                times = time_iterations(buffers, device, bench.warmup, bench.iters,
+                                        ctx.injector.link_delay_s(everyone, size))
+                wrong = check_once(buffers, corrupt=ctx.injector.corrupts()) if bench.check else None
+            facts.results.append(SizeTiming(size_bytes=size, count=count, in_place=in_place, times_s=times,
+                                            wrong=wrong))
+            del buffers
+            _publish(ctx, facts)
+
+
+def _record_nccl_choices(ctx: RankContext, facts: AllReduceFacts, sizes: Sequence[int]) -> None:
+    """What NCCL chose for the sweep's sizes, before the pairs' calls add theirs (where it was asked)."""
+    folder, ctx.shared.nccl_tuning_dir = ctx.shared.nccl_tuning_dir, None
+    if not folder:
+        return
+    import shutil
+
+    chosen = nccl_tuning.by_size(nccl_tuning.read_choices(folder), ctx.cfg.bench.op)
+    facts.nccl_algorithms = {str(size): chosen[size] for size in sizes if size in chosen}
+    shutil.rmtree(folder, ignore_errors=True)
+    _publish(ctx, facts)
+
+
+def _localise(ctx: RankContext, facts: AllReduceFacts, pair_size: int, dtype: torch.dtype | None,
+              elem: int) -> None:
+    """The ring pairs' timings, and across nodes each node's and the node leaders' timings."""
+    n = ctx.world_size
+    facts.pairs = _measure_ring_pairs(ctx, pair_size, dtype, elem)
+    # The hellos read at rendezvous: every rank re-reading N keys would be N² store calls.
+    hellos = ctx.hellos
+    hosts = [str((hellos.get(r) or {}).get("host", "?")) for r in range(n)]
+    if len(set(hosts)) > 1:
+        facts.nodes = _measure_nodes(ctx, hosts, pair_size, dtype, elem)
+
+
+def _measure_ring_pairs(ctx: RankContext, size: int, dtype: torch.dtype | None, elem: int) -> PairTimings:
     """Every ring pair's own 2-rank all-reduce, disjoint pairs at the same time."""
     import torch.distributed as dist
 
     pairs = busbw.ring_pairs(ctx.world_size)
     groups = {pair: dist.new_group(list(pair)) for pair in pairs}  # every rank creates every group, in order
-    times = _time_pairs(ctx, groups, size, dtype, elem, "pair_all_reduce")
-    out: dict[str, Any] = {"size_bytes": size, "times_s": times}
-    suspects = _pairs_slow_so_far(ctx, times, size)
+    out = PairTimings(size_bytes=size, times_s=_time_pairs(ctx, groups, size, dtype, elem, "pair_all_reduce"))
+    suspects = pairs_to_retime(_everyones_pairs(ctx, out), _rank_device_kind(ctx))
     if suspects:
         # Once more before anyone is blamed: a pair slowed by a burst of noise (another process on
         # a busy host) is fast the second time, a slow link is slow every time. The best of both
         # rounds judges it, so this can clear a pair and never accuse one.
         again = _time_pairs(ctx, {pair: groups[pair] for pair in suspects}, size, dtype, elem, "pair_all_reduce")
         for key, values in again.items():
-            times[key] = times[key] + values
-        out["retimed"] = [f"{a}-{b}" for a, b in suspects]
+            out.times_s[key] = out.times_s[key] + values
+        out.retimed = [f"{a}-{b}" for a, b in suspects]
     with ctx.collective("localise_barrier"):
         dist.barrier()
     return out
 
 
-def _pairs_slow_so_far(ctx: Any, times: Mapping[str, list[float]], size: int) -> list[tuple[int, int]]:
-    """The pairs the diagnosis would call slow on the first round, the same list on every rank
-    (each reads every rank's timings from the store and applies the same rule)."""
+def _rank_device_kind(ctx: RankContext) -> str:
+    return "cuda" if ctx.device.type == "cuda" else "cpu"
+
+
+def _everyones_pairs(ctx: RankContext, mine: PairTimings) -> dict[int, PairTimings]:
+    """Every rank's first-round pair timings, through the store: each rank then applies the same
+    rule to the same timings, so all pick the same pairs to time again without talking."""
     import torch.distributed as dist
 
-    ctx.channel.set(f"localise/pairs/{ctx.rank}", times)
+    ctx.channel.set(f"localise/pairs/{ctx.rank}", mine.times_s)
     with ctx.collective("localise_barrier"):
         dist.barrier()
-    facts = {r: {"pairs": {"size_bytes": size, "times_s": ctx.channel.get(f"localise/pairs/{r}") or {}}}
-             for r in range(ctx.world_size)}
-    pair_bw, _ = _pair_busbw(facts, "pairs", "times_s")
-    threshold = SLOW_LINK_RATIO["cuda" if ctx.device.type == "cuda" else "cpu"]
-    return sorted(busbw.slowest_link(pair_bw, threshold=threshold)) if pair_bw else []
+    return {r: PairTimings.from_json({"size_bytes": mine.size_bytes,
+                                      "times_s": ctx.channel.get(f"localise/pairs/{r}")})
+            for r in range(ctx.world_size)}
 
 
-def _localise_iters(ctx: Any) -> int:
+def _localise_iters(ctx: RankContext) -> int:
     """Timed calls per pair or node group: the best of them judges the link."""
     return max(10, ctx.cfg.bench.iters)
 
 
-def _time_pairs(ctx: Any, groups: Mapping[tuple[int, int], Any], size: int, dtype: Any, elem: int,
-                what: str) -> dict[str, list[float]]:
+def _time_pairs(ctx: RankContext, groups: Mapping[Pair, ProcessGroup | int], size: int, dtype: torch.dtype | None,
+                elem: int, what: str) -> dict[str, list[float]]:
     """This rank's timings of the pairs it belongs to, pair by pair in phases of disjoint pairs."""
     import torch.distributed as dist
 
@@ -188,7 +225,8 @@ def _time_pairs(ctx: Any, groups: Mapping[tuple[int, int], Any], size: int, dtyp
     return times
 
 
-def _measure_nodes(ctx: Any, hosts: list[str], size: int, dtype: Any, elem: int) -> dict[str, Any]:
+def _measure_nodes(ctx: RankContext, hosts: list[str], size: int, dtype: torch.dtype | None,
+                   elem: int) -> NodeTimings:
     """Across nodes: each node's ranks among themselves (all nodes at once, they share no
     link), then the node leaders along a ring: a slow node, or a slow node-to-node path."""
     import torch.distributed as dist
@@ -196,28 +234,31 @@ def _measure_nodes(ctx: Any, hosts: list[str], size: int, dtype: Any, elem: int)
     nodes = list(dict.fromkeys(hosts))
     members = {h: [r for r, host in enumerate(hosts) if host == h] for h in nodes}
     leaders = [members[h][0] for h in nodes]
-    iters = _localise_iters(ctx)
     # Every rank creates every group, in the same order (torch requires it).
     node_groups = {h: dist.new_group(members[h]) for h in nodes}
     leader_pairs = [(leaders[a], leaders[b]) for a, b in busbw.ring_pairs(len(nodes))]
     pair_groups = {pair: dist.new_group(list(pair)) for pair in leader_pairs}
-    out: dict[str, Any] = {"size_bytes": size, "node_of_rank": hosts, "intra_times_s": {}, "leader_times_s": {}}
+    out = NodeTimings(size_bytes=size, node_of_rank=hosts)
     ctx.progress()
     with ctx.collective("localise_barrier"):
         dist.barrier()
     mine = hosts[ctx.rank]
     if len(members[mine]) > 1:
-        n_local = len(members[mine])
-        count = busbw.count_per_rank("all_reduce", size, elem, n_local)
-        buffers = make_buffers("all_reduce", count, n_local, members[mine].index(ctx.rank), True, dtype, ctx.device,
-                               group=node_groups[mine])
-        with ctx.collective("node_all_reduce", node=mine):
-            out["intra_times_s"][mine] = time_iterations(buffers, ctx.device, 2, iters,
-                                                         ctx.injector.link_delay_s(members[mine], size))
-    out["leader_times_s"] = _time_pairs(ctx, pair_groups, size, dtype, elem, "leader_all_reduce")
+        out.intra_times_s[mine] = _time_own_node(ctx, members[mine], node_groups[mine], mine, size, dtype, elem)
+    out.leader_times_s = _time_pairs(ctx, pair_groups, size, dtype, elem, "leader_all_reduce")
     with ctx.collective("localise_barrier"):
         dist.barrier()
     return out
+
+
+def _time_own_node(ctx: RankContext, members: list[int], group: ProcessGroup | int, host: str, size: int,
+                   dtype: torch.dtype | None, elem: int) -> list[float]:
+    """This rank's times of an all-reduce among its own node's ranks."""
+    count = busbw.count_per_rank("all_reduce", size, elem, len(members))
+    buffers = make_buffers("all_reduce", count, len(members), members.index(ctx.rank), True, dtype, ctx.device,
+                           group=group)
+    with ctx.collective("node_all_reduce", node=host):
+        return time_iterations(buffers, ctx.device, 2, _localise_iters(ctx), ctx.injector.link_delay_s(members, size))
 
 
 def _phases(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
@@ -233,45 +274,45 @@ def _phases(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     return phases
 
 
-def merge_results(facts: Mapping[int, Mapping[str, Any]]) -> list[busbw.SizeResult]:
+def merge_results(facts: Mapping[int, AllReduceFacts]) -> list[busbw.SizeResult]:
     """Per size and placement: each iteration's slowest rank, and every rank's wrong elements.
 
     Entries are matched by (size, placement), not by position, so a rank that lacks one
     size does not shift the others. A size some rank timed a different number of times
-    is left out rather than guessed.
+    is left out rather than guessed. Plain dicts (facts as read from JSON) are read too.
     """
+    facts = facts_by_rank(AllReduceFacts, facts)
     ranks = sorted(facts)
     first = facts[ranks[0]]
-    n = int(first.get("world_size") or len(ranks))
-    by_rank = {r: {(int(e["size_bytes"]), bool(e["in_place"])): e for e in facts[r].get("results") or []}
-               for r in ranks}
+    n = int(first.world_size or len(ranks))
+    by_rank = {r: {(int(e.size_bytes), e.in_place): e for e in facts[r].results} for r in ranks}
     merged = []
-    for entry in first.get("results") or []:
-        key = (int(entry["size_bytes"]), bool(entry["in_place"]))
+    for entry in first.results:
+        key = (int(entry.size_bytes), entry.in_place)
         found = {r: by_rank[r][key] for r in ranks if key in by_rank[r]}
         try:
-            slowest = busbw.slowest_per_iteration({r: e["times_s"] for r, e in found.items()})
+            slowest = busbw.slowest_per_iteration({r: e.times_s for r, e in found.items()})
         except ValueError:
             continue
-        checked = [e.get("wrong") for e in found.values() if e.get("wrong") is not None]
-        merged.append(busbw.SizeResult(op=first["op"], size_bytes=key[0], count=int(entry["count"]),
-                                       dtype=first["dtype"], in_place=key[1], per_iter_s=slowest,
+        checked = [e.wrong for e in found.values() if e.wrong is not None]
+        merged.append(busbw.SizeResult(op=first.op, size_bytes=key[0], count=int(entry.count),
+                                       dtype=first.dtype, in_place=key[1], per_iter_s=slowest,
                                        wrong=sum(int(w) for w in checked) if checked else None, world_size=n))
     return merged
 
 
-def _wrong_results(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+def _wrong_results(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Finding]:
     bad: dict[int, dict[str, int]] = {}
     for r, f in sorted(facts.items()):
-        for entry in f.get("results") or []:
-            if entry.get("wrong"):
-                place = "in-place" if entry.get("in_place") else "out-of-place"
-                bad.setdefault(r, {})[f"{_fmt_bytes(int(entry['size_bytes']))} {place}"] = int(entry["wrong"])
+        for entry in f.results:
+            if entry.wrong:
+                place = "in-place" if entry.in_place else "out-of-place"
+                bad.setdefault(r, {})[f"{_fmt_bytes(int(entry.size_bytes))} {place}"] = int(entry.wrong)
     if not bad:
         return []
     ranks = tuple(sorted(bad))
     total = sum(v for sizes in bad.values() for v in sizes.values())
-    op = facts[ranks[0]].get("op")
+    op = facts[ranks[0]].op
     return [Finding(
         code="BW001", severity=Severity.CRITICAL, probe=NAME,
         title=f"{op} returned wrong values on rank {rank_ranges(ranks)}: {total} wrong elements",
@@ -291,18 +332,18 @@ def _largest(results: list[busbw.SizeResult]) -> busbw.SizeResult:
     return max((r for r in results if r.size_bytes == top), key=lambda r: r.busbw_gbps)
 
 
-def _gate(results: list[busbw.SizeResult], gate: float, sample: Mapping[str, Any], run: RunView) -> list[Finding]:
+def _gate(results: list[busbw.SizeResult], gate: float, sample: AllReduceFacts, run: RunView) -> list[Finding]:
     largest = _largest(results)
     if largest.busbw_gbps >= gate:
         return []
     ranks = tuple(range(run.world_size))
     return [Finding(
         code="BW002", severity=Severity.CRITICAL, probe=NAME,
-        title=(f"{sample.get('op')} busbw {largest.busbw_gbps:.3g} GB/s at {_fmt_bytes(largest.size_bytes)} is below "
+        title=(f"{sample.op} busbw {largest.busbw_gbps:.3g} GB/s at {_fmt_bytes(largest.size_bytes)} is below "
                f"the required {gate:g} GB/s"),
         ranks=ranks, nodes=run.nodes_of(ranks),
         evidence={"busbw_gbps": round(largest.busbw_gbps, 3), "required_gbps": gate,
-                  "size": _fmt_bytes(largest.size_bytes), "backend": sample.get("backend"),
+                  "size": _fmt_bytes(largest.size_bytes), "backend": sample.backend,
                   "median_us": round(largest.median_s * 1e6, 1)},
         why="--min-busbw makes this a gate: the interconnect did not deliver the bandwidth the job needs.",
         fix=("Look at the slow-link findings and the per-node view; check NCCL_DEBUG=INFO output for the transport "
@@ -311,38 +352,14 @@ def _gate(results: list[busbw.SizeResult], gate: float, sample: Mapping[str, Any
     )]
 
 
-def _device_kind(facts: Mapping[int, Mapping[str, Any]]) -> str:
-    return "cuda" if any(str(f.get("device", "")).startswith("cuda") for f in facts.values()) else "cpu"
+def _device_kind(facts: Mapping[int, AllReduceFacts]) -> str:
+    return device_kind(f.device for f in facts.values())
 
 
-def _pair_busbw(facts: Mapping[int, Mapping[str, Any]], section: str, key: str) -> tuple[dict[tuple[int, int], float], Any]:
-    """Each measured pair's busbw from its best iteration (slowest member per iteration).
-
-    A link's capability is its best iteration: noise (other pairs, a busy host) only slows
-    one down, while a slow link is slow every time.
-    """
-    times: dict[str, dict[int, list[float]]] = {}
-    size = None
-    for r, f in facts.items():
-        part = f.get(section) or {}
-        size = part.get("size_bytes", size)
-        for pair, values in (part.get(key) or {}).items():
-            times.setdefault(pair, {})[r] = values
-    pair_bw: dict[tuple[int, int], float] = {}
-    for pair, per_rank in times.items():
-        a, b = (int(x) for x in pair.split("-"))
-        try:
-            slowest = busbw.slowest_per_iteration(per_rank)
-        except ValueError:
-            continue
-        pair_bw[(a, b)] = busbw.busbw_gbps("all_reduce", 2, int(size), min(slowest))
-    return pair_bw, size
-
-
-def _slow_link(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
-    pair_bw, size = _pair_busbw(facts, "pairs", "times_s")
+def _slow_link(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Finding]:
+    pair_bw, size = ring_pair_busbw({r: f.pairs for r, f in facts.items() if f.pairs is not None})
     kind = _device_kind(facts)
-    slow = busbw.slowest_link(pair_bw, threshold=SLOW_LINK_RATIO[kind]) if pair_bw else []
+    slow = slow_pairs(pair_bw, kind)
     if not slow:
         return []
     suspects = tuple(busbw.suspect_ranks(slow))
@@ -368,64 +385,61 @@ def _slow_link(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Fin
     )]
 
 
-def _slow_nodes(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+def _slow_nodes(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Finding]:
     """Across nodes: a node slow among its own ranks (BW004), a node slow to reach the others (BW005)."""
-    nodes_part = next((f["nodes"] for f in facts.values() if f.get("nodes")), None)
-    if not nodes_part:
+    part = next((f.nodes for f in facts.values() if f.nodes is not None and f.nodes.node_of_rank), None)
+    if part is None:
         return []
     ratio = SLOW_LINK_RATIO[_device_kind(facts)]
-    hosts = list(nodes_part.get("node_of_rank") or [])
-    size = int(nodes_part["size_bytes"])
-    out: list[Finding] = []
-    intra: dict[str, float] = {}
-    for host in dict.fromkeys(hosts):
-        members = [r for r, h in enumerate(hosts) if h == host]
-        per_rank = {r: facts[r]["nodes"]["intra_times_s"][host] for r in members
-                    if r in facts and host in ((facts[r].get("nodes") or {}).get("intra_times_s") or {})}
-        if len(members) > 1 and per_rank:
-            try:
-                intra[host] = busbw.busbw_gbps("all_reduce", len(members), size,
-                                               min(busbw.slowest_per_iteration(per_rank)))
-            except ValueError:
-                continue
-    if len(intra) >= 2:
-        typical = statistics.median(intra.values())
-        slow = sorted((h for h, v in intra.items() if v < ratio * typical), key=lambda h: intra[h])
-        if slow:
-            ranks = tuple(r for r, h in enumerate(hosts) if h in slow)
-            out.append(Finding(
-                code="BW004", severity=Severity.WARN, probe=NAME,
-                title=(f"Slow inside node {slow[0]}: its ranks all-reduce at {intra[slow[0]]:.3g} GB/s where nodes "
-                       f"typically reach {typical:.3g} GB/s"),
-                ranks=ranks, nodes=tuple(slow),
-                evidence={"intra_node_busbw_gbps": {h: round(v, 3) for h, v in intra.items()},
-                          "size": _fmt_bytes(size), "threshold": f"below {ratio:.0%} of the median node"},
-                why="All nodes' ranks ran an all-reduce among themselves at once; this node's GPUs talk to each other "
-                    "slower than the others' do (NVLink down, a PCIe switch or slot trained low, P2P disabled).",
-                fix="On that node: `nvidia-smi topo -m`, `nvidia-smi nvlink -s`, `lspci -vv` (LnkSta vs LnkCap); "
-                    "compare with a good node, and drain it if it differs.",
-            ))
-    leader_bw, _ = _pair_busbw(facts, "nodes", "leader_times_s")
-    slow_pairs = busbw.slowest_link(leader_bw, threshold=ratio) if len(leader_bw) >= 3 else []
-    if slow_pairs:
-        suspects = busbw.suspect_ranks(slow_pairs)
-        slow_hosts = tuple(dict.fromkeys(hosts[r] for r in suspects))
-        typical = statistics.median(v for pair, v in leader_bw.items() if pair not in slow_pairs)
-        out.append(Finding(
-            code="BW005", severity=Severity.WARN, probe=NAME,
-            title=(f"Slow network path at {'node' if len(slow_hosts) == 1 else 'nodes'} {' and '.join(slow_hosts)}: "
-                   f"{leader_bw[slow_pairs[0]]:.3g} GB/s "
-                   f"between node leaders where others reach {typical:.3g} GB/s"),
-            ranks=tuple(r for r, h in enumerate(hosts) if h in slow_hosts), nodes=slow_hosts,
-            evidence={"leader_pair_busbw_gbps": {f"{hosts[a]}-{hosts[b]}": round(v, 3)
-                                                 for (a, b), v in sorted(leader_bw.items())},
-                      "size": _fmt_bytes(size)},
-            why="One rank per node ran an all-reduce with the next node's along a ring; the node in both slow pairs "
-                "has a slow NIC or port, a single slow pair is the path between those two nodes.",
-            fix=("Check the NIC rate and errors (`ibstat`, `ethtool -S`, `ibdiagnet`), the switch port, and that "
-                 "NCCL uses the intended NIC (NCCL_DEBUG=INFO: \"NET/IB\" not \"NET/Socket\")."),
-        ))
-    return out
+    hosts, size = part.node_of_rank, int(part.size_bytes)
+    leader_bw = leader_pair_busbw({r: f.nodes for r, f in facts.items() if f.nodes is not None})
+    return (_slow_inside_node(intra_node_busbw(facts, hosts, size), hosts, size, ratio)
+            + _slow_between_nodes(leader_bw, hosts, size, ratio))
+
+
+def _slow_inside_node(intra: Mapping[str, float], hosts: Sequence[str], size: int, ratio: float) -> list[Finding]:
+    """BW004: a node whose ranks all-reduce among themselves slower than the other nodes' do."""
+    slow, typical = slow_hosts(intra, ratio)
+    if not slow:
+        return []
+    ranks = tuple(r for r, h in enumerate(hosts) if h in slow)
+    return [Finding(
+        code="BW004", severity=Severity.WARN, probe=NAME,
+        title=(f"Slow inside node {slow[0]}: its ranks all-reduce at {intra[slow[0]]:.3g} GB/s where nodes "
+               f"typically reach {typical:.3g} GB/s"),
+        ranks=ranks, nodes=tuple(slow),
+        evidence={"intra_node_busbw_gbps": {h: round(v, 3) for h, v in intra.items()},
+                  "size": _fmt_bytes(size), "threshold": f"below {ratio:.0%} of the median node"},
+        why="All nodes' ranks ran an all-reduce among themselves at once; this node's GPUs talk to each other "
+            "slower than the others' do (NVLink down, a PCIe switch or slot trained low, P2P disabled).",
+        fix="On that node: `nvidia-smi topo -m`, `nvidia-smi nvlink -s`, `lspci -vv` (LnkSta vs LnkCap); "
+            "compare with a good node, and drain it if it differs.",
+    )]
+
+
+def _slow_between_nodes(leader_bw: Mapping[Pair, float], hosts: Sequence[str], size: int,
+                        ratio: float) -> list[Finding]:
+    """BW005: a slow node-leader pair among at least three (one or two have nothing to compare with)."""
+    slow = busbw.slowest_link(leader_bw, threshold=ratio) if len(leader_bw) >= 3 else []
+    if not slow:
+        return []
+    suspects = busbw.suspect_ranks(slow)
+    at = tuple(dict.fromkeys(hosts[r] for r in suspects))
+    typical = statistics.median(v for pair, v in leader_bw.items() if pair not in slow)
+    return [Finding(
+        code="BW005", severity=Severity.WARN, probe=NAME,
+        title=(f"Slow network path at {'node' if len(at) == 1 else 'nodes'} {' and '.join(at)}: "
+               f"{leader_bw[slow[0]]:.3g} GB/s "
+               f"between node leaders where others reach {typical:.3g} GB/s"),
+        ranks=tuple(r for r, h in enumerate(hosts) if h in at), nodes=at,
+        evidence={"leader_pair_busbw_gbps": {f"{hosts[a]}-{hosts[b]}": round(v, 3)
+                                             for (a, b), v in sorted(leader_bw.items())},
+                  "size": _fmt_bytes(size)},
+        why="One rank per node ran an all-reduce with the next node's along a ring; the node in both slow pairs "
+            "has a slow NIC or port, a single slow pair is the path between those two nodes.",
+        fix=("Check the NIC rate and errors (`ibstat`, `ethtool -S`, `ibdiagnet`), the switch port, and that "
+             "NCCL uses the intended NIC (NCCL_DEBUG=INFO: \"NET/IB\" not \"NET/Socket\")."),
+    )]
 
 
 # Below this share of what the topology allows, on a bandwidth-bound size, the measurement is lost
@@ -437,15 +451,15 @@ BANDWIDTH_BOUND_BYTES = 64 * 2**20
 ABOVE_WIRE = 1.05
 
 
-def _expected(sample: Mapping[str, Any], run: RunView) -> Mapping[str, Any]:
+def _expected(sample: AllReduceFacts, run: RunView) -> Mapping[str, Any]:
     """The topology's figure where it applies: a ring-bound collective on GPUs (all_to_all's
     busbw is not bounded by the ring)."""
-    if sample.get("op") == "all_to_all" or not run.expected_busbw:
+    if sample.op == "all_to_all" or not run.expected_busbw:
         return {}
     return run.expected_busbw
 
 
-def _efficiency_evidence(summary: Any, sample: Mapping[str, Any], run: RunView) -> dict[str, Any]:
+def _efficiency_evidence(summary: busbw.Summary, sample: AllReduceFacts, run: RunView) -> dict[str, Any]:
     expected = _expected(sample, run)
     if not expected:
         return {}
@@ -466,72 +480,74 @@ def _judged(expected: Mapping[str, Any]) -> bool:
     return int(expected.get("nodes") or 1) == 1
 
 
-def _nccl_choices(sample: Mapping[str, Any]) -> dict[int, str]:
-    """size -> "Algo/proto" as NCCL logged it on rank 0 (empty off NCCL or when the user's NCCL_DEBUG won)."""
-    recorded = sample.get("nccl_algorithms")
-    if not isinstance(recorded, Mapping):
-        return {}
-    return {int(k): str(v) for k, v in recorded.items() if str(k).isdigit()}
-
-
-def _against_topology(summary: Any, sample: Mapping[str, Any], run: RunView) -> list[Finding]:
+def _against_topology(summary: busbw.Summary, sample: AllReduceFacts, run: RunView) -> list[Finding]:
     """BW006: far below what the links allow; BW007: above what they carry (in-network reduction)."""
     expected = _expected(sample, run)
-    if not expected.get("gbps") or not _judged(expected) or not str(sample.get("device", "")).startswith("cuda"):
+    if not expected.get("gbps") or not _judged(expected) or not sample.device.startswith("cuda"):
         return []
-    ranks = tuple(range(run.world_size))
     peak, gbps = summary.peak_busbw_gbps, float(expected["gbps"])
+    at_peak = sample.nccl_choices().get(summary.peak_size_bytes)
+    # One evidence for both findings: the algorithm NCCL chose at the peak is read beside either.
     evidence = {"peak_busbw_gbps": round(peak, 3), "peak_at": _fmt_bytes(summary.peak_size_bytes),
                 "expected_busbw_gbps": gbps, "expected_at_full_link_speed_gbps": expected.get("at_full_link_gbps"),
                 "bottleneck_wire_gbps": expected.get("wire_gbps"),
                 "bottleneck": expected.get("bottleneck"), "efficiency_pct": round(100 * peak / gbps, 1),
                 "largest_size": _fmt_bytes(summary.largest_size_bytes)}
-    out = []
-    if peak < LOW_EFFICIENCY * gbps and summary.largest_size_bytes >= BANDWIDTH_BOUND_BYTES:
-        out.append(Finding(
-            code="BW006", severity=Severity.WARN, probe=NAME,
-            title=(f"{sample.get('op')} peak busbw {peak:.3g} GB/s is {100 * peak / gbps:.0f}% of the ~{gbps:g} GB/s "
-                   f"this topology allows ({expected.get('bottleneck')})"),
-            ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence,
-            why=("The expectation is the slowest hop of the ring the GPUs form (NVLink, PCIe, the socket link or the "
-                 "NIC) times NCCL's usual efficiency; falling to half of it on sizes large enough to be "
-                 "bandwidth-bound means the data takes a slower path than the links offer: NCCL over sockets "
-                 "instead of InfiniBand, through host memory instead of P2P, or a link running below its rate."),
-            fix=("Run with NCCL_DEBUG=INFO and read the transport of each channel (\"via NET/Socket\" where "
-                 "\"NET/IB\" was meant, \"via SHM\" where \"P2P/IPC\" or NVLink was meant); check that "
-                 "NCCL_P2P_DISABLE, NCCL_SHM_DISABLE and NCCL_IB_DISABLE are unset, and the topology findings "
-                 "(TOP001 PCIe below its rate, TOP002 NVLinks down, TOP004 P2P blocked by ACS/IOMMU)."),
-        ))
-    wire = expected.get("wire_gbps")
-    at_peak = _nccl_choices(sample).get(summary.peak_size_bytes)
     if at_peak:
         evidence["nccl_algorithm_at_peak"] = at_peak
-    in_network = bool(at_peak) and at_peak.split("/")[0] in nccl_tuning.IN_NETWORK
+    out = []
+    if peak < LOW_EFFICIENCY * gbps and summary.largest_size_bytes >= BANDWIDTH_BOUND_BYTES:
+        out.append(_far_below_links(sample.op, peak, gbps, expected, evidence, run))
+    wire = expected.get("wire_gbps")
     if wire and peak > ABOVE_WIRE * float(wire):
-        said = (f"NCCL chose {at_peak} there: the switch reduces in the network" if in_network else
-                f"NCCL chose {at_peak} there, which reduces on the GPUs: check the topology model" if at_peak else
-                "the switch reduces in the network (NVLS on NVSwitch, CollNet/SHARP)")
-        out.append(Finding(
-            code="BW007", severity=Severity.INFO, probe=NAME,
-            title=(f"{sample.get('op')} busbw {peak:.3g} GB/s is above the {float(wire):g} GB/s its slowest link "
-                   f"carries: {said}"),
-            ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence,
-            why=("nccl-tests' busbw assumes every byte crosses the ring's links 2(n-1)/n times; with in-network "
-                 "reduction (NVLink SHARP on NVSwitch systems, CollNet/SHARP on InfiniBand switches) the switch "
-                 "adds the data, so less crosses the links and busbw can exceed their speed."),
-            fix=("Nothing to fix. Compare busbw with NCCL_NVLS_ENABLE=0 (and NCCL_COLLNET_ENABLE=0) to see the "
-                 "links' own figure; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING shows the algorithm NCCL chose."),
-        ))
+        out.append(_above_links(sample.op, peak, float(wire), at_peak, evidence, run))
     return out
 
 
-def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str, Any], run: RunView,
-             present: int, troubled: Sequence[str] = ()) -> Finding:
+def _far_below_links(op: str, peak: float, gbps: float, expected: Mapping[str, Any], evidence: dict[str, Any],
+                     run: RunView) -> Finding:
+    """BW006: under half of what the topology allows on bandwidth-bound sizes."""
     ranks = tuple(range(run.world_size))
-    largest = _largest(results)
-    nodes = run.nodes_of(ranks)
-    checked = all(e.get("wrong") is not None for e in sample.get("results") or [])
-    on_bucket = summary.bucket_size_bytes == busbw.DDP_BUCKET_BYTES
+    return Finding(
+        code="BW006", severity=Severity.WARN, probe=NAME,
+        title=(f"{op} peak busbw {peak:.3g} GB/s is {100 * peak / gbps:.0f}% of the ~{gbps:g} GB/s "
+               f"this topology allows ({expected.get('bottleneck')})"),
+        ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence,
+        why=("The expectation is the slowest hop of the ring the GPUs form (NVLink, PCIe, the socket link or the "
+             "NIC) times NCCL's usual efficiency; falling to half of it on sizes large enough to be "
+             "bandwidth-bound means the data takes a slower path than the links offer: NCCL over sockets "
+             "instead of InfiniBand, through host memory instead of P2P, or a link running below its rate."),
+        fix=("Run with NCCL_DEBUG=INFO and read the transport of each channel (\"via NET/Socket\" where "
+             "\"NET/IB\" was meant, \"via SHM\" where \"P2P/IPC\" or NVLink was meant); check that "
+             "NCCL_P2P_DISABLE, NCCL_SHM_DISABLE and NCCL_IB_DISABLE are unset, and the topology findings "
+             "(TOP001 PCIe below its rate, TOP002 NVLinks down, TOP004 P2P blocked by ACS/IOMMU)."),
+    )
+
+
+def _above_links(op: str, peak: float, wire: float, at_peak: str | None, evidence: dict[str, Any],
+                 run: RunView) -> Finding:
+    """BW007: above what the slowest link carries, which only a reduction in the switch explains."""
+    in_network = bool(at_peak) and str(at_peak).split("/")[0] in nccl_tuning.IN_NETWORK
+    said = (f"NCCL chose {at_peak} there: the switch reduces in the network" if in_network else
+            f"NCCL chose {at_peak} there, which reduces on the GPUs: check the topology model" if at_peak else
+            "the switch reduces in the network (NVLS on NVSwitch, CollNet/SHARP)")
+    ranks = tuple(range(run.world_size))
+    return Finding(
+        code="BW007", severity=Severity.INFO, probe=NAME,
+        title=f"{op} busbw {peak:.3g} GB/s is above the {wire:g} GB/s its slowest link carries: {said}",
+        ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence,
+        why=("nccl-tests' busbw assumes every byte crosses the ring's links 2(n-1)/n times; with in-network "
+             "reduction (NVLink SHARP on NVSwitch systems, CollNet/SHARP on InfiniBand switches) the switch "
+             "adds the data, so less crosses the links and busbw can exceed their speed."),
+        fix=("Nothing to fix. Compare busbw with NCCL_NVLS_ENABLE=0 (and NCCL_COLLNET_ENABLE=0) to see the "
+             "links' own figure; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING shows the algorithm NCCL chose."),
+    )
+
+
+def _verdict_evidence(summary: busbw.Summary, results: list[busbw.SizeResult], sample: AllReduceFacts,
+                      run: RunView, present: int) -> dict[str, Any]:
+    """BW000's figures: nccl-tests' own, the network share across nodes, and the topology's expectation."""
+    nodes = run.nodes_of(range(run.world_size))
     evidence: dict[str, Any] = {
         "peak_busbw_gbps": round(summary.peak_busbw_gbps, 3), "peak_at": _fmt_bytes(summary.peak_size_bytes),
         "busbw_at_largest_gbps": round(summary.busbw_at_largest_gbps, 3),
@@ -539,22 +555,31 @@ def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str,
         "bucket_figure_measured_at": _fmt_bytes(summary.bucket_size_bytes),
         "small_message_latency_us": round(summary.latency_us, 1),
         "latency_measured_at": _fmt_bytes(summary.latency_size_bytes),
-        "backend": sample.get("backend"), "dtype": sample.get("dtype"), "ranks_reporting": present,
+        "backend": sample.backend, "dtype": sample.dtype, "ranks_reporting": present,
     }
     if len(nodes) > 1:
         evidence["per_accelerator_network_gbps"] = round(
-            busbw.per_accelerator_network_gbps(largest.busbw_gbps, len(nodes), run.world_size), 3)
+            busbw.per_accelerator_network_gbps(_largest(results).busbw_gbps, len(nodes), run.world_size), 3)
     evidence.update(_efficiency_evidence(summary, sample, run))
-    chosen = _nccl_choices(sample)
+    chosen = sample.nccl_choices()
     if chosen:
         evidence["nccl_algorithm_by_size"] = {_fmt_bytes(size): algo for size, algo in sorted(chosen.items())}
+    return evidence
+
+
+def _verdict(summary: busbw.Summary, results: list[busbw.SizeResult], sample: AllReduceFacts, run: RunView,
+             present: int, troubled: Sequence[str] = ()) -> Finding:
+    ranks = tuple(range(run.world_size))
+    checked = all(e.wrong is not None for e in sample.results)
+    on_bucket = summary.bucket_size_bytes == busbw.DDP_BUCKET_BYTES
+    evidence = _verdict_evidence(summary, results, sample, run, present)
     against = ("" if "efficiency_pct" not in evidence else
                f"; {evidence['efficiency_pct']:.0f}% of the ~{evidence['expected_busbw_gbps']:g} GB/s "
                + ("the topology allows" if "expected_judged" not in evidence else
                   "a rough across-node model gives (an upper bound, not judged)"))
     return Finding(
         code="BW000", severity=Severity.INFO if troubled else Severity.OK, probe=NAME,
-        title=(f"{sample.get('op')} on {run.world_size} ranks: peak busbw {summary.peak_busbw_gbps:.3g} GB/s "
+        title=(f"{sample.op} on {run.world_size} ranks: peak busbw {summary.peak_busbw_gbps:.3g} GB/s "
                f"(at {_fmt_bytes(summary.peak_size_bytes)}), {summary.busbw_at_bucket_gbps:.3g} GB/s at "
                + (f"DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} bucket size" if on_bucket else
                   f"{_fmt_bytes(summary.bucket_size_bytes)} (the size nearest DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} "
@@ -563,4 +588,4 @@ def _verdict(summary: Any, results: list[busbw.SizeResult], sample: Mapping[str,
                + ("; results not checked (--no-check)" if not checked else
                   "" if "BW001" in troubled else "; every result correct")
                + (f"; see {', '.join(dict.fromkeys(troubled))}" if troubled else "")),
-        ranks=ranks, nodes=nodes, evidence=evidence)
+        ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence)
