@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
+from ddpdoctor.core.exits import STAGE_TIMEOUT_EXIT, hard_exit
 from ddpdoctor.core import codes
 from ddpdoctor.core.findings import Finding
 
@@ -287,7 +288,7 @@ class Watch:
         if self.on_hang == "exit" and finding.code == "WATCH001" and self.target.rank is not None:
             # Never end a process whose rank is unknown: it may be a launcher's parent, not a rank.
             self._leave()
-            os._exit(124)
+            hard_exit(STAGE_TIMEOUT_EXIT)
 
     def _leave(self) -> None:
         """Rank 0 hosts the store: the other ranks that reached it say their piece before it goes."""

@@ -15,6 +15,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator, Optional
 
+from ddpdoctor.judge.flight_recorder import DumpFile
 from ddpdoctor.core.errors import UsageError
 
 CHUNK_BYTES = 4 << 20
@@ -32,16 +33,6 @@ class LogFile:
     path: str
     label: str
     gzipped: bool = False
-    rank_hint: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class DumpFile:
-    """A Flight Recorder dump (pickle or JSON), one rank's ring buffer of collectives."""
-
-    path: str
-    label: str
-    kind: str  # pickle | json
     rank_hint: Optional[int] = None
 
 
