@@ -12,20 +12,97 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Optional, TypeVar, Union
 
+from ddpdoctor.core import keys
+from ddpdoctor.core.facts import Facts, facts_by_rank, nested, nested_map
 from ddpdoctor.measure import net as net_facts
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
+
+if TYPE_CHECKING:
+    from ddpdoctor.runtime.context import RankContext
+    from ddpdoctor.runtime.launch_env import LaunchEnv
 
 NAME = "init-hang"
 # A rank this much later than the first is worth a word: every other rank sat idle that long,
 # and a launcher with a shorter rendezvous timeout (torchrun's --rdzv-timeout) would have failed.
 LATE_ARRIVAL_S = 10.0
 
+# A reading that failed: {"unknown": reason} (measure.net writes the resolver's words there).
+Unknown = dict[str, Any]
+F = TypeVar("F", bound=Facts)
 
-def before_rendezvous(env: Any, lookup: net_facts.Resolution, connect_s: float, started: float) -> dict[str, Any]:
+
+@dataclass
+class Route(Facts):
+    """measure.net.route_to: the local address and interface the kernel sends to MASTER_ADDR from."""
+
+    source: Optional[str] = None
+    interface: Optional[str] = None
+
+
+@dataclass
+class Interface(Facts):
+    """One network interface of measure.net.interfaces."""
+
+    up: Optional[bool] = None  # None where psutil has no stats for it
+    ipv4: list[str] = field(default_factory=list)
+    ipv6: list[str] = field(default_factory=list)
+    speed_mbps: Optional[int] = None
+
+    @property
+    def usable(self) -> bool:
+        """Up (or not known to be down) with an address: what an IFNAME may select."""
+        return self.up is not False and bool(self.ipv4 or self.ipv6)
+
+
+@dataclass
+class IfnameReading(Facts):
+    """One *_SOCKET_IFNAME (measure.net.ifname_facts): its value, what it selects, and for gloo
+    the listed names this host lacks."""
+
+    value: Optional[str] = None
+    selects: list[str] = field(default_factory=list)
+    missing: Optional[list[str]] = None  # gloo's variable only
+
+    OMIT_NONE = frozenset({"missing"})
+
+
+@dataclass
+class InitHangFacts(Facts):
+    """One rank's way to the rendezvous: published by before_rendezvous, then completed by collect
+    with the time the rendezvous and the group init took (absent where they did not end) and the backend."""
+
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    resolved: Union[list[str], Unknown] = field(default_factory=list)  # MASTER_ADDR's addresses here
+    resolve_s: Optional[float] = None
+    route: Route = field(default_factory=Route, metadata=nested(Route))  # {"unknown": why} reads as empty
+    # Interface name -> reading; {"unknown": why} where psutil failed (read back, it is the one name
+    # "unknown": see usable_interfaces).
+    interfaces: Union[dict[str, Interface], Unknown] = field(default_factory=dict, metadata=nested_map(Interface))
+    socket_ifname: dict[str, IfnameReading] = field(default_factory=dict, metadata=nested_map(IfnameReading))
+    hostname: Optional[str] = None
+    hostname_resolves_to: Union[list[str], Unknown] = field(default_factory=list)
+    connect_s: Optional[float] = None
+    arrived_t: Optional[float] = None
+    start_to_arrival_s: Optional[float] = None
+    rendezvous_s: Optional[float] = None
+    init_s: Optional[float] = None
+    backend: Optional[str] = None
+
+    OMIT_NONE = frozenset({"rendezvous_s", "init_s", "backend"})
+
+    @property
+    def known_interfaces(self) -> dict[str, Interface]:
+        """The interfaces, or none where psutil could not list them."""
+        return self.interfaces if "unknown" not in self.interfaces else {}
+
+
+def before_rendezvous(env: LaunchEnv, lookup: net_facts.Resolution, connect_s: float, started: float) -> dict[str, Any]:
     """Read as soon as the store answered: what this rank used to get there, and what it would use next.
 
     `lookup` is the resolution of MASTER_ADDR the rank connected with, not a second one."""
@@ -38,20 +115,26 @@ def before_rendezvous(env: Any, lookup: net_facts.Resolution, connect_s: float, 
         iface_problem = None
     hostname = socket.gethostname()
     own, own_problem = net_facts.hostname_addresses(hostname)
-    return {
-        "master_addr": env.master_addr,
-        "master_port": env.master_port,
-        "resolved": addrs if problem is None else problem,
-        "resolve_s": round(resolve_s, 4),
-        "route": net_facts.route_to(addrs[0], env.master_port, ifaces) if addrs else {"unknown": "not resolved"},
-        "interfaces": ifaces if iface_problem is None else iface_problem,
-        "socket_ifname": net_facts.ifname_facts(dict(os.environ), ifaces),
-        "hostname": hostname,
-        "hostname_resolves_to": own if own_problem is None else own_problem,
-        "connect_s": round(connect_s, 4),
-        "arrived_t": time.time(),
-        "start_to_arrival_s": round(time.time() - started, 3),
-    }
+    route = net_facts.route_to(addrs[0], env.master_port, ifaces) if addrs else {"unknown": "not resolved"}
+    return InitHangFacts(
+        master_addr=env.master_addr,
+        master_port=env.master_port,
+        resolved=addrs if problem is None else problem,
+        resolve_s=round(resolve_s, 4),
+        route=Route.from_json(route),
+        interfaces=_as_map(Interface, ifaces) if iface_problem is None else iface_problem,
+        socket_ifname=_as_map(IfnameReading, net_facts.ifname_facts(dict(os.environ), ifaces)),
+        hostname=hostname,
+        hostname_resolves_to=own if own_problem is None else own_problem,
+        connect_s=round(connect_s, 4),
+        arrived_t=time.time(),
+        start_to_arrival_s=round(time.time() - started, 3),
+    ).to_json()
+
+
+def _as_map(kind: type[F], readings: Mapping[str, Any]) -> dict[str, F]:
+    """Fresh readings (interfaces, IFNAME variables) typed, each written back exactly as read."""
+    return {name: kind.from_json(reading) for name, reading in readings.items()}
 
 
 class InitHang:
@@ -59,58 +142,62 @@ class InitHang:
     trains = False
     summary = ("How each rank reached the rendezvous and init: the address it resolved, its route and "
                "interfaces, *_SOCKET_IFNAME, arrival times; names the ranks that never arrived and why.")
+    facts_type = InitHangFacts
 
     # -- collect (on each rank) -------------------------------------------------
-    def collect(self, ctx: Any) -> dict[str, Any]:
-        facts = dict(ctx.channel.get(f"result/{NAME}/{ctx.rank}") or {})
+    def collect(self, ctx: RankContext) -> dict[str, Any]:
+        facts = InitHangFacts.from_json(ctx.channel.get(keys.result(NAME, ctx.rank)))
         for stage in ctx.state.timeline:
             if stage.name in ("rendezvous", "init") and stage.ended:
-                facts[f"{stage.name}_s"] = round(stage.ended - stage.started, 4)
-        facts["backend"] = ctx.backend
-        return facts
+                setattr(facts, f"{stage.name}_s", round(stage.ended - stage.started, 4))
+        facts.backend = ctx.backend
+        return facts.to_json()
 
     # -- diagnose (pure) --------------------------------------------------------
-    def diagnose(self, facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+    def diagnose(self, facts: Mapping[int, InitHangFacts], run: RunView) -> list[Finding]:
+        facts = facts_by_rank(InitHangFacts, facts)
         findings = _bad_ifname(facts, run) + _hostname_on_loopback(facts, run) + _split_resolution(facts, run)
         findings += _late_arrivals(facts, run)
         # Fewer facts than ranks, or an init that did not finish everywhere: the run's own
         # findings (RUN001, RUN004, ...) say what happened; "ok" would contradict them.
-        initialised = all(isinstance(f.get("init_s"), (int, float)) for f in facts.values())
+        initialised = all(isinstance(f.init_s, (int, float)) for f in facts.values())
         if not any(f.severity >= Severity.WARN for f in findings) and len(facts) == run.world_size and initialised:
             findings.append(_healthy(facts, run))
         return findings
 
 
-def _hosts(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> dict[int, str]:
-    return {r: run.hosts.get(r) or str(f.get("hostname") or "?") for r, f in facts.items()}
+def _addresses(reading: Union[list[str], Unknown]) -> list[str]:
+    """The addresses of a lookup; none where it failed (a fresh reading holds its {"unknown": why})."""
+    return reading if isinstance(reading, list) else []
 
 
-def _bad_ifname(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+def _hosts(facts: Mapping[int, InitHangFacts], run: RunView) -> dict[int, str]:
+    return {r: run.hosts.get(r) or str(f.hostname or "?") for r, f in facts.items()}
+
+
+def _bad_ifname(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Finding]:
     """A *_SOCKET_IFNAME that selects no live interface: the group init fails on that host."""
     hosts = _hosts(facts, run)
     by_var: dict[tuple[str, str], list[int]] = {}
     missing: dict[tuple[str, str], set[str]] = {}
     for r, f in facts.items():
-        readings = f.get("socket_ifname")
-        for var, reading in (readings.items() if isinstance(readings, dict) else ()):
-            if not isinstance(reading, dict):
-                continue
-            if not reading.get("selects") or reading.get("missing"):
-                key = (var, str(reading.get("value")))
+        for var, reading in f.socket_ifname.items():
+            if reading.value is None:
+                continue  # not a reading collect writes (it always has the variable's value)
+            if not reading.selects or reading.missing:
+                key = (var, str(reading.value))
                 by_var.setdefault(key, []).append(r)
-                missing.setdefault(key, set()).update(reading.get("missing") or [])
+                missing.setdefault(key, set()).update(reading.missing or [])
     out = []
     for (var, value), ranks in sorted(by_var.items()):
         ranks.sort()
         wanted = "nccl" if var.startswith("NCCL") else "gloo"
-        used = {str(facts[r].get("backend") or "") for r in ranks}
+        used = {str(facts[r].backend or "") for r in ranks}
         # Critical when this run's backend reads it (or init never said which backend); otherwise
         # the check itself was fine, but a job with that backend on this host would not be.
         severity = Severity.CRITICAL if wanted in used or "" in used else Severity.WARN
-        available = sorted({n for r in ranks for n, i in _ifaces(facts[r]).items()
-                            if i.get("up") is not False and (i.get("ipv4") or i.get("ipv6"))})
-        routes = sorted({str((facts[r].get("route") or {}).get("interface")) for r in ranks
-                         if (facts[r].get("route") or {}).get("interface")})
+        available = sorted({n for r in ranks for n, i in facts[r].known_interfaces.items() if i.usable})
+        routes = sorted({str(facts[r].route.interface) for r in ranks if facts[r].route.interface})
         absent = sorted(missing[(var, value)])
         message = ("NCCL WARN Bootstrap : no socket interface found" if var.startswith("NCCL")
                    else f"Unable to find address for: {absent[0] if absent else value}")
@@ -137,24 +224,19 @@ def _bad_ifname(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Fi
     return out
 
 
-def _ifaces(f: Mapping[str, Any]) -> dict[str, Any]:
-    ifaces = f.get("interfaces") or {}
-    return ifaces if "unknown" not in ifaces else {}
-
-
-def _hostname_on_loopback(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+def _hostname_on_loopback(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Finding]:
     """The Debian/Ubuntu `127.0.1.1 myhost` line: gloo binds to loopback, other nodes cannot connect."""
     hosts = _hosts(facts, run)
     if len(set(hosts.values())) < 2:
         return []  # one host: loopback is exactly right
     ranks = sorted(r for r, f in facts.items()
-                   if isinstance(f.get("hostname_resolves_to"), list) and f["hostname_resolves_to"]
-                   and all(net_facts.is_loopback(a) for a in f["hostname_resolves_to"])
-                   and "GLOO_SOCKET_IFNAME" not in (f.get("socket_ifname") or {}))
+                   if _addresses(f.hostname_resolves_to)
+                   and all(net_facts.is_loopback(a) for a in _addresses(f.hostname_resolves_to))
+                   and "GLOO_SOCKET_IFNAME" not in f.socket_ifname)
     if not ranks:
         return []
-    gloo = any(facts[r].get("backend") == "gloo" for r in ranks)
-    names = sorted({f"{facts[r].get('hostname')} -> {', '.join(facts[r]['hostname_resolves_to'])}" for r in ranks})
+    gloo = any(facts[r].backend == "gloo" for r in ranks)
+    names = sorted({f"{facts[r].hostname} -> {', '.join(_addresses(facts[r].hostname_resolves_to))}" for r in ranks})
     return [Finding(
         # NCCL picks its interface by other rules; only gloo (and code using it in the same job) binds there.
         code="INIT002", severity=Severity.CRITICAL if gloo else Severity.INFO, probe=NAME,
@@ -170,15 +252,15 @@ def _hostname_on_loopback(facts: Mapping[int, Mapping[str, Any]], run: RunView) 
     )]
 
 
-def _split_resolution(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+def _split_resolution(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Finding]:
     """Ranks that resolve MASTER_ADDR differently meet at different stores, or not at all."""
     hosts = _hosts(facts, run)
     # Ranks whose answers share an address agree (several A records come back in another order on
     # another subnet, or round robin); a loopback answer on the store's own host is that host too.
     clusters: list[tuple[set[str], list[int]]] = []
     for r, f in sorted(facts.items()):
-        resolved = f.get("resolved")
-        if not isinstance(resolved, list) or not resolved or all(net_facts.is_loopback(a) for a in resolved):
+        resolved = _addresses(f.resolved)
+        if not resolved or all(net_facts.is_loopback(a) for a in resolved):
             continue
         addrs = set(map(str, resolved))
         joined = [c for c in clusters if c[0] & addrs]
@@ -190,7 +272,7 @@ def _split_resolution(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> l
     ordered = sorted(public.items(), key=lambda kv: -len(kv[1]))  # the majority first
     groups = {k: rank_ranges(sorted(v)) for k, v in ordered}
     odd = sorted(r for _, v in ordered[1:] for r in v)
-    addr = next(iter(facts.values())).get("master_addr")
+    addr = next(iter(facts.values())).master_addr
     return [Finding(
         code="INIT003", severity=Severity.WARN, probe=NAME,
         title=f"MASTER_ADDR={addr} resolves to different addresses on different ranks",
@@ -202,21 +284,22 @@ def _split_resolution(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> l
     )]
 
 
-def arrival_gaps(facts: Mapping[int, Mapping[str, Any]]) -> dict[int, float]:
+def arrival_gaps(facts: Mapping[int, InitHangFacts]) -> dict[int, float]:
     """Seconds each rank arrived after the first, from how long each waited in the rendezvous.
 
     Each rank times its own wait on its own clock, and the wait ends for everyone when the
     last hello lands: the first rank waited longest, a late one hardly at all. Wall clocks of
     different hosts are never compared, so a skewed clock is no late rank.
     """
-    waits = {r: float(f["rendezvous_s"]) for r, f in facts.items() if isinstance(f.get("rendezvous_s"), (int, float))}
+    waits = {r: float(f.rendezvous_s) for r, f in facts.items() if isinstance(f.rendezvous_s, (int, float))}
     if len(waits) < 2:
         return {}
     longest = max(waits.values())
     return {r: longest - w for r, w in waits.items()}
 
 
-def _late_arrivals(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list[Finding]:
+def _late_arrivals(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Finding]:
+    """INIT004: ranks that reached the rendezvous LATE_ARRIVAL_S or more after the first."""
     gaps = arrival_gaps(facts)
     limit = LATE_ARRIVAL_S
     late = sorted(r for r, g in gaps.items() if g >= limit)
@@ -228,7 +311,7 @@ def _late_arrivals(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list
         title=f"Rank {rank_ranges(late)} reached the rendezvous {max(gaps[r] for r in late):.1f} s after the first rank",
         ranks=tuple(late), nodes=tuple(sorted({hosts[r] for r in late})),
         evidence={"arrival_after_first_s": {str(r): round(g, 2) for r, g in sorted(gaps.items())},
-                  "start_to_arrival_s": {str(r): facts[r].get("start_to_arrival_s") for r in late},
+                  "start_to_arrival_s": {str(r): facts[r].start_to_arrival_s for r in late},
                   "threshold_s": limit},
         why=("Every other rank waited idle for these; the usual causes are a slow start (imports from a busy "
              "network filesystem, a container still pulling, a node busy with another job) or a launcher that "
@@ -239,20 +322,20 @@ def _late_arrivals(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> list
     )]
 
 
-def _healthy(facts: Mapping[int, Mapping[str, Any]], run: RunView) -> Finding:
+def _healthy(facts: Mapping[int, InitHangFacts], run: RunView) -> Finding:
+    """INIT000: every rank met and initialised; says where they met, through what, and how fast."""
     spread = max(arrival_gaps(facts).values(), default=0.0)
     hosts = _hosts(facts, run)
-    routes = sorted({f"{hosts[r]}: {(f.get('route') or {}).get('interface')}"
-                     for r, f in facts.items() if (f.get("route") or {}).get("interface")})
-    inits = [float(f["init_s"]) for f in facts.values() if isinstance(f.get("init_s"), (int, float))]
+    routes = sorted({f"{hosts[r]}: {f.route.interface}" for r, f in facts.items() if f.route.interface})
+    inits = [float(f.init_s) for f in facts.values() if isinstance(f.init_s, (int, float))]
     first = next(iter(facts.values()))
-    resolved = first.get("resolved") if isinstance(first.get("resolved"), list) else []
+    resolved = _addresses(first.resolved)
     return Finding(
         code="INIT000", severity=Severity.OK, probe=NAME,
         title=(f"{len(facts)} of {run.world_size} ranks reached the rendezvous within {spread:.1f} s"
                + (f"; init took up to {max(inits):.2f} s" if inits else "")),
         ranks=tuple(sorted(facts)), nodes=run.nodes_of(facts),
-        evidence={"master": f"{first.get('master_addr')}:{first.get('master_port')}",
+        evidence={"master": f"{first.master_addr}:{first.master_port}",
                   "resolved_to": resolved, "route_to_master": routes,
                   "arrival_spread_s": round(spread, 3), "init_s_max": round(max(inits), 3) if inits else None},
         why="Every rank resolved the rendezvous address, reached the store and initialised the process group.",
