@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar
 
-from ddpdoctor.core import keys
 from ddpdoctor.core.facts import Facts
 from ddpdoctor.runtime.context import RankContext
 from ddpdoctor.measure.slow_compute import SlowCompute
@@ -282,7 +281,7 @@ def _turn(ctx: RankContext, facts: ScalingRecord, into: dict[str, Row], name: st
     have; every rank then waits for all n."""
     if ctx.rank < n:
         into[name] = work()
-        ctx.channel.set(keys.result("scaling", ctx.rank), facts.to_json())
+        ctx.publish_partial("scaling", facts)
         ctx.channel.set(f"{key}/{ctx.rank}", time.time())
     wait_for(ctx, [f"{key}/{r}" for r in range(n)], range(n), what)
 

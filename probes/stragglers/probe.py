@@ -48,8 +48,7 @@ class Stragglers:
 
     # -- collect (on each rank) -------------------------------------------------
     def collect(self, ctx: "RankContext") -> dict[str, object]:
-        # Every rank reads every hello: N² store reads per run (issue 24: to come from the rendezvous digest).
-        hosts = {r: h.get("host") for r, h in ctx.channel.collect("hello/{rank}", range(ctx.world_size)).items()}
+        hosts = {r: h.get("host") for r, h in ctx.hellos.items()}
         with ctx.stage("straggler_clock"):
             if ctx.rank == 0:
                 clock_offset.serve(ctx.channel.store, 0, hosts, ctx.cfg.timeout_s / 2)
