@@ -7,34 +7,35 @@ ticket use), once per GPU even when several ranks share it.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.measure.host_layout import parse_cpulist
 
 from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.homogeneity.facts import GpuFacts, HomogeneityFacts, HostHwFacts
 
 NAME = "homogeneity"
 RAM_PER_GPU_BYTES = 16 * 2**30  # common practice: at least 16 GB of host RAM per GPU (data loading, pinned memory)
 SLOWDOWNS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown", "board_limit",
              "reliability")
 
-Facts = Mapping[int, Mapping[str, Any]]
+ByRank = Mapping[int, HomogeneityFacts]
 
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _int(value: Any) -> Optional[int]:
+def _int(value: object) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _num(value: Any) -> Optional[float]:
+def _num(value: object) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def cpu_set(text: Any) -> set[int]:
+def cpu_set(text: object) -> set[int]:
     """`0-3,8` (as rank_ranges writes an affinity) → {0, 1, 2, 3, 8}; an unreadable part is skipped."""
     cpus: set[int] = set()
     for part in str(text or "").split(","):
@@ -45,34 +46,38 @@ def cpu_set(text: Any) -> set[int]:
     return cpus
 
 
-def cpus_for(host_hw: list[Mapping[str, Any]]) -> int:
+def cpus_for(host_hw: list[HostHwFacts]) -> int:
     """CPUs the ranks of one host may run on between them: the union of their affinities.
 
     Ranks pinned apart (srun --cpus-per-task) do not compete even though each sees few CPUs.
     """
     union: set[int] = set()
     for hw in host_hw:
-        union |= cpu_set(hw.get("cpu_affinity"))
+        union |= cpu_set(hw.cpu_affinity)
     if union:
         return len(union)
-    return max((_int(hw.get("cpus_usable")) or _int(hw.get("cpu_logical_cores")) or 0 for hw in host_hw), default=0)
+    return max((_int(hw.cpus_usable) or _int(hw.cpu_logical_cores) or 0 for hw in host_hw), default=0)
 
 
-def _gpus(facts: Facts) -> list[tuple[str, list[int], Mapping[str, Any]]]:
+def _uuid(f: HomogeneityFacts) -> Optional[str]:
+    return f.gpu.uuid if f.gpu is not None else None
+
+
+def _gpus(facts: ByRank) -> list[tuple[str, list[int], GpuFacts]]:
     """(label, ranks, gpu facts) per distinct GPU."""
-    seen: dict[str, tuple[str, list[int], Mapping[str, Any]]] = {}
+    seen: dict[str, tuple[str, list[int], GpuFacts]] = {}
     for r, f in sorted(facts.items()):
-        gpu = f.get("gpu")
-        if not isinstance(gpu, Mapping) or not gpu:
+        gpu = f.gpu
+        if gpu is None or not f.has_gpu:
             continue
-        host = str(f.get("host"))
-        key = str(gpu.get("uuid") or f"{host}/{gpu.get('pci_bus_id')}/{r}")
-        label = f"{host} GPU {gpu.get('pci_bus_id') or gpu.get('nvml_index')} ({gpu.get('name')})"
+        host = str(f.host)
+        key = str(gpu.uuid or f"{host}/{gpu.pci_bus_id}/{r}")
+        label = f"{host} GPU {gpu.pci_bus_id or gpu.nvml_index} ({gpu.name})"
         seen.setdefault(key, (label, [], gpu))[1].append(r)
     return list(seen.values())
 
 
-def _per_gpu(facts: Facts, run: RunView, judge: Callable[[Mapping[str, Any]], Optional[tuple[Severity, str]]],
+def _per_gpu(facts: ByRank, run: RunView, judge: Callable[[GpuFacts], Optional[tuple[Severity, str]]],
              code: str, title: str, why: str, fix: str) -> list[Finding]:
     evidence: dict[str, str] = {}
     severities: dict[str, Severity] = {}
@@ -94,65 +99,64 @@ def _per_gpu(facts: Facts, run: RunView, judge: Callable[[Mapping[str, Any]], Op
                     ranks=ranks_t, nodes=run.nodes_of(ranks_t), evidence=evidence, why=why, fix=fix)]
 
 
-def _memory_errors(gpu: Mapping[str, Any]) -> Optional[tuple[Severity, str]]:
-    rows = gpu.get("remapped_rows") if isinstance(gpu.get("remapped_rows"), Mapping) else {}
-    ecc = gpu.get("ecc_uncorrected") if isinstance(gpu.get("ecc_uncorrected"), Mapping) else {}
-    pages = gpu.get("retired_pages") if isinstance(gpu.get("retired_pages"), Mapping) else {}
+def _memory_errors(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
+    rows, ecc, pages = gpu.remapped_rows, gpu.ecc_uncorrected, gpu.retired_pages
+    volatile, aggregate, uncorrectable = _int(ecc.volatile) or 0, _int(ecc.aggregate) or 0, _int(rows.uncorrectable) or 0
     said: list[str] = []
     severity = Severity.INFO
-    if rows.get("failed") is True:
+    if rows.failed is True:
         said.append("row remapping FAILED")
         severity = Severity.CRITICAL
-    if (_int(ecc.get("volatile")) or 0) > 0:
-        said.append(f"{_count(ecc['volatile'], 'uncorrectable ECC error')} since the last reset")
+    if volatile > 0:
+        said.append(f"{_count(volatile, 'uncorrectable ECC error')} since the last reset")
         severity = max(severity, Severity.WARN)
-    if rows.get("pending") is True or pages.get("pending") is True:
+    if rows.pending is True or pages.pending is True:
         said.append("a row remap / page retirement is pending until the GPU is reset")
         severity = max(severity, Severity.WARN)
-    if not said and (_int(ecc.get("aggregate")) or 0) > 0:
-        said.append(f"{_count(ecc['aggregate'], 'uncorrectable ECC error')} in its lifetime (none since the last reset)")
-    if (_int(rows.get("uncorrectable")) or 0) > 0:
-        said.append(f"{_count(rows['uncorrectable'], 'row')} remapped for uncorrectable errors")
+    if not said and aggregate > 0:
+        said.append(f"{_count(aggregate, 'uncorrectable ECC error')} in its lifetime (none since the last reset)")
+    if uncorrectable > 0:
+        said.append(f"{_count(uncorrectable, 'row')} remapped for uncorrectable errors")
     return (severity, "; ".join(said)) if said else None
 
 
-def _power_capped(gpu: Mapping[str, Any]) -> Optional[tuple[Severity, str]]:
-    power = gpu.get("power") if isinstance(gpu.get("power"), Mapping) else {}
-    limit, default = _num(power.get("limit_w")), _num(power.get("default_w"))
-    enforced = _num(power.get("enforced_w"))
+def _power_capped(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
+    power = gpu.power
+    limit, default = _num(power.limit_w), _num(power.default_w)
+    enforced = _num(power.enforced_w)
     capped = min(v for v in (limit, enforced) if v is not None) if (limit or enforced) else None
     if capped is None or default is None or capped >= default * 0.98:
         return None
     return Severity.WARN, f"power limit {capped:g} W, default {default:g} W ({100 * capped / default:.0f}%)"
 
 
-def _clocks_low(gpu: Mapping[str, Any]) -> Optional[tuple[Severity, str]]:
-    clocks = gpu.get("clocks") if isinstance(gpu.get("clocks"), Mapping) else {}
+def _clocks_low(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
+    clocks = gpu.clocks
     said = []
-    for kind in ("sm", "mem"):
-        app, default = _int(clocks.get(f"app_{kind}_mhz")), _int(clocks.get(f"default_app_{kind}_mhz"))
+    for kind, app_mhz, default_mhz in (("SM", clocks.app_sm_mhz, clocks.default_app_sm_mhz),
+                                       ("MEM", clocks.app_mem_mhz, clocks.default_app_mem_mhz)):
+        app, default = _int(app_mhz), _int(default_mhz)
         if app is not None and default and app < default * 0.95:
-            said.append(f"application {kind.upper()} clock {app} MHz, default {default} MHz")
+            said.append(f"application {kind} clock {app} MHz, default {default} MHz")
     return (Severity.WARN, "; ".join(said)) if said else None
 
 
-def _throttling(gpu: Mapping[str, Any]) -> Optional[tuple[Severity, str]]:
-    reasons = gpu.get("clock_event_reasons") if isinstance(gpu.get("clock_event_reasons"), Mapping) else {}
-    active = [r for r in reasons.get("active") or [] if isinstance(r, str)]
+def _throttling(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
+    active = [r for r in gpu.clock_event_reasons.active if isinstance(r, str)]
     bad = [r for r in active if r in SLOWDOWNS]
     if bad:
-        temp = gpu.get("temperature_c")
+        temp = gpu.temperature_c
         return Severity.WARN, ", ".join(bad) + (f" at {temp} C" if _int(temp) is not None else "")
     if "sw_power_cap" in active:
         return Severity.INFO, "sw_power_cap (clocks lowered to stay within the power limit)"
     return None
 
 
-def _persistence_off(gpu: Mapping[str, Any]) -> Optional[tuple[Severity, str]]:
-    return (Severity.INFO, "persistence mode off") if gpu.get("persistence_mode") is False else None
+def _persistence_off(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
+    return (Severity.INFO, "persistence mode off") if gpu.persistence_mode is False else None
 
 
-def gpu_health_findings(facts: Facts, run: RunView) -> list[Finding]:
+def gpu_health_findings(facts: ByRank, run: RunView) -> list[Finding]:
     out: list[Finding] = []
     out += _per_gpu(facts, run, _memory_errors, "HOM007", "GPU memory errors",
                     why=("Uncorrectable ECC errors kill the process that hit them (Xid 48/63/64) and can corrupt results; "
@@ -178,29 +182,29 @@ def gpu_health_findings(facts: Facts, run: RunView) -> list[Finding]:
     return out
 
 
-def host_findings(facts: Facts, run: RunView) -> list[Finding]:
+def host_findings(facts: ByRank, run: RunView) -> list[Finding]:
     out: list[Finding] = []
     by_host: dict[str, list[int]] = defaultdict(list)
     for r, f in sorted(facts.items()):
-        by_host[str(f.get("host"))].append(r)
+        by_host[str(f.host)].append(r)
     low_ram: dict[str, str] = {}
     low_ram_ranks: list[int] = []
     threads: dict[str, str] = {}
     thread_ranks: list[int] = []
     for host, ranks in by_host.items():
-        hw = facts[ranks[0]].get("host_hw") or {}
-        gpu_ranks = [r for r in ranks if facts[r].get("gpu")]
-        gpus = _int(hw.get("node_gpus")) or len({str((facts[r].get("gpu") or {}).get("uuid") or r) for r in gpu_ranks})
-        ram = _int(hw.get("ram_bytes"))
+        hw = facts[ranks[0]].host_hw
+        gpu_ranks = [r for r in ranks if facts[r].has_gpu]
+        gpus = _int(hw.node_gpus) or len({str(_uuid(facts[r]) or r) for r in gpu_ranks})
+        ram = _int(hw.ram_bytes)
         if gpu_ranks and ram and gpus and ram / gpus < RAM_PER_GPU_BYTES:
             low_ram[host] = f"{ram / 2**30:.0f} GiB RAM for {gpus} GPUs ({ram / gpus / 2**30:.1f} GiB each)"
             low_ram_ranks += ranks
         # Only live ranks: a snapshot's threads are its own process's, not a training rank's.
-        live = [r for r in ranks if facts[r].get("source") != "snapshot"]
-        local = max([len(live)] + [int(facts[r].get("local_world_size") or 1) for r in live])
-        unset = [r for r in live if "OMP_NUM_THREADS" not in (facts[r].get("env") or {})]
-        wanted = sum(int((facts[r].get("host_hw") or {}).get("torch_threads") or 1) for r in live)
-        cores = cpus_for([facts[r].get("host_hw") or {} for r in live])
+        live = [r for r in ranks if facts[r].source != "snapshot"]
+        local = max([len(live)] + [int(facts[r].local_world_size or 1) for r in live])
+        unset = [r for r in live if "OMP_NUM_THREADS" not in facts[r].env]
+        wanted = sum(int(facts[r].host_hw.torch_threads or 1) for r in live)
+        cores = cpus_for([facts[r].host_hw for r in live])
         if local > 1 and unset and cores and wanted > cores:
             threads[host] = (f"{len(live)} ranks with {wanted} compute threads between them on {cores} CPUs, "
                              "OMP_NUM_THREADS unset")
@@ -236,29 +240,29 @@ SATURATED_SHARE = 0.9
 FOREIGN_SHARE = 0.25
 
 
-def _busy_hosts(facts: Facts, by_host: Mapping[str, list[int]]) -> list[Finding]:
+def _busy_hosts(facts: ByRank, by_host: Mapping[str, list[int]]) -> list[Finding]:
     """HOM015: the host's CPUs were saturated while the check ran, with other processes taking a real
     share (local rank 0 measured it from the ranks' start, imports included)."""
     busy: dict[str, str] = {}
-    measured: dict[str, Any] = {}
+    measured: dict[str, object] = {}
     for host, ranks in by_host.items():
-        load = next((facts[r]["host_load"] for r in ranks if isinstance(facts[r].get("host_load"), Mapping)), None)
+        load = next((facts[r].host_load for r in ranks if facts[r].host_load is not None), None)
         if load is None:
             continue
-        cpus, used = _int(load.get("cpus")) or 0, _num(load.get("foreign_cpus_busy")) or 0.0
-        all_busy = _num(load.get("cpus_busy"))
+        cpus, used = _int(load.cpus) or 0, _num(load.foreign_cpus_busy) or 0.0
+        all_busy = _num(load.cpus_busy)
         if cpus and (all_busy is None or all_busy >= SATURATED_SHARE * cpus) and used >= max(0.5, FOREIGN_SHARE * cpus):
-            top = ", ".join(f"pid {p.get('pid')} {p.get('name')} {p.get('cpu_pct')}%" for p in load.get("top") or [])
+            top = ", ".join(f"pid {p.pid} {p.name} {p.cpu_pct}%" for p in load.top)
             busy[host] = (f"{all_busy if all_busy is not None else used:.1f} of {cpus} CPUs busy, {used:.1f} of them "
                           f"with other processes" + (f" ({top})" if top else ""))
-            measured[host] = load
+            measured[host] = load.to_json()  # evidence is JSON: what was read, as it was read
     if not busy:
         return []
     first = next(iter(busy))
-    ranks = tuple(r for host in busy for r in by_host[host])
     return [Finding(
         code="HOM015", severity=Severity.WARN, probe=NAME,
-        title=f"Host {first} is saturated, partly by other processes: {busy[first]}", ranks=ranks, nodes=tuple(busy),
+        title=f"Host {first} is saturated, partly by other processes: {busy[first]}",
+        ranks=tuple(r for host in busy for r in by_host[host]), nodes=tuple(busy),
         evidence={"by_host": busy, "measured": measured},
         why=("Processes that are not part of this job took that much CPU while the check ran (measured from each "
              "process's CPU time, ours left out). Data loading, gloo and the CPU side of every step slow down, so a "

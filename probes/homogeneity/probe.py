@@ -8,64 +8,65 @@ by each value and names the odd ones. The reading is shared with `ddpdoctor snap
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from ddpdoctor.measure import host_load
+from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.core.grouping import describe_groups, group_ranks, minority, shown
 from ddpdoctor.measure.node import read_device_facts, read_gpu_state
-from ddpdoctor.measure.throughput import measure_matmul
+from ddpdoctor.measure.throughput import MatmulThroughput, measure_matmul
 from ddpdoctor.runtime.workload import run_workload
 
 from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.homogeneity.facts import (GpuFacts, HomogeneityFacts, HostLoadFacts, MatmulFacts,
+                                                MeasuredFacts)
 from ddpdoctor.probes.homogeneity.health import gpu_health_findings, host_findings
 from ddpdoctor.probes.homogeneity.speed import slow_rank_findings, speed_spread
 
+if TYPE_CHECKING:
+    from ddpdoctor.runtime.context import RankContext
+
 NAME = "homogeneity"
 
-Facts = Mapping[int, Mapping[str, Any]]
+ByRank = Mapping[int, HomogeneityFacts]
+# How one compared value is read from a rank's facts: a plain JSON value (str, number, bool,
+# an {"unknown": reason} mapping) or None where the rank has none.
+Read = Callable[[HomogeneityFacts], object]
 
 
-def _get(f: Mapping[str, Any], *path: str) -> Any:
-    value: Any = f
-    for key in path:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    return value
-
-
-def _gib(value: Any) -> Any:
+def _gib(value: object) -> object:
     return f"{value / 2**30:.1f} GiB" if isinstance(value, (int, float)) else value
 
 
-def _torch_build(f: Mapping[str, Any]) -> Any:
-    sw = f.get("software") or {}
-    git = sw.get("torch_git")
-    return f"{sw.get('torch')} ({git[:8]})" if isinstance(git, str) and git else sw.get("torch")
+def _torch_build(f: HomogeneityFacts) -> Optional[str]:
+    sw = f.software
+    git = sw.torch_git
+    return f"{sw.torch} ({git[:8]})" if isinstance(git, str) and git else sw.torch
 
 
 # (label, how to read it): what must agree, grouped by how bad a disagreement is.
-HARDWARE: list[tuple[str, Callable[[Mapping[str, Any]], Any]]] = [
-    ("GPU model", lambda f: _get(f, "gpu", "name")),
-    ("GPU memory", lambda f: _gib(_get(f, "gpu", "memory_total_bytes"))),
-    ("compute capability", lambda f: _get(f, "gpu", "compute_capability")),
-    ("SM count", lambda f: _get(f, "gpu", "sm_count")),
-    ("ECC mode", lambda f: _get(f, "gpu", "ecc_mode", "current")),
+HARDWARE: list[tuple[str, Read]] = [
+    ("GPU model", lambda f: f.gpu and f.gpu.name),
+    ("GPU memory", lambda f: _gib(f.gpu and f.gpu.memory_total_bytes)),
+    ("compute capability", lambda f: f.gpu and f.gpu.compute_capability),
+    ("SM count", lambda f: f.gpu and f.gpu.sm_count),
+    ("ECC mode", lambda f: f.gpu and f.gpu.ecc_mode.current),
 ]
-LIBRARIES = [("torch", _torch_build), ("NCCL", lambda f: _get(f, "software", "nccl"))]
-DRIVERS = [
-    ("NVIDIA driver", lambda f: _get(f, "software", "driver")),
-    ("CUDA driver API", lambda f: _get(f, "software", "cuda_driver")),
-    ("torch's CUDA runtime", lambda f: _get(f, "software", "cuda_runtime")),
+LIBRARIES: list[tuple[str, Read]] = [("torch", _torch_build), ("NCCL", lambda f: f.software.nccl)]
+DRIVERS: list[tuple[str, Read]] = [
+    ("NVIDIA driver", lambda f: f.software.driver),
+    ("CUDA driver API", lambda f: f.software.cuda_driver),
+    ("torch's CUDA runtime", lambda f: f.software.cuda_runtime),
 ]
-HARMLESS = [
-    ("Python", lambda f: _get(f, "software", "python")),
-    ("OS", lambda f: _get(f, "software", "os")),
-    ("kernel", lambda f: _get(f, "software", "kernel")),
-    ("CPU model", lambda f: _get(f, "host_hw", "cpu_model")),
-    ("host RAM", lambda f: _gib(_get(f, "host_hw", "ram_bytes"))),
+HARMLESS: list[tuple[str, Read]] = [
+    ("Python", lambda f: f.software.python),
+    ("OS", lambda f: f.software.os),
+    ("kernel", lambda f: f.software.kernel),
+    ("CPU model", lambda f: f.host_hw.cpu_model),
+    ("host RAM", lambda f: _gib(f.host_hw.ram_bytes)),
 ]
 # Settings that may differ between nodes on purpose (NIC names) or only change logging.
 PER_NODE_ENV = {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_TOPO_FILE", "NCCL_DEBUG",
@@ -79,25 +80,31 @@ class Homogeneity:
     summary = "Compare GPUs, drivers, torch/NCCL, GPU health, environment and measured speed across ranks and nodes."
 
     # -- collect (on each rank) -------------------------------------------------
-    def collect(self, ctx: Any) -> dict[str, Any]:
-        facts = read_device_facts(ctx.device)
-        facts.update(host=ctx.env.hostname, rank=ctx.rank, local_rank=ctx.env.local_rank,
-                     local_world_size=ctx.env.local_world_size, world_size=ctx.world_size, source="rank")
+    def collect(self, ctx: RankContext) -> dict[str, object]:
+        facts = dataclasses.replace(
+            HomogeneityFacts.from_json(read_device_facts(ctx.device)),
+            host=ctx.env.hostname, rank=ctx.rank, local_rank=ctx.env.local_rank,
+            local_world_size=ctx.env.local_world_size, world_size=ctx.world_size, source="rank")
         # What was read stays diagnosable even if the measurement below fails or hangs.
-        ctx.channel.set(f"result/{NAME}/{ctx.rank}", facts)
-        facts["measured"] = {"matmul": _measure_matmul(ctx).to_json()}
-        if facts.get("gpu"):
+        ctx.publish_partial(NAME, facts)
+        measured = facts.measured = MeasuredFacts(matmul=MatmulFacts.from_json(_measure_matmul(ctx).to_json()))
+        if facts.gpu is not None and facts.has_gpu:
             # Clocks and throttle reasons mean most right after load: idle GPUs report idle.
-            facts["gpu"].update(read_gpu_state(facts["gpu"].get("uuid")))
+            facts.gpu = GpuFacts.from_json(facts.gpu.to_json() | read_gpu_state(facts.gpu.uuid))
         workload = run_workload(ctx)
-        facts["measured"]["step_ms"] = _median([s.step_ms for s in workload.steps])
-        facts["measured"]["forward_ms"] = _median([s.forward_ms for s in workload.steps])
-        if ctx.cache.get("host_load_start") is not None:
-            facts["host_load"] = _foreign_load(ctx)
-        return facts
+        measured.step_ms = _median([s.step_ms for s in workload.steps])
+        measured.forward_ms = _median([s.forward_ms for s in workload.steps])
+        sampled = ctx.shared.host_load_start is not None
+        if sampled:
+            facts.host_load = _foreign_load(ctx)
+        out = facts.to_json()
+        if sampled:
+            out.setdefault("host_load", None)  # sampled at the start, unreadable at the end: null, as always
+        return out
 
     # -- diagnose (pure) --------------------------------------------------------
-    def diagnose(self, facts: Facts, run: RunView) -> list[Finding]:
+    def diagnose(self, facts: ByRank, run: RunView) -> list[Finding]:
+        facts = facts_by_rank(HomogeneityFacts, facts)
         if not facts:
             return []
         threshold = run.settings.get("slow_threshold_pct")
@@ -130,22 +137,23 @@ class Homogeneity:
         return findings
 
 
-def _foreign_load(ctx: Any) -> Optional[dict[str, Any]]:
+def _foreign_load(ctx: RankContext) -> Optional[HostLoadFacts]:
     """Other processes' CPU on this host from the rank's start to now (local rank 0 only)."""
-    end = host_load.sample()
-    if end is None:
+    start, end = ctx.shared.host_load_start, host_load.sample()
+    if start is None or end is None:
         return None
-    from ddpdoctor.runtime.session import machine_identity
+    from ddpdoctor.measure.host import machine_identity
 
     # Every rank of this job whose pid means something here (same kernel, same pid namespace),
     # whatever host name it goes by: two "nodes" in containers on one machine share it.
     here = machine_identity()
-    hellos = ctx.cache.get("hellos") or ctx.channel.collect("hello/{rank}", range(ctx.world_size))
+    hellos = ctx.hellos
     pids = [int(h["pid"]) for h in hellos.values() if h.get("machine") == here and h.get("pid")]
-    return host_load.foreign_load(ctx.cache["host_load_start"], end, host_load.our_processes(pids))
+    return HostLoadFacts.from_json(
+        host_load.foreign_load(start, end, host_load.our_processes(pids)))
 
 
-def _measure_matmul(ctx: Any) -> Any:
+def _measure_matmul(ctx: RankContext) -> MatmulThroughput:
     import torch.distributed as dist
 
     rounds = {"n": 0}
@@ -165,16 +173,16 @@ def _median(values: list[float]) -> Optional[float]:
     return round(statistics.median(values), 3) if values else None
 
 
-def _values(facts: Facts, read: Callable[[Mapping[str, Any]], Any]) -> dict[int, Any]:
+def _values(facts: ByRank, read: Read) -> dict[int, object]:
     return {r: read(f) for r, f in facts.items()}
 
 
-def _by_node(facts: Facts, groups: list[tuple[Any, list[int]]], word: str = "on") -> Optional[str]:
+def _by_node(facts: ByRank, groups: list[tuple[object, list[int]]], word: str = "on") -> Optional[str]:
     """`nodes a,b on X; node c on Y` when every node is uniform and there are several."""
     per_node: dict[str, set[int]] = defaultdict(set)
     for index, (_, ranks) in enumerate(groups):
         for r in ranks:
-            per_node[str(facts[r].get("host"))].add(index)
+            per_node[str(facts[r].host)].add(index)
     if len(per_node) < 2 or any(len(v) != 1 for v in per_node.values()):
         return None
     parts = []
@@ -184,7 +192,7 @@ def _by_node(facts: Facts, groups: list[tuple[Any, list[int]]], word: str = "on"
     return "; ".join(parts)
 
 
-def _disagreements(facts: Facts, run: RunView, attributes: list[tuple[str, Callable[[Mapping[str, Any]], Any]]],
+def _disagreements(facts: ByRank, run: RunView, attributes: list[tuple[str, Read]],
                    code: str, severity: Severity, headline: str, why: str, fix: str) -> list[Finding]:
     evidence: dict[str, str] = {}
     odd: set[int] = set()
@@ -207,8 +215,8 @@ def _disagreements(facts: Facts, run: RunView, attributes: list[tuple[str, Calla
                     nodes=run.nodes_of(ranks), evidence=evidence, why=why, fix=fix)]
 
 
-def _env_differences(facts: Facts, run: RunView) -> list[Finding]:
-    names = sorted({k for f in facts.values() for k in (f.get("env") or {}) if k.startswith(COMPARED_ENV_PREFIXES)})
+def _env_differences(facts: ByRank, run: RunView) -> list[Finding]:
+    names = sorted({k for f in facts.values() for k in f.env if k.startswith(COMPARED_ENV_PREFIXES)})
     out: list[Finding] = []
     for per_node, severity in ((False, Severity.WARN), (True, Severity.INFO)):
         evidence: dict[str, str] = {}
@@ -216,7 +224,7 @@ def _env_differences(facts: Facts, run: RunView) -> list[Finding]:
         for name in names:
             if (name in PER_NODE_ENV) != per_node:
                 continue
-            groups = group_ranks({r: (f.get("env") or {}).get(name, "unset") for r, f in facts.items()})
+            groups = group_ranks({r: f.env.get(name, "unset") for r, f in facts.items()})
             if len(groups) > 1:
                 evidence[name] = (_by_node(facts, groups, word="with") or
                                   describe_groups(groups, word="has", plural_word="have"))
@@ -241,12 +249,12 @@ def _env_differences(facts: Facts, run: RunView) -> list[Finding]:
     return out
 
 
-def _all_agree(facts: Facts, run: RunView) -> Finding:
+def _all_agree(facts: ByRank, run: RunView) -> Finding:
     ranks = tuple(sorted(facts))
     sample = facts[ranks[0]]
     parts = []
-    gpu = _get(sample, "gpu", "name")
-    parts.append(str(gpu) if gpu else f"CPU {shown(_get(sample, 'host_hw', 'cpu_model'))}")
+    gpu = sample.gpu and sample.gpu.name
+    parts.append(str(gpu) if gpu else f"CPU {shown(sample.host_hw.cpu_model)}")
     for label, read in (LIBRARIES + DRIVERS[:1]):
         value = read(sample)
         if value is not None and shown(value) != "unknown":
@@ -255,7 +263,7 @@ def _all_agree(facts: Facts, run: RunView) -> Finding:
     if spread is not None:
         pct, slowest, fastest, unit = spread
         parts.append(f"measured speed of peers within {pct:.0f}% ({slowest:.3g}-{fastest:.3g} {unit})")
-    nodes = run.nodes_of(ranks) or tuple(sorted({str(f.get("host")) for f in facts.values()}))
+    nodes = run.nodes_of(ranks) or tuple(sorted({str(f.host) for f in facts.values()}))
     return Finding(code="HOM000", severity=Severity.OK, probe=NAME,
                    title=f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} on {len(nodes)} "
                          f"node{'s' if len(nodes) != 1 else ''} agree: "

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.homogeneity.facts import HomogeneityFacts, MatmulFacts
 from ddpdoctor.probes.homogeneity.health import cpu_set, cpus_for
 
 NAME = "homogeneity"
@@ -27,40 +28,44 @@ DEFAULT_SLOW_PCT = {"gpu": 10.0, "cpu": 20.0}
 # the rank's; pinned ranks (srun --cpus-per-task, taskset) keep the 20%.
 SHARED_CORES_SLOW_PCT = 40.0
 
+ByRank = Mapping[int, HomogeneityFacts]
+# Who is a peer of whom: ("gpu", name, memory, dtype, size) or ("cpu", model, dtype, size, threads).
+Hardware = tuple[str, object, object, object, object]
 
-def _matmul(f: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
-    value = (f.get("measured") or {}).get("matmul")
-    return value if isinstance(value, Mapping) and value.get("flops_per_s") else None
+
+def _matmul(f: HomogeneityFacts) -> Optional[MatmulFacts]:
+    """The rank's measurement, if it has a figure (a matmul that failed or timed out has none)."""
+    mm = f.matmul
+    return mm if mm is not None and mm.flops_per_s else None
 
 
-def _hardware(f: Mapping[str, Any]) -> tuple[Any, ...]:
-    gpu = f.get("gpu") or {}
-    mm = _matmul(f) or {}
-    if gpu.get("name"):
-        return ("gpu", gpu.get("name"), gpu.get("memory_total_bytes"), mm.get("dtype"), mm.get("size"))
-    hw = f.get("host_hw") or {}
+def _hardware(f: HomogeneityFacts) -> Hardware:
+    mm = _matmul(f) or MatmulFacts()
+    if f.gpu is not None and f.gpu.name:
+        return ("gpu", f.gpu.name, f.gpu.memory_total_bytes, mm.dtype, mm.size)
+    hw = f.host_hw
     # A CPU rank's speed scales with its threads: only ranks with as many threads are peers.
-    return ("cpu", hw.get("cpu_model"), mm.get("dtype"), mm.get("size"), hw.get("torch_threads"))
+    return ("cpu", hw.cpu_model, mm.dtype, mm.size, hw.torch_threads)
 
 
-def _rounds(f: Mapping[str, Any]) -> list[float]:
-    mm = _matmul(f) or {}
-    rounds = [float(x) for x in mm.get("round_flops_per_s") or [] if x]
-    return rounds or [float(mm["flops_per_s"])]
+def _rounds(f: HomogeneityFacts) -> list[float]:
+    mm = _matmul(f) or MatmulFacts()
+    rounds = [float(x) for x in mm.round_flops_per_s if x]
+    return rounds or [float(mm.flops_per_s or 0.0)]
 
 
-def _shared_cpus(facts: Mapping[int, Mapping[str, Any]]) -> tuple[dict[str, dict[str, Any]], set[int]]:
+def _shared_cpus(facts: ByRank) -> tuple[dict[str, dict[str, object]], set[int]]:
     """Hosts whose CPU ranks want more threads than they have cores (speeds there are noise):
     the evidence per host, and the ranks not to compare."""
-    crowded: dict[str, dict[str, Any]] = {}
+    crowded: dict[str, dict[str, object]] = {}
     excluded: set[int] = set()
     by_host: dict[str, list[int]] = defaultdict(list)
     for r, f in facts.items():
-        if not f.get("gpu") and f.get("source") != "snapshot":  # a snapshot measures one device at a time
-            by_host[str(f.get("host"))].append(r)
+        if not f.has_gpu and f.source != "snapshot":  # a snapshot measures one device at a time
+            by_host[str(f.host)].append(r)
     for host, ranks in by_host.items():
-        hw = [facts[r].get("host_hw") or {} for r in ranks]
-        threads = sum(int(h.get("torch_threads") or 1) for h in hw)
+        hw = [facts[r].host_hw for r in ranks]
+        threads = sum(int(h.torch_threads or 1) for h in hw)
         cores = cpus_for(hw)
         if cores and threads > cores:
             crowded[host] = {"ranks": rank_ranges(ranks), "threads": threads, "cores": cores}
@@ -68,12 +73,11 @@ def _shared_cpus(facts: Mapping[int, Mapping[str, Any]]) -> tuple[dict[str, dict
     return crowded, excluded
 
 
-def _float_over_shared_cores(facts: Mapping[int, Mapping[str, Any]], ranks: list[int]) -> bool:
+def _float_over_shared_cores(facts: ByRank, ranks: list[int]) -> bool:
     """Two of these ranks on one host whose CPU affinities overlap."""
     by_host: dict[str, list[set[int]]] = {}
     for r in ranks:
-        hw = facts[r].get("host_hw") or {}
-        by_host.setdefault(str(facts[r].get("host")), []).append(cpu_set(hw.get("cpu_affinity")))
+        by_host.setdefault(str(facts[r].host), []).append(cpu_set(facts[r].host_hw.cpu_affinity))
     return any(a & b for sets in by_host.values() for i, a in enumerate(sets) for b in sets[i + 1:])
 
 
@@ -81,16 +85,16 @@ def _unit(kind: str) -> tuple[str, float]:
     return ("TFLOP/s", 1e12) if kind == "gpu" else ("GFLOP/s", 1e9)
 
 
-def _peer_groups(facts: Mapping[int, Mapping[str, Any]], excluded: set[int]) -> dict[tuple[Any, ...], list[int]]:
+def _peer_groups(facts: ByRank, excluded: set[int]) -> dict[Hardware, list[int]]:
     """Ranks that may be compared: measured, same hardware, not on time-shared cores."""
-    groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    groups: dict[Hardware, list[int]] = defaultdict(list)
     for r, f in sorted(facts.items()):
         if _matmul(f) and r not in excluded:
             groups[_hardware(f)].append(r)
     return {k: v for k, v in groups.items() if len(v) >= 2}
 
 
-def speed_spread(facts: Mapping[int, Mapping[str, Any]]) -> Optional[tuple[float, float, float, str]]:
+def speed_spread(facts: ByRank) -> Optional[tuple[float, float, float, str]]:
     """(percent, slowest, fastest, unit) within the widest group of peers, for the all-clear line."""
     _, excluded = _shared_cpus(facts)
     widest = None
@@ -102,17 +106,16 @@ def speed_spread(facts: Mapping[int, Mapping[str, Any]]) -> Optional[tuple[float
     return widest
 
 
-def slow_rank_findings(facts: Mapping[int, Mapping[str, Any]], run: RunView,
+def slow_rank_findings(facts: ByRank, run: RunView,
                        threshold_pct: Optional[float] = None) -> list[Finding]:
     """`threshold_pct` None: the default for the device kind (DEFAULT_SLOW_PCT)."""
     out: list[Finding] = []
     crowded, crowded_ranks = _shared_cpus(facts)
     if crowded:
-        ranks = tuple(sorted(crowded_ranks))
         out.append(Finding(
             code="HOM013", severity=Severity.INFO, probe=NAME,
             title=f"Compute speed not compared on {', '.join(crowded)}: its CPU ranks share too few cores",
-            ranks=ranks, nodes=tuple(sorted(crowded)), evidence={"hosts": crowded},
+            ranks=tuple(sorted(crowded_ranks)), nodes=tuple(sorted(crowded)), evidence={"hosts": crowded},
             why="More compute threads than cores: the ranks time-share, and their measured speeds are scheduling noise.",
             fix="Give each rank its own cores (fewer ranks per node, or OMP_NUM_THREADS=cores/ranks) to compare them.",
         ))
@@ -148,19 +151,20 @@ def _median_of_others(values: Mapping[int, float]) -> dict[int, float]:
     return out
 
 
-def _slow_finding(facts: Mapping[int, Mapping[str, Any]], run: RunView, hardware: tuple[Any, ...], ranks: list[int],
+def _slow_finding(facts: ByRank, run: RunView, hardware: Hardware, ranks: list[int],
                   slow: list[int], scores: Mapping[int, float], threshold_pct: float) -> Finding:
     unit, scale = _unit(hardware[0])
     speed = {r: round(max(_rounds(facts[r])) / scale, 2) for r in ranks}
     peers = [r for r in ranks if r not in slow]
     typical = statistics.median(speed[r] for r in (peers or ranks))
     worst = min(slow, key=lambda r: scores[r])
-    where = f"{facts[worst].get('host')}" + (f" GPU {(facts[worst].get('gpu') or {}).get('pci_bus_id')}"
-                                            if hardware[0] == "gpu" else "")
-    mm = _matmul(facts[worst]) or {}
+    gpu = facts[worst].gpu
+    where = f"{facts[worst].host}" + (f" GPU {gpu.pci_bus_id if gpu is not None else None}"
+                                      if hardware[0] == "gpu" else "")
+    mm = _matmul(facts[worst]) or MatmulFacts()
     threads = hardware[4] if hardware[0] == "cpu" else None
     what = f"{hardware[1]}" if threads is None else f"CPU {hardware[1]}, {threads} thread{'s' if threads != 1 else ''} per rank"
-    steps = {r: (facts[r].get("measured") or {}).get("step_ms") for r in ranks}
+    steps = {r: facts[r].step_ms for r in ranks}
     whole = run.whole_nodes(slow)
     return Finding(
         code="HOM006", severity=Severity.WARN, probe=NAME,
@@ -174,8 +178,8 @@ def _slow_finding(facts: Mapping[int, Mapping[str, Any]], run: RunView, hardware
         ranks=tuple(slow), nodes=run.nodes_of(slow),
         evidence={
             "hardware": what,
-            "measurement": (f"{mm.get('dtype')} {mm.get('size')}x{mm.get('size')} matmul, best of "
-                            f"{len(_rounds(facts[worst]))} rounds ({mm.get('reps')} repetitions)"),
+            "measurement": (f"{mm.dtype} {mm.size}x{mm.size} matmul, best of "
+                            f"{len(_rounds(facts[worst]))} rounds ({mm.reps} repetitions)"),
             f"throughput_{unit.replace('/', '_per_')}_by_rank": speed,
             "slower_than_peers_pct": {r: round(100 * (1 - scores[r]), 1) for r in slow},
             "threshold_pct": threshold_pct,
