@@ -77,6 +77,7 @@ COMPARED_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_")
 class Homogeneity:
     name = NAME
     trains = True
+    facts_type = HomogeneityFacts
     summary = "Compare GPUs, drivers, torch/NCCL, GPU health, environment and measured speed across ranks and nodes."
 
     # -- collect (on each rank) -------------------------------------------------

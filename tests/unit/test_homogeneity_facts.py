@@ -212,3 +212,15 @@ def test_collect_writes_the_dict_it_always_wrote(monkeypatch, fixture, load_star
     out = Homogeneity().collect(ctx)
     assert json.dumps(out) == json.dumps(expected)
     assert published.sets == [("homogeneity", json.dumps(partial))]
+
+
+def test_the_probe_names_its_facts_type():
+    assert Homogeneity.facts_type is HomogeneityFacts
+
+
+def test_diagnose_safely_reads_report_keyed_facts_into_the_type():
+    from ddpdoctor.probes.base import diagnose_safely
+
+    entries = _entries(H100)
+    found = diagnose_safely(Homogeneity(), {str(r): e for r, e in enumerate(entries)}, _view(entries))
+    assert [f.code for f in found] == ["HOM000"] and found[0].ranks == tuple(range(len(entries)))
