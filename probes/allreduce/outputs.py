@@ -194,7 +194,7 @@ def _png_bytes(results: Sequence[SizeResult], title: str, path: str) -> bytes:
 
 
 def _atomic_write(data: bytes, path: str, overwrite: bool) -> str:
-    from ddpdoctor.core.report import atomic_write_bytes
+    from ddpdoctor.core.files import atomic_write_bytes
 
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
