@@ -272,7 +272,8 @@ def batch_scaling_finding(batch_by_rank: dict[int, float], learning_rates: Seque
     shown = ", ".join(f"{x:g}" for x in lrs)
     linear = [round(x * scale, 12) for x in lrs]
     root = [round(x * math.sqrt(scale), 12) for x in lrs]
-    split = f"{world} ranks x {per_rank:g}" if per_rank is not None else f"{world} ranks, {'/'.join(f'{b:g}' for b in batches)} per rank"
+    split = (f"{world} ranks x {per_rank:g}" if per_rank is not None
+             else f"{world} ranks, {'/'.join(f'{b:g}' for b in batches)} per rank")
     title = (f"Effective batch {effective:g} ({split}) at learning rate{'s' if lr is None else ''} {shown}: tuned for "
              f"one process's batch, the linear rule gives {', '.join(f'{x:.4g}' for x in linear)} and the square-root "
              f"rule {', '.join(f'{x:.4g}' for x in root)}")

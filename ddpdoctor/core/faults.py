@@ -61,7 +61,8 @@ SLOW_LINK_BYTES_PER_S = 0.25e9
 _HELP = (
     "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init, "
     "hang:rank=1:stage=collective, kill:rank=1:stage=ddp, oom:rank=1:stage=probe:topology, "
-    "sigint:rank=0:stage=train, sigterm:rank=1:stage=init, diverge:rank=1, corrupt:rank=1, slowlink:ranks=1,2, blip:ranks=1,2, desync:rank=1, "
+    "sigint:rank=0:stage=train, sigterm:rank=1:stage=init, diverge:rank=1, corrupt:rank=1, "
+    "slowlink:ranks=1,2, blip:ranks=1,2, desync:rank=1, "
     "noshow:rank=1, badport:rank=1, badaddr:rank=1, dtype:rank=1, slowdata:rank=1:ms=20 or bigbatch:rank=1:factor=2; "
     "stages: "
     + ", ".join(FAULT_STAGES) + " or probe:NAME"

@@ -6,6 +6,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+# Nagios plugin convention, as cluster health checkers use it.
+from ddpdoctor.core.exits import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING  # noqa: F401 (re-exported)
+
 
 class Severity(enum.IntEnum):
     """Ordered so that the worst finding decides the run's verdict."""
@@ -22,10 +25,6 @@ class Severity(enum.IntEnum):
     @classmethod
     def parse(cls, text: str) -> "Severity":
         return cls[text.upper()]
-
-
-# Nagios plugin convention, as cluster health checkers use it.
-from ddpdoctor.core.exits import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING  # noqa: F401 (re-exported)
 
 
 def exit_code_for(severities: Iterable[Severity]) -> int:

@@ -61,7 +61,8 @@ def redact_value(name: str, value: str) -> str:
         return REDACTED
     if _TOKEN_SHAPES.search(value):
         return REDACTED
-    if _OPAQUE.match(value) and not _DEVICE_IDS.match(value) and any(c.isdigit() for c in value) and any(c.isalpha() for c in value):
+    if (_OPAQUE.match(value) and not _DEVICE_IDS.match(value)
+            and any(c.isdigit() for c in value) and any(c.isalpha() for c in value)):
         return REDACTED
     return _assignments(_URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", value))
 

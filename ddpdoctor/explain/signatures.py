@@ -148,7 +148,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"client socket has timed out after (?P<ms>\d+) ?ms while trying to connect to \((?P<addr>[^,]+), (?P<port>\d+)\)",
          "cannot reach the store at {addr}:{port}", "c10d TCPStore"),
     _sig("connect_failed", CONTEXT, ("has failed to connect to",),
-         r"client socket has failed to connect to \[?(?P<addr>[^\]\s]+?)\]?:(?P<port>\d+) \(errno: (?P<errno>\d+) - (?P<err>[^)]*)\)",
+         r"client socket has failed to connect to \[?(?P<addr>[^\]\s]+?)\]?:(?P<port>\d+) "
+         r"\(errno: (?P<errno>\d+) - (?P<err>[^)]*)\)",
          "connect to {addr}:{port} failed: {err}", "c10d TCPStore"),
     _sig("rdzv_timeout", CAUSE, ("RendezvousTimeoutError",),
          r"RendezvousTimeoutError(?::? ?(?P<msg>.*))?", "the elastic rendezvous timed out", "torch elastic"),

@@ -28,7 +28,8 @@ def read_software() -> dict[str, Any]:
             version = torch.cuda.nccl.version()
             nccl = ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
     except Exception as exc:  # a broken NCCL library is itself a fact
-        nccl = _unknown(f"NCCL version unreadable: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__}")
+        text = str(exc).strip()
+        nccl = _unknown(f"NCCL version unreadable: {text.splitlines()[0][:200] if text else type(exc).__name__}")
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

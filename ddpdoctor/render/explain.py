@@ -26,7 +26,8 @@ def render_explanation(run: ExplainRun, console: Console, full: bool = False) ->
     head.append("ddpdoctor explain  ", style="bold")
     head.append(_VERDICT[code], style=_STYLE[max((f.severity for f in ex.findings), default=Severity.OK)])
     ranks = f"{ex.world_size} ranks" if ex.world_size else "ranks unknown"
-    nodes = f" on {len(hosts)} node{'s' if len(hosts) != 1 else ''} ({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})" if hosts else ""
+    listed = f"{', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''}"
+    nodes = f" on {len(hosts)} node{'s' if len(hosts) != 1 else ''} ({listed})" if hosts else ""
     files = len(run.scan.files) + len(run.dumps)
     head.append(f"  {ranks}{nodes}  {files} file{'s' if files != 1 else ''}, {run.scan.lines} lines, "
                 f"{_size(run.scan.bytes)}, {run.seconds:.1f}s")

@@ -70,7 +70,8 @@ def _int(environ: Mapping[str, str], name: str, default: Optional[int] = None, l
     raw = environ.get(name)
     if raw is None or raw == "":
         if default is None:
-            raise UsageError(f"{name} is not set: launch with torchrun or srun, or set it with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
+            raise UsageError(f"{name} is not set: launch with torchrun or srun, "
+                             "or set it with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
         return default
     try:
         value = int(raw.strip())
@@ -89,7 +90,8 @@ def _from_rank_vars(environ: Mapping[str, str], mode: str, store_host: str, host
     local_rank = _int(environ, "LOCAL_RANK", default=rank % local_world, lo=0, hi=local_world - 1)
     addr = environ.get("MASTER_ADDR", "").strip()
     if not addr:
-        raise UsageError("MASTER_ADDR is not set: set it to the address of the rank-0 host (torchrun and srun scripts usually do)")
+        raise UsageError("MASTER_ADDR is not set: set it to the address of the rank-0 host "
+                         "(torchrun and srun scripts usually do)")
     port = _int(environ, "MASTER_PORT", lo=1, hi=65535)
     run_id = environ.get(RUN_ID_VAR) or environ.get("TORCHELASTIC_RUN_ID") or f"{addr}:{port}"
     return LaunchEnv(mode, rank, world, local_rank, local_world, addr, port, store_host, run_id, hostname)

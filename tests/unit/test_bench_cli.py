@@ -13,10 +13,10 @@ from ddpdoctor.runtime.config import BenchConfig, CheckConfig
 from ddpdoctor.core.findings import EXIT_UNKNOWN
 from ddpdoctor.core.faults import Fault, parse_faults
 
-HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
-
 from . import cli_guard
 from .cli_guard import assert_usage_error, one_error_line
+
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 no_launch = cli_guard.no_launch  # autouse: in this module no rank may start
 

@@ -118,7 +118,7 @@ def test_folders_are_walked_and_binaries_skipped(tmp_path: Path) -> None:
     (tmp_path / "logs" / "sub" / "rank1.log").write_text("ValueError: x\n")
     (tmp_path / "logs" / "core.bin").write_bytes(b"\x7fELF\x00\x00\x01")
     inputs = discover([str(tmp_path / "logs")])
-    assert [l.rank_hint for l in inputs.logs] == [0, 1]
+    assert [log.rank_hint for log in inputs.logs] == [0, 1]
     assert inputs.skipped and "core.bin" in inputs.skipped[0]
     run = explain([str(tmp_path / "logs")])
     assert run.explanation.findings[0].ranks == (1,)  # the file name says whose it is

@@ -132,7 +132,8 @@ def cpu_ranks(n: int, threads: int, cpus: int, source: str = "rank", omp: str | 
     for r in range(n):
         f = copy.deepcopy(base)
         f.update(rank=r, local_rank=r, local_world_size=n, world_size=n, source=source)
-        f["host_hw"].update(torch_threads=threads, cpus_usable=cpus, cpu_affinity=f"0-{cpus - 1}", cpu_logical_cores=cpus, cpu_physical_cores=cpus)
+        f["host_hw"].update(torch_threads=threads, cpus_usable=cpus, cpu_affinity=f"0-{cpus - 1}",
+                            cpu_logical_cores=cpus, cpu_physical_cores=cpus)
         if omp is not None:
             f["env"]["OMP_NUM_THREADS"] = omp
         facts[r] = f
