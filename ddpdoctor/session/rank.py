@@ -271,64 +271,29 @@ def _write_report(ctx: RankContext, record: RunRecord, channel: Channel, command
 
 
 def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
+    """One rank's whole life, in order: prepare the process, dial the store, run the stages,
+    report (or wait for the reporter's verdict); a SIGTERM or Ctrl-C still ends in a report."""
     parent = launcher_pid(os.environ)
-    if parent is not None:
-        _die_with_parent()
-        if os.getppid() != parent:
-            return EXIT_UNKNOWN  # the launcher died before we got here
-    faulthandler.enable()
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks for our stacks
-
     state = RankState()
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        # SIGTERM from our launcher or torchrun's agent: stop, but report first.
-        state.terminating = True
-        raise Terminated()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    check_ranks(cfg.inject, env.world_size)
-    check_standalone(cfg.inject, standalone=parent is not None)
+    early = _prepare_process(cfg, env, state, parent)
+    if early is not None:
+        return early
     # Whose CPU the check shares, from the first moment (the imports below are seconds of CPU
     # that another job's load slows down too): read again by homogeneity, against this start.
     load_start = host_load.sample() if env.local_rank == 0 else None
     Injector(cfg.inject, env.rank).at_stage("launch")
     if Injector(cfg.inject, env.rank).no_show():
         no_show()  # a process that never joins: only its launcher's deadline ends it
-    from ddpdoctor.probes import get_probe
-
-    if any(get_probe(name).trains for name in cfg.probes):
-        # Heavy imports before the first deadline is armed: DDP's constructor imports
-        # torch._dynamo, seconds of CPU on a loaded node, which no stage should be charged for.
-        # Probes that build no DDP model skip them: 2 s of CPU per rank.
-        import torch._dynamo  # noqa: F401
-        import torch.nn.parallel  # noqa: F401
-
-    import psutil
-
-    # From this process's start, imports included, as the standalone launcher counts from the spawn.
-    record = RunRecord(world_size=env.world_size, mode=env.mode, probes=cfg.probes,
-                       started=psutil.Process().create_time(),
-                       faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s,
-                       settings=cfg.settings)
-    addr, port = Injector(cfg.inject, env.rank).rendezvous_target(env.master_addr, env.master_port)
-    env = dataclasses.replace(env, master_addr=addr, master_port=port)
-    lookup = resolve(env.master_addr, env.master_port, min(cfg.timeout_s, 10.0))
+    _preload(cfg)
+    record = _new_record(cfg, env)
     try:
-        connect_t0 = time.monotonic()
-        channel = _connect(env, cfg, lookup)
-        connect_s = time.monotonic() - connect_t0
-        side = SideChannel(Channel.connect(env.master_addr, env.master_port, cfg.timeout_s))
+        env, channel, side = _dial(cfg, env, record)
     except _Unreachable as exc:
         sys.stderr.write(f"ddpdoctor: {exc}\n")
         return EXIT_CRITICAL
-    if INIT_PROBE in cfg.probes:
-        # Before anyone waits on anyone: a rank that hangs from here on has already said how it got here.
-        channel.set(keys.result(INIT_PROBE, env.rank), before_rendezvous(env, lookup, connect_s, record.started))
 
     def emergency_report() -> Optional[int]:
-        # Our own stage deadline fired: the watchdog leaves through os._exit after this.
+        # Our own stage deadline fired: the watchdog leaves through hard_exit after this.
         _remove_nccl_log()
         # On the reporter: say what we know before exiting.
         if env.is_reporter:
@@ -342,80 +307,169 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     heartbeat.start()
     ctx = RankContext(env, cfg, channel, Injector(cfg.inject, env.rank), state, watchdog)
     ctx.shared.host_load_start = load_start
-
-    healthy = True
-    code = 0
-    reported = False  # the report is written and the verdict given: a late SIGTERM changes neither
+    outcome = _Outcome()
     try:
-        try:
-            with ctx.stage("rendezvous"):
-                hellos = _rendezvous(ctx)
-            with ctx.stage("init"):
-                _init(ctx, hellos)
-            for name in cfg.probes:
-                with ctx.stage(f"probe:{name}", deadline_s=cfg.timeout_s):
-                    ctx.publish_partial(name, get_probe(name).collect(ctx))
-        except StageFailed:
-            healthy = False
-        # The reporter waits for every other rank's stages, and the others wait for its
-        # verdict, so this deadline spans a whole run's stages, not one.
-        report_deadline = cfg.run_deadline_s if env.store_host != "launcher" else cfg.timeout_s
-        # A rank's own part of the stage (its collective record, "done") has the usual deadline, so a
-        # rank stuck there is named as itself within --timeout; only the waiting that follows gets
-        # the long one (else the reporter, waiting as long as the stuck rank, would be named too).
-        with ctx.stage("report", deadline_s=cfg.timeout_s):
-            if healthy:
-                if ctx.backend:
-                    # torch's own record of every collective, compared across ranks by the report.
-                    channel.set(keys.flight_recorder(env.rank), fr_snapshot.take())
-                channel.set(keys.done(env.rank), time.time())
-            ctx.watchdog.arm("report", report_deadline)
-            if env.is_reporter:
-                code = _write_report(ctx, record, channel, command)
-                channel.set(keys.VERDICT, code)
-                reported = True
-            else:
-                if env.store_host != "launcher":
-                    # Wait for the verdict so the store (on rank 0) outlives nobody's reads, but
-                    # exit with our own health: torchrun names the first non-zero exit as the root
-                    # cause, and the verdict is rank 0's exit code and the report's.
-                    with ctx.collective("wait_for_verdict"):
-                        channel.wait([keys.VERDICT], report_deadline - 1.0)
-                code = 0 if healthy else 1
-            channel.set(keys.bye(env.rank), time.time())
-            if env.hosts_store:
-                # Keep the store up until the others have read the verdict.
-                channel.wait([keys.bye(r) for r in range(env.world_size)], 3.0)
+        healthy = _run_stages(ctx)
+        _report_stage(ctx, record, command, healthy, outcome)
     except StageFailed:
-        code = code or 1
+        outcome.code = outcome.code or 1
         if state.store_lost:
             sys.stderr.write(f"ddpdoctor: rank {env.rank} lost the rendezvous store at {env.master_addr}:"
                              f"{env.master_port} (its host, rank 0 or the launcher, is gone); no report from here\n")
-            code = EXIT_CRITICAL
+            outcome.code = EXIT_CRITICAL
     except (Terminated, KeyboardInterrupt):
         watchdog.close()
-        if reported:
-            # srun --kill-on-bad-exit (or torchrun's agent) ends the step once another rank exits 1,
-            # while this rank holds the store for the others' goodbyes: the report stands as written,
-            # and rewriting it as "stopped" would replace the diagnosis with an interruption.
-            return code
-        side.set(keys.terminated(env.rank), time.time())
-        if env.store_host != "launcher":
-            # torchrun's agent stops every worker when one fails: name the one that failed.
-            record.interrupted = "SIGTERM"
-            try:
-                code = 0
-                if env.is_reporter or _take_over_reporting(side.channel, env):
-                    time.sleep(0.5)  # let the other ranks say they were terminated too
-                    code = _write_report(ctx, record, side.channel, command, wait=False, stopped=True)
-            except Exception:
-                pass
-        return code if code else EXIT_UNKNOWN
+        return _after_termination(ctx, record, side, command, outcome)
     finally:
         watchdog.close()
         heartbeat.stop()
         _teardown()
-    return code
+    return outcome.code
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """The rank's exit code so far, and whether the report is written and the verdict given."""
+
+    code: int = 0
+    reported: bool = False  # a late SIGTERM then changes neither
+
+
+def _prepare_process(cfg: CheckConfig, env: LaunchEnv, state: RankState, parent: Optional[int]) -> Optional[int]:
+    """Never outlive the launcher, dump stacks on SIGUSR1, turn SIGTERM into a reported stop,
+    and refuse faults this launch cannot carry out. An exit code when the rank must not start."""
+    if parent is not None:
+        _die_with_parent()
+        if os.getppid() != parent:
+            return EXIT_UNKNOWN  # the launcher died before we got here
+    faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks for our stacks
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        # SIGTERM from our launcher or torchrun's agent: stop, but report first.
+        state.terminating = True
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    check_ranks(cfg.inject, env.world_size)
+    check_standalone(cfg.inject, standalone=parent is not None)
+    return None
+
+
+def _preload(cfg: CheckConfig) -> None:
+    """Heavy imports before the first deadline is armed: DDP's constructor imports torch._dynamo,
+    seconds of CPU on a loaded node, which no stage should be charged for. Probes that build no
+    DDP model skip them: 2 s of CPU per rank."""
+    from ddpdoctor.probes import get_probe
+
+    if any(get_probe(name).trains for name in cfg.probes):
+        import torch._dynamo  # noqa: F401
+        import torch.nn.parallel  # noqa: F401
+
+
+def _new_record(cfg: CheckConfig, env: LaunchEnv) -> RunRecord:
+    """The run as this rank will report it, from this process's start, imports included, as the
+    standalone launcher counts from the spawn."""
+    import psutil
+
+    return RunRecord(world_size=env.world_size, mode=env.mode, probes=cfg.probes,
+                     started=psutil.Process().create_time(),
+                     faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s,
+                     settings=cfg.settings)
+
+
+def _dial(cfg: CheckConfig, env: LaunchEnv, record: RunRecord) -> tuple[LaunchEnv, Channel, SideChannel]:
+    """Connect to the store (and the helper threads' second connection); the init-hang probe's
+    first facts are published before anyone waits on anyone, so a rank that hangs from here on
+    has already said how it got here. Raises _Unreachable when the store cannot be reached."""
+    addr, port = Injector(cfg.inject, env.rank).rendezvous_target(env.master_addr, env.master_port)
+    env = dataclasses.replace(env, master_addr=addr, master_port=port)
+    lookup = resolve(env.master_addr, env.master_port, min(cfg.timeout_s, 10.0))
+    connect_t0 = time.monotonic()
+    channel = _connect(env, cfg, lookup)
+    connect_s = time.monotonic() - connect_t0
+    side = SideChannel(Channel.connect(env.master_addr, env.master_port, cfg.timeout_s))
+    if INIT_PROBE in cfg.probes:
+        channel.set(keys.result(INIT_PROBE, env.rank), before_rendezvous(env, lookup, connect_s, record.started))
+    return env, channel, side
+
+
+def _run_stages(ctx: RankContext) -> bool:
+    """Rendezvous, init, then each probe's collect, each a stage with its deadline. False when a
+    stage failed (its error is already published): the rank goes on to the report stage."""
+    from ddpdoctor.probes import get_probe
+
+    try:
+        with ctx.stage("rendezvous"):
+            hellos = _rendezvous(ctx)
+        with ctx.stage("init"):
+            _init(ctx, hellos)
+        for name in ctx.cfg.probes:
+            with ctx.stage(f"probe:{name}", deadline_s=ctx.cfg.timeout_s):
+                ctx.publish_partial(name, get_probe(name).collect(ctx))
+    except StageFailed:
+        return False
+    return True
+
+
+def _report_stage(ctx: RankContext, record: RunRecord, command: list[str], healthy: bool, outcome: _Outcome) -> None:
+    """Say done, then the reporter writes the report and publishes the verdict while the others
+    wait for it; whoever hosts the store keeps it up until everyone said goodbye."""
+    env, cfg, channel = ctx.env, ctx.cfg, ctx.channel
+    # The reporter waits for every other rank's stages, and the others wait for its
+    # verdict, so this deadline spans a whole run's stages, not one.
+    report_deadline = cfg.run_deadline_s if env.store_host != "launcher" else cfg.timeout_s
+    # A rank's own part of the stage (its collective record, "done") has the usual deadline, so a
+    # rank stuck there is named as itself within --timeout; only the waiting that follows gets
+    # the long one (else the reporter, waiting as long as the stuck rank, would be named too).
+    with ctx.stage("report", deadline_s=cfg.timeout_s):
+        if healthy:
+            if ctx.backend:
+                # torch's own record of every collective, compared across ranks by the report.
+                channel.set(keys.flight_recorder(env.rank), fr_snapshot.take())
+            channel.set(keys.done(env.rank), time.time())
+        ctx.watchdog.arm("report", report_deadline)
+        if env.is_reporter:
+            outcome.code = _write_report(ctx, record, channel, command)
+            channel.set(keys.VERDICT, outcome.code)
+            outcome.reported = True
+        else:
+            if env.store_host != "launcher":
+                # Wait for the verdict so the store (on rank 0) outlives nobody's reads, but
+                # exit with our own health: torchrun names the first non-zero exit as the root
+                # cause, and the verdict is rank 0's exit code and the report's.
+                with ctx.collective("wait_for_verdict"):
+                    channel.wait([keys.VERDICT], report_deadline - 1.0)
+            outcome.code = 0 if healthy else 1
+        channel.set(keys.bye(env.rank), time.time())
+        if env.hosts_store:
+            # Keep the store up until the others have read the verdict.
+            channel.wait([keys.bye(r) for r in range(env.world_size)], 3.0)
+
+
+def _after_termination(ctx: RankContext, record: RunRecord, side: SideChannel, command: list[str],
+                       outcome: _Outcome) -> int:
+    """A SIGTERM or Ctrl-C: under torchrun the agent stops every worker when one fails, so the
+    reporter (or the first live rank to take over) names the one that failed."""
+    env = ctx.env
+    if outcome.reported:
+        # srun --kill-on-bad-exit (or torchrun's agent) ends the step once another rank exits 1,
+        # while this rank holds the store for the others' goodbyes: the report stands as written,
+        # and rewriting it as "stopped" would replace the diagnosis with an interruption.
+        return outcome.code
+    side.set(keys.terminated(env.rank), time.time())
+    code = outcome.code
+    if env.store_host != "launcher":
+        record.interrupted = "SIGTERM"
+        try:
+            code = 0
+            if env.is_reporter or _take_over_reporting(side.channel, env):
+                time.sleep(0.5)  # let the other ranks say they were terminated too
+                code = _write_report(ctx, record, side.channel, command, wait=False, stopped=True)
+        except Exception:
+            pass
+    return code if code else EXIT_UNKNOWN
 
 
 def _process_gone(pid: int) -> bool:
