@@ -107,12 +107,13 @@ def before_rendezvous(env: LaunchEnv, lookup: net_facts.Resolution, connect_s: f
 
     `lookup` is the resolution of MASTER_ADDR the rank connected with, not a second one."""
     addrs, problem, resolve_s = lookup
+    interfaces: Union[dict[str, Interface], Unknown]
     try:
         ifaces = net_facts.interfaces()
     except Exception as exc:  # psutil on an exotic platform
-        ifaces, iface_problem = {}, {"unknown": f"{type(exc).__name__}: {exc}"}
+        ifaces, interfaces = {}, {"unknown": f"{type(exc).__name__}: {exc}"}
     else:
-        iface_problem = None
+        interfaces = _as_map(Interface, ifaces)
     hostname = socket.gethostname()
     own, own_problem = net_facts.hostname_addresses(hostname)
     route = net_facts.route_to(addrs[0], env.master_port, ifaces) if addrs else {"unknown": "not resolved"}
@@ -122,7 +123,7 @@ def before_rendezvous(env: LaunchEnv, lookup: net_facts.Resolution, connect_s: f
         resolved=addrs if problem is None else problem,
         resolve_s=round(resolve_s, 4),
         route=Route.from_json(route),
-        interfaces=_as_map(Interface, ifaces) if iface_problem is None else iface_problem,
+        interfaces=interfaces,
         socket_ifname=_as_map(IfnameReading, net_facts.ifname_facts(dict(os.environ), ifaces)),
         hostname=hostname,
         hostname_resolves_to=own if own_problem is None else own_problem,
