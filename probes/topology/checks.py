@@ -410,16 +410,16 @@ def ring_hops(view: NodeView, facts: ByRank, at_max: bool = False) -> list[Hop]:
     gpus = view.job_gpus
     if len(gpus) < 2:
         return []
-    hops = []
+    hops: list[Hop] = []
     for a, b in zip(gpus, gpus[1:] + gpus[:1]):
         if len(gpus) == 2 and hops:
             break  # two GPUs: one pair
         ga, gb = view.gpu(a), view.gpu(b)
         links = nvlinks_between(ga, gb)
-        pcie = [_loaded_pcie(view, facts, g, at_max) for g in (a, b)]
+        pcie = [gbps for gbps in (_loaded_pcie(view, facts, g, at_max) for g in (a, b)) if gbps is not None]
         status = view.pair(a, b).p2p_read
         hops.append(Hop(a, b, cell(view, a, b), links, _nvlink_version(ga) if links else None,
-                        min(pcie) if all(p is not None for p in pcie) else None,
+                        min(pcie) if len(pcie) == 2 else None,
                         p2p=status in ("OK", None) or isinstance(status, Mapping)))
     return hops
 
@@ -444,15 +444,15 @@ def expectation(views: list[NodeView], facts: ByRank, at_max: bool = False) -> E
         bounds.append((ring, view.host))
         if len(views) > 1:
             bounds.append((network_expectation(_network_mbps(view)), view.host))
-    limited = [(e, h) for e, h in bounds if e.busbw_gbps is not None]
+    limited = [(e.busbw_gbps, e, h) for e, h in bounds if e.busbw_gbps is not None]
     unknown = [(e, h) for e, h in bounds if e.busbw_gbps is None and not e.bottleneck.startswith("one GPU")]
     if unknown:
         e, host = unknown[0]
         return Expectation(None, f"{e.bottleneck} on {host}")
     if not limited:
         return Expectation(None, "one GPU per node and one node: the all-reduce moves no data between GPUs")
-    e, host = min(limited, key=lambda item: item[0].busbw_gbps)
-    return Expectation(e.busbw_gbps, f"{e.bottleneck} on {host}", e.hop, e.wire_gbps)
+    gbps, e, host = min(limited, key=lambda item: item[0])
+    return Expectation(gbps, f"{e.bottleneck} on {host}", e.hop, e.wire_gbps)
 
 
 def expected_busbw(facts: RankFacts, run: RunView) -> dict[str, Any]:

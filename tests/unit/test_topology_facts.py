@@ -85,7 +85,7 @@ def test_the_fixtures_read_into_the_types(name: str) -> None:
             assert [link.active for link in gpu.nvlinks] == [link["active"] for link in raw["nvlinks"]]
 
 
-BAD_VALUES = [None, {"unknown": "Not Supported"}, "x", -1, 3.5, [], {}, True, "0-"]
+BAD_VALUES: list[Any] = [None, {"unknown": "Not Supported"}, "x", -1, 3.5, [], {}, True, "0-"]
 
 
 def _corrupt(value: Any, rng: random.Random, rate: float) -> Any:
