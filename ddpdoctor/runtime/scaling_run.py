@@ -172,8 +172,7 @@ def _train(ctx: RankContext, parts: Parts, model: Any, optimizer: Any, steps: in
                 time.sleep(data_delay_s)
             sync(device)
             t1 = time.perf_counter()
-            quiet = no_sync is not None and micro < accumulate - 1
-            with (no_sync() if quiet else contextlib.nullcontext()):
+            with (no_sync() if no_sync is not None and micro < accumulate - 1 else contextlib.nullcontext()):
                 forward_s, backward_s = _forward_backward(parts, model, inputs, targets)
             t3 = time.perf_counter()
             if micro == accumulate - 1:

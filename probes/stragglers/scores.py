@@ -219,7 +219,7 @@ def _cause(facts: ByRank, scores: Scores, rank: int) -> tuple[str, str, str, dic
                 ("Profile that rank's input pipeline: more DataLoader workers (num_workers), pin_memory=True, "
                  "persistent_workers=True, a larger prefetch_factor; check its node's storage and network file "
                  "system (`iostat -x 1`) and CPU availability for the workers."), evidence)
-    solos = {p: scores.ranks[p].solo_ms for p in scores.ranks if scores.ranks[p].solo_ms}
+    solos = {p: solo for p, s in scores.ranks.items() if (solo := s.solo_ms)}
     solo_pct = None
     if me.solo_ms and len(solos) > 1:
         solo_pct = 100.0 * (me.solo_ms / _median([solos[p] for p in peers if p in solos]) - 1.0)

@@ -30,7 +30,12 @@ from ddpdoctor.runtime.step_timing import StepSeries, StepTimeline
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stragglers"
 RECORDINGS = sorted(p.name for p in FIXTURES.glob("*.json"))
-COMPACT = {"separators": (",", ":")}  # how the recordings are written
+
+
+def compact(value: Any) -> str:
+    """JSON as the recordings are written: no spaces."""
+    return json.dumps(value, separators=(",", ":"))
+
 
 # The keys of the collect side before the facts were typed, in the order it wrote them.
 STRAGGLERS_KEYS = ["rank", "host", "device", "backend", "device_name", "torch_threads", "batch_size", "parameters",
@@ -52,7 +57,7 @@ def test_every_recording_round_trips_byte_for_byte(name: str) -> None:
     typed = facts_by_rank(StragglersFacts, data["facts"])
     assert all(isinstance(f.steps, StepTimeline) and isinstance(f.sampled, SampledFacts) for f in typed.values())
     again = {"recorded": data["recorded"], "facts": {str(r): f.to_json() for r, f in typed.items()}}
-    assert json.dumps(again, **COMPACT) == text.rstrip("\n")
+    assert compact(again) == text.rstrip("\n")
 
 
 @pytest.mark.parametrize("name", RECORDINGS)
@@ -68,7 +73,7 @@ def test_recordings_were_written_in_the_field_order(name: str) -> None:
                                  source=read.clock.source)
         assert list(fresh.to_json()) == STRAGGLERS_KEYS == list(raw)
         assert list(fresh.steps.to_json()) == SERIES == list(raw["steps"])
-        assert json.dumps(fresh.to_json(), **COMPACT) == json.dumps(raw, **COMPACT)
+        assert compact(fresh.to_json()) == compact(raw)
 
 
 def test_a_fresh_stragglers_object_writes_collects_keys_in_order() -> None:
@@ -178,10 +183,10 @@ def test_scaling_facts_round_trip_byte_for_byte_with_unknown_and_null_keys() -> 
     report["1"]["sizes"]["2"]["from_a_newer_version"] = [1, 2]
     report["1"]["knobs"] = None
     report["0"]["batch_size"] = None
-    text = json.dumps(report, **COMPACT)
+    text = compact(report)
     typed = facts_by_rank(ScalingFacts, json.loads(text))
     assert typed[1].knobs == {} and typed[0].batch_size is None
-    assert json.dumps({str(r): f.to_json() for r, f in typed.items()}, **COMPACT) == text
+    assert compact({str(r): f.to_json() for r, f in typed.items()}) == text
 
 
 def test_missing_and_malformed_scaling_keys_read_as_defaults_and_are_not_judged() -> None:
