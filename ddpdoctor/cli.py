@@ -16,7 +16,7 @@ from typing import Any, Callable, NoReturn, Optional, Sequence
 from ddpdoctor import __version__
 from ddpdoctor.core.errors import UsageError
 from ddpdoctor.runtime.rank_state import Terminated
-from ddpdoctor.core.findings import EXIT_UNKNOWN
+from ddpdoctor.core.exits import EXIT_UNKNOWN, hard_exit
 
 DEBUG_VAR = "DDPDOCTOR_DEBUG"
 
@@ -264,7 +264,7 @@ def _refuse_existing(outputs: Sequence[tuple[str, Optional[str]]], force: bool) 
 def _config(args: argparse.Namespace):
     from ddpdoctor import probes
     from ddpdoctor.runtime.config import DEFAULT_TIMEOUT_S, BenchConfig, CheckConfig
-    from ddpdoctor.runtime.inject import ENV_VAR, parse_faults
+    from ddpdoctor.core.faults import ENV_VAR, parse_faults
 
     _check_output_path("--json", args.json_path)
     spec = args.inject if args.inject is not None else os.environ.get(ENV_VAR)
@@ -363,17 +363,17 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     launch_env.check_thread_vars(os.environ)
     command = ["ddpdoctor", *argv]
     if env is None:
-        from ddpdoctor.runtime.launcher import run_standalone
+        from ddpdoctor.session.launcher import run_standalone
 
         return run_standalone(cfg, argv, command)
-    from ddpdoctor.runtime.session import run_rank
+    from ddpdoctor.session.rank import run_rank
 
     code = run_rank(cfg, env, command)
     # Everything this rank knows is published and flushed; interpreter teardown with torch
     # loaded costs about a second per rank and can itself hang on a broken backend.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    hard_exit(code)
 
 
 def _snapshot(args: argparse.Namespace) -> int:
@@ -392,7 +392,7 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 def _diagnose(args: argparse.Namespace) -> int:
     from ddpdoctor.render.console import make_console, render_diagnosis
-    from ddpdoctor.core.report import atomic_write_json
+    from ddpdoctor.core.files import atomic_write_json
     from ddpdoctor.snapshot import diagnose_inputs, load_inputs
 
     _check_output_path("--json", args.json_path)
@@ -411,7 +411,7 @@ def _explain(args: argparse.Namespace) -> int:
     from ddpdoctor.explain.command import explain
     from ddpdoctor.render.console import make_console
     from ddpdoctor.render.explain import render_explanation
-    from ddpdoctor.core.report import atomic_write_json
+    from ddpdoctor.core.files import atomic_write_json
 
     _check_output_path("--json", args.json_path)
     _refuse_existing([("--json", args.json_path)], args.force)

@@ -308,7 +308,7 @@ def default_snapshot_path() -> str:
 
 def write_snapshot(snapshot: Mapping[str, Any], path: Optional[str], *, overwrite: bool = False) -> str:
     """Returns where it went: `path`, or a sibling name when `path` appeared meanwhile."""
-    from ddpdoctor.core.report import atomic_write_json
+    from ddpdoctor.core.files import atomic_write_json
 
     target = path or f"ddpdoctor-snapshot-{snapshot['host']}.json"
     try:

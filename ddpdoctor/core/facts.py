@@ -59,8 +59,8 @@ def _kind_ok(value: Any, default: Any) -> bool:
 def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     raise TypeError(f"facts field {f.name!r} needs a default: every key may be absent on the wire")
 
 

@@ -173,7 +173,7 @@ def _never_joined(e: Event, events: list[Event]) -> tuple[list[int], str]:
     """Which ranks are missing: those of the expected ones that printed nothing, when the counts agree."""
     expected, joined = int(e.fields["expected"]), int(e.fields["joined"])
     tried = [x for x in events if x.sig in ("connect_failed", "connect_timeout") and x.rank is not None]
-    unreachable = sorted({x.rank for x in tried})  # type: ignore[type-var]
+    unreachable = sorted({x.rank for x in tried if x.rank is not None})
     if unreachable and len(unreachable) == expected - joined:
         how = tried[0].fields
         reason = f" ({how['err']})" if how.get("err") else ""

@@ -97,14 +97,14 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
     widest = max((int(e.fields["nranks"]) for e in inits), default=0)
     nccl_rank = {(e.host, e.pid): int(e.fields["rank"]) for e in inits if int(e.fields["nranks"]) == widest}
     for e in events:
-        if e.rank is None and (e.host, e.pid) in nccl_rank:
+        if e.rank is None and e.host and (e.host, e.pid) in nccl_rank:  # every key has a host
             e.rank = nccl_rank[(e.host, e.pid)]
-            hosts.setdefault(e.rank, e.host)  # type: ignore[arg-type]
+            hosts.setdefault(e.rank, e.host)
     # srun --label torchrun: NCCL lines tie a task to its host, torchrun's lines a rank to its task.
     task_host = {e.task: e.host for e in events if e.task is not None and e.host and e.sig != "srun_task"}
     for e in events:
         if e.rank is not None and e.task in task_host:
-            hosts.setdefault(e.rank, task_host[e.task])  # type: ignore[arg-type]
+            hosts.setdefault(e.rank, task_host[e.task])
         if e.host is None and e.task in task_host:
             e.host = task_host[e.task]
     single_host = len(set(hosts.values())) <= 1

@@ -106,8 +106,8 @@ class _Scanner:
         matched = match_line(message)
         if matched is None:
             return t
-        sig, fields = matched
-        fields = {k: v for k, v in fields.items() if v is not None}
+        sig, said = matched
+        fields = {k: v for k, v in said.items() if v is not None}
         if sig.id == "python_exception" and fields.get("type", "").rsplit(".", 1)[-1] in REPORTING_EXCEPTIONS:
             return t
         if sig.id == "elastic_block":

@@ -66,7 +66,7 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
                                    {"deadline_s": t.get("deadline_s"), "stack": t.get("stack", "")})
         elif rank in record.errors:
             e = record.errors[rank]
-            detail = {"error": f"{e.get('type')}: {e.get('message')}", "traceback": e.get("traceback", "")}
+            detail: dict[str, Any] = {"error": f"{e.get('type')}: {e.get('message')}", "traceback": e.get("traceback", "")}
             if out_of_memory(f"{detail['error']}\n{detail['traceback']}"):
                 detail["out_of_memory"] = True
             if _injected(record, rank, ("oom",)):
@@ -98,7 +98,7 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
                                     "log_tail": exit_info.log_tail})
         elif exit_info is not None and exit_info.code not in (0, None):
             code = int(exit_info.code)
-            detail: dict[str, Any] = {"exit_code": code, "log_tail": exit_info.log_tail}
+            detail = {"exit_code": code, "log_tail": exit_info.log_tail}
             if code < 0:
                 detail["signal"] = signal_name(code)
             if code == INJECTED_CRASH_EXIT or _injected(record, rank, ("kill", "oom")):
@@ -305,9 +305,9 @@ def missing_nodes(record: RunRecord, missing: list[int]) -> list[dict[str, Any]]
     listed host has no arrived rank."""
     hellos = record.hellos.values()
     sizes = {h.get("local_world_size") for h in hellos}
-    if len(sizes) != 1 or not isinstance(next(iter(sizes)), int) or next(iter(sizes)) < 1:
+    per_node = next(iter(sizes)) if len(sizes) == 1 else None
+    if not isinstance(per_node, int) or per_node < 1:
         return []
-    per_node = int(next(iter(sizes)))
     if any(not isinstance(h.get("node_rank"), int) or h["node_rank"] != int(h["rank"]) // per_node for h in hellos):
         return []
     nodelist = [str(h) for h in next((h["nodelist"] for h in hellos if isinstance(h.get("nodelist"), list)), [])]
@@ -315,7 +315,7 @@ def missing_nodes(record: RunRecord, missing: list[int]) -> list[dict[str, Any]]
     arrived_hosts = {str(h.get("host", "")).split(".")[0] for h in hellos}
     unaccounted = [h for h in nodelist if h.split(".")[0] not in arrived_hosts]
     lost = set(missing)
-    out = []
+    out: list[dict[str, Any]] = []
     for node in range((record.world_size + per_node - 1) // per_node):
         ranks = list(range(node * per_node, min((node + 1) * per_node, record.world_size)))
         if lost.issuperset(ranks):
@@ -553,8 +553,9 @@ def _network(record: RunRecord) -> dict[str, str]:
     for rank, facts in sorted((record.results.get("init-hang") or {}).items()):
         if not isinstance(facts, dict):
             continue
-        route = facts.get("route") if isinstance(facts.get("route"), dict) else {}
-        ifnames = facts.get("socket_ifname") if isinstance(facts.get("socket_ifname"), dict) else {}
+        route, ifnames = facts.get("route"), facts.get("socket_ifname")
+        route = route if isinstance(route, dict) else {}
+        ifnames = ifnames if isinstance(ifnames, dict) else {}
         said = [f"{var}={v.get('value')} (selects {', '.join(v.get('selects') or []) or 'nothing'})"
                 for var, v in sorted(ifnames.items()) if isinstance(v, dict)]
         out.setdefault(record.host(rank), "; ".join([f"route to MASTER_ADDR via {route.get('interface')}"] + said))

@@ -71,7 +71,7 @@ def measure(store: Any, rank: int, hosts: Mapping[int, str], timeout_s: float,
     me, zero = hosts.get(rank), hosts.get(0)
     if me is not None and me == zero:
         return ClockOffset(0.0, 0.0, "rank 0's host")
-    leader = host_leaders(hosts).get(me, rank)
+    leader = host_leaders(hosts).get(me, rank) if me is not None else rank
     deadline = time.monotonic() + timeout_s
     if leader != rank:
         if not _wait(store, keys.clock_result(leader), deadline - time.monotonic()):

@@ -21,10 +21,10 @@ PLACEMENTS = {"all_reduce": (True,), "broadcast": (True,), "all_gather": (False,
 
 @dataclass
 class Buffers:
-    run: Callable[[], None]  # the collective, on these buffers
+    run: Callable[[], object]  # the collective, on these buffers (called for its effect, its Work ignored)
     output: Any
     expected: Callable[[], Any]  # computed lazily: only the correctness check needs it
-    refill: Callable[[], None]  # restore the inputs (in-place ops overwrite them)
+    refill: Callable[[], object]  # restore the inputs (in-place ops overwrite them; the copy's result is ignored)
 
 
 def _pattern(torch: Any, numel: int, offset: int, modulus: int, device: Any, dtype: Any) -> Any:

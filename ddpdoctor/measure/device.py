@@ -48,7 +48,9 @@ def read_torch(current_index: Optional[int]) -> dict[str, Any]:
         facts["devices"].append({
             "index": index, "name": props.name,
             "uuid": f"GPU-{props.uuid}" if getattr(props, "uuid", None) else None,
-            "pci_bus_id": _pci_bus_id(props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
+            # torch's stubs omit the pci_* properties its CUDA binding has (checked by hasattr below)
+            "pci_bus_id": _pci_bus_id(props.pci_domain_id, props.pci_bus_id,  # type: ignore[attr-defined]
+                                      props.pci_device_id)  # type: ignore[attr-defined]
             if hasattr(props, "pci_bus_id") else None,
         })
     if current_index is not None and current_index < len(facts["devices"]):

@@ -21,6 +21,7 @@ Keys (under the `ddpdoctor/` prefix):
 
 from __future__ import annotations
 
+import builtins
 import datetime
 import json
 import time
@@ -70,8 +71,9 @@ class Channel:
             return None
         return json.loads(self.store.get(key).decode("utf-8"))
 
-    def wait(self, keys: Iterable[str], timeout_s: float, poll_s: float = 0.05) -> set[str]:
-        """Wait until every key exists or the deadline passes; returns those present."""
+    def wait(self, keys: Iterable[str], timeout_s: float, poll_s: float = 0.05) -> builtins.set[str]:
+        """Wait until every key exists or the deadline passes; returns those present.
+        (`builtins.set`: in this class `set` names the method above.)"""
         pending = list(keys)
         present: set[str] = set()
         deadline = time.monotonic() + timeout_s

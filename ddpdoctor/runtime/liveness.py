@@ -132,17 +132,18 @@ class Watchdog(threading.Thread):
                 self._fire()
 
     def _fire(self) -> None:
+        now = time.time()
         record = {
             "stage": self.armed_stage,
             "deadline_s": self.armed_for_s,
-            "t": time.time(),
+            "t": now,
             "collective": self.state.collective,
             "seq": self.state.collectives_entered,
             "stack": python_stacks(),
         }
         for entry in reversed(self.state.timeline):
             if entry.ended is None:
-                entry.ended, entry.status = record["t"], "timeout"
+                entry.ended, entry.status = now, "timeout"
         self.side.set(keys.timeout(self.rank), record)
         self.side.set(keys.timeline(self.rank), [s.to_json() for s in self.state.timeline])
         if record["collective"]:

@@ -16,7 +16,6 @@ from ddpdoctor.runtime.context import RankContext
 from ddpdoctor.measure.slow_compute import SlowCompute
 from ddpdoctor.runtime.user_model import UserWorkload, forward, loss_of, to_device
 
-CACHE_KEY = "workload"
 
 
 @dataclass
@@ -133,8 +132,8 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
 
     Cached on the context: the first probe that needs it pays for it.
     """
-    if CACHE_KEY in ctx.cache:
-        return ctx.cache[CACHE_KEY]
+    if ctx.shared.workload is not None:
+        return ctx.shared.workload
     import torch
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
@@ -236,5 +235,5 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
         result.comm_calls, result.comm_bytes = timer.calls, timer.bytes
         result.peak_mem_bytes = peak_mem(device)
 
-    ctx.cache[CACHE_KEY] = result
+    ctx.shared.workload = result
     return result

@@ -208,7 +208,7 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
         _deferred.clear()
         # A signal noted but never raised (it came as the run ended, or code on the way swallowed
         # the exception) still means the run was interrupted.
-        record.interrupted = record.interrupted or (_signalled[0] if _signalled else None)
+        record.interrupted = record.interrupted or (_signalled[0] if _signalled else "")
         _stop_all(ranks, record,
                   f"interrupted by {record.interrupted}" if record.interrupted else "ddpdoctor is exiting")
         for rank, path in ranks.stderrs.items():

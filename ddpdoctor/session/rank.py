@@ -59,10 +59,10 @@ def _connect(env: LaunchEnv, cfg: CheckConfig, lookup: Resolution) -> Channel:
         # A client gives up before rank 0's rendezvous wait (0.8 x timeout) ends, so its reason
         # reaches the launcher's report.
         wait_s = 0.7 * cfg.timeout_s
-        why = wait_for_port(env.master_addr, env.master_port, wait_s, dial=resolved[0])
-        if why is not None:
+        failure = wait_for_port(env.master_addr, env.master_port, wait_s, dial=resolved[0])
+        if failure is not None:
             raise _Unreachable(f"rank {env.rank} on {env.hostname} could not reach the rendezvous store at {where} "
-                               f"within {wait_s:g}s: {why}")
+                               f"within {wait_s:g}s: {failure}")
     try:
         # The timeout is also every later store operation's: the full stage deadline, always.
         return Channel.connect(env.master_addr, env.master_port, cfg.timeout_s, is_master=env.hosts_store)
