@@ -38,6 +38,7 @@ from ddpdoctor.callback.online_checks import (PROBE, DataParallelGpu, History, R
                                               data_findings, data_parallel_finding, memory_growth, setup_findings)
 from ddpdoctor.callback.row import GatheredRow, pack, packed_length, unpack
 from ddpdoctor.core.findings import Finding, Severity
+from ddpdoctor.runtime.liveness import main_thread_frame
 
 if TYPE_CHECKING:
     import torch
@@ -125,7 +126,7 @@ class _WaitTimer:
         return ms
 
 
-def _wait_hook(state, bucket):  # type: ignore[no-untyped-def]
+def _wait_hook(state: _WaitTimer, bucket: torch.distributed.GradBucket) -> torch.futures.Future[torch.Tensor]:
     import torch.distributed as dist
 
     state.last_launch = time.perf_counter()
@@ -612,17 +613,17 @@ class Doctor:
         log.warning("ddpdoctor %s %s: %s (ranks %s)", finding.severity.label, finding.code, finding.title,
                     ",".join(map(str, finding.ranks)))
         if self.json_path:
-            self._write_json()
+            self._write_json(self.json_path)
         if self.on_finding is not None:
             try:
                 self.on_finding(finding)
             except Exception:  # a broken hook must not break training
                 log.exception("ddpdoctor: on_finding raised")
 
-    def _write_json(self) -> None:
+    def _write_json(self, json_path: str) -> None:
         from ddpdoctor.core.files import atomic_write_json
 
-        path = self.json_path if self.rank == 0 else f"{self.json_path}.rank{self.rank}"
+        path = json_path if self.rank == 0 else f"{json_path}.rank{self.rank}"
         try:
             atomic_write_json({"rank": self.rank, "world_size": self.world_size, "steps": self._steps,
                                "findings": [f.to_json() for f in self.findings]}, path)
@@ -640,7 +641,7 @@ class Doctor:
             self._emit_hang(time.perf_counter() - began)
 
     def _emit_hang(self, elapsed_s: float) -> None:
-        main = sys._current_frames().get(threading.main_thread().ident)
+        main = main_thread_frame()
         stack = traceback.format_stack(main) if main is not None else []
         where = stack[-1].strip().splitlines()[0] if stack else "unknown"
         finding = Finding(

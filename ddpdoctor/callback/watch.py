@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from ddpdoctor.core.exits import STAGE_TIMEOUT_EXIT, hard_exit
 from ddpdoctor.core import codes
 from ddpdoctor.core.findings import Finding
+from ddpdoctor.runtime.liveness import main_thread_frame
 
 log = logging.getLogger("ddpdoctor")
 PREFIX = "ddpdoctor/watch/"
@@ -80,7 +81,7 @@ def target_from_call(arguments: dict[str, Any]) -> Target:
 
 def _init_call_arguments() -> dict[str, Any]:
     """The local variables of torch's init_process_group in the main thread's stack (its arguments)."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    frame = main_thread_frame()
     while frame is not None:
         if frame.f_code.co_name == "init_process_group" and "distributed" in frame.f_code.co_filename:
             names = ("rank", "world_size", "init_method")
@@ -308,7 +309,7 @@ class Watch:
 
 def _in_init() -> bool:
     """The main thread is inside torch's init_process_group: this rank has arrived."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    frame = main_thread_frame()
     while frame is not None:
         if frame.f_code.co_name == "init_process_group" and "distributed" in frame.f_code.co_filename:
             return True
@@ -318,7 +319,7 @@ def _in_init() -> bool:
 
 def _main_frame() -> str:
     """The main thread's innermost frame outside the standard library: where it is stuck."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    frame = main_thread_frame()
     innermost = None
     while frame is not None:
         code = frame.f_code

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from types import FrameType
 from typing import Any, Callable, Optional
 
 from ddpdoctor.core import keys
@@ -23,6 +24,12 @@ from ddpdoctor.core.exits import ORPHANED_EXIT, STAGE_TIMEOUT_EXIT, hard_exit
 from ddpdoctor.runtime.channel import Channel
 from ddpdoctor.runtime.rank_state import RankState
 
+
+
+def main_thread_frame() -> Optional[FrameType]:
+    """The main thread's innermost frame (None if it has none): where training is, seen from a helper thread."""
+    main = threading.main_thread().ident
+    return sys._current_frames().get(main) if main is not None else None
 
 
 def python_stacks(skip_current: bool = True) -> str:
