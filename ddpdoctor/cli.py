@@ -118,7 +118,8 @@ def _add_force_arg(parser: argparse.ArgumentParser, top_level: bool = False) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ddpdoctor", description="Diagnose PyTorch DDP jobs: what is wrong, on which rank and node, and the fix.")
+    parser = _Parser(prog="ddpdoctor",
+                     description="Diagnose PyTorch DDP jobs: what is wrong, on which rank and node, and the fix.")
     parser.add_argument("--version", action="version", version=f"ddpdoctor {__version__}")
     _add_force_arg(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)

@@ -129,7 +129,7 @@ class _ArrivalHook:
         self.first = self.last = None
 
 
-def _arrival_hook(state, bucket):  # type: ignore[no-untyped-def]
+def _arrival_hook(state, bucket):
     # No annotations: DDP rejects a hook whose `bucket` is annotated with anything but GradBucket.
     import torch.distributed as dist
 

@@ -10,7 +10,7 @@ import hashlib
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from ddpdoctor.runtime.context import RankContext
 from ddpdoctor.measure.slow_compute import SlowCompute
@@ -77,7 +77,7 @@ class _CommTimer:
         return ms
 
 
-def _timed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
+def _timed_allreduce_hook(state, bucket):
     # No annotations: DDP rejects a hook whose `bucket` is annotated with anything but
     # dist.GradBucket, and postponed (string) annotations never match it.
     import torch.distributed as dist
@@ -160,7 +160,8 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
             samples = batch * ctx.world_size * total_steps
             data = TensorDataset(torch.randn(samples, n_in, generator=generator),
                                  torch.randint(0, n_out, (samples,), generator=generator))
-            sampler = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=7)
+            sampler: Optional[DistributedSampler] = DistributedSampler(
+                data, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=7)
             loader: Any = DataLoader(data, batch_size=batch, sampler=sampler, num_workers=0, drop_last=True)
             loss_fn: Any = nn.CrossEntropyLoss()
         else:  # the user's batches, one per step, drawn with a per-rank seed as a sampler would shard

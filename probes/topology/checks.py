@@ -219,7 +219,8 @@ def downtrained_finding(loaded: LoadedLink) -> list[Finding]:
              "and any all-reduce that goes over PCIe, has less bandwidth. Read while the GPU was busy, so "
              "this is not the power saving of an idle link."),
         fix=("Compare `nvidia-smi -q -d PCIE` (Link Width / Generation, Current vs Max) and `lspci -vv -s "
-             f"{linux_bus_id(loaded.bus) if loaded.bus else '<bus id>'} | grep -E 'LnkCap|LnkSta'` (\"LnkSta ... (downgraded)\"). Reseat the GPU or its "
+             f"{linux_bus_id(loaded.bus) if loaded.bus else '<bus id>'} | grep -E 'LnkCap|LnkSta'` "
+             "(\"LnkSta ... (downgraded)\"). Reseat the GPU or its "
              "riser, use a slot wired x16, and check the BIOS for a forced link speed or bifurcation; if it "
              "persists, drain the node and open a hardware ticket."))]
 
