@@ -126,7 +126,10 @@ class _WaitTimer:
         return ms
 
 
-def _wait_hook(state: _WaitTimer, bucket: torch.distributed.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _wait_hook(state, bucket):
+    # Unannotated on purpose: DDP's register_comm_hook compares the hook's annotations with
+    # GradBucket and Future[Tensor] objects, and under `from __future__ import annotations`
+    # they are strings, so an annotated hook is refused and the wait goes unmeasured (DOC011).
     import torch.distributed as dist
 
     state.last_launch = time.perf_counter()

@@ -86,3 +86,17 @@ def test_a_check_gathers_the_window_the_judges_then_read(gloo_group, monkeypatch
     assert (second.step, second.samples, len(second.data_ms), len(second.wait_ms)) == (3, [5.0, 6.0, 7.0], 3, 3)
     assert second.loader_len == -1 and second.fingerprint != 0 and second.peak_mem_bytes > 0
     assert not second.wait_measured  # not DDP: no comm hook of ours
+
+
+def test_a_ddp_model_gets_our_comm_hook_and_its_wait_is_measured(gloo_group):
+    """DDP refuses a comm hook whose annotations are not GradBucket and Future[Tensor] objects
+    (string annotations included): then every wait would go unmeasured and DOC011 would say the
+    job has its own hook. The healthy end-to-end loop caught that once; this catches it in a second."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    doctor = Doctor(DistributedDataParallel(nn.Linear(4, 2)), every=3)
+    try:
+        assert doctor._timer is not None
+        assert not any(f.code == "DOC011" for f in doctor.findings)
+    finally:
+        doctor.close()
