@@ -10,6 +10,7 @@ import argparse
 import os
 import stat
 import sys
+import warnings
 import tempfile
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
@@ -440,6 +441,9 @@ def _quiet_torch_logs() -> None:
     """
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
+    # torch warns at import when numpy is missing; ddpdoctor needs no numpy, so the warning
+    # would only put a second line under every one-line error (torch emits it as a UserWarning).
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 
 def one_line(text: str) -> str:

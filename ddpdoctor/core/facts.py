@@ -5,11 +5,16 @@ from files written by older versions), so every probe needs the same two things:
 that says what its facts contain (so diagnose reads attributes, not `.get(..) or {}`), and a
 reading that never loses what it does not understand. `from_json` is the one tolerant reader:
 
-- a missing key, a null or a value of the wrong JSON kind becomes the field's default (what the
-  old `.get(key) or {}` guards did, once, here);
+- a missing key or a null becomes the field's default (what the old `.get(key) or {}` guards
+  did, once, here);
+- a value of the wrong JSON kind (a number where an object belongs) becomes the default too,
+  unless the class says `STRICT_KINDS = True`: then it raises `FactsError` naming the field, so
+  a live run says RUN011 and `ddpdoctor diagnose` says the file cannot be judged. Each probe
+  keeps the contract its judging had before the facts had types: topology and init-hang judged
+  any corrupted facts without raising, homogeneity refused them;
 - a key this version does not know is kept verbatim and written back;
 - what was read and not changed is written back exactly as read, in the order read, so a report,
-  snapshot or fixture round-trips byte for byte (tests/unit/test_facts_roundtrip.py).
+  snapshot or fixture round-trips byte for byte (each probe's tests/unit/test_*_facts.py).
 
 A subclass is a plain `@dataclass` whose every field has a default. Field metadata says how to
 read nested values: `nested(SubFacts)` for one object, `nested_list(SubFacts)` for a list,
@@ -23,6 +28,10 @@ import dataclasses
 from typing import Any, ClassVar, Mapping, Optional, TypeVar
 
 T = TypeVar("T", bound="Facts")
+
+
+class FactsError(ValueError):
+    """A fact of the wrong JSON kind: the facts come from another program or a damaged file."""
 
 _NESTED = "ddpdoctor.facts.nested"
 
@@ -82,6 +91,8 @@ class Facts:
     # Keys omitted from a freshly built object's JSON while their value is None (a key the
     # collect side only writes when it knows the value).
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset()
+    # A value of the wrong JSON kind raises FactsError instead of reading as the default.
+    STRICT_KINDS: ClassVar[bool] = False
 
     # Set by from_json: the JSON as read, and each known field's value as first converted, so
     # to_json writes back what was read unless the attribute was changed since.
@@ -97,7 +108,7 @@ class Facts:
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             if f.name not in raw:
                 continue
-            kwargs[f.name] = _read_field(f, raw[f.name])
+            kwargs[f.name] = _read_field(f, raw[f.name], cls.STRICT_KINDS)
         obj = cls(**kwargs)
         object.__setattr__(obj, "_raw", raw)
         object.__setattr__(obj, "_read", dict(kwargs))
@@ -137,20 +148,29 @@ class Facts:
         return raw.get(key, default)
 
 
-def _read_field(f: dataclasses.Field, value: Any) -> Any:
+def _read_field(f: dataclasses.Field, value: Any, strict: bool) -> Any:
     spec = f.metadata.get(_NESTED)
     default = _default(f)
+    if value is None:
+        return default
     if spec is not None:
         how, kind = spec
-        if how == "one":
-            return kind.from_json(value) if isinstance(value, Mapping) else default
-        if how == "list":
-            return [kind.from_json(v) for v in value] if isinstance(value, list) else default
-        if how == "map":
-            return {k: kind.from_json(v) for k, v in value.items()} if isinstance(value, Mapping) else default
-    if value is None or not _kind_ok(value, default):
-        return default
+        if how == "one" and isinstance(value, Mapping):
+            return kind.from_json(value)
+        if how == "list" and isinstance(value, list):
+            return [kind.from_json(v) for v in value]
+        if how == "map" and isinstance(value, Mapping):
+            return {k: kind.from_json(v) for k, v in value.items()}
+        return _wrong_kind(f, value, "a list" if how == "list" else "an object", default, strict)
+    if not _kind_ok(value, default):
+        return _wrong_kind(f, value, type(default).__name__, default, strict)
     return value
+
+
+def _wrong_kind(f: dataclasses.Field, value: Any, expected: str, default: Any, strict: bool) -> Any:
+    if strict:
+        raise FactsError(f"{f.name} is {type(value).__name__}, expected {expected}")
+    return default
 
 
 def facts_by_rank(kind: type[T], facts: Mapping[Any, Any]) -> dict[int, T]:

@@ -200,6 +200,9 @@ class HomogeneityFacts(Facts):
     """
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"measured", "host_load"})
+    # Facts of the wrong kind are a file the user should regenerate (`ddpdoctor diagnose` says so
+    # in one line), as the untyped judging refused them: never judged as if they were defaults.
+    STRICT_KINDS: ClassVar[bool] = True
 
     device: Optional[str] = None  # "cuda:0", "cpu"
     software: SoftwareFacts = field(default_factory=SoftwareFacts, metadata=nested(SoftwareFacts))

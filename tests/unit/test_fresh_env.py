@@ -173,4 +173,7 @@ def test_check_passes_without_numpy(tmp_path, no_numpy_env):
     assert run.report["verdict"] == "ok", run.explain()
     hashes = {r["param_sha256"] for r in probe_section(run.report, "ddp-smoke")["facts"].values()}
     assert len(hashes) == 1 and len(hashes.pop()) == 64, run.explain()
+    # torch warns "Failed to initialize NumPy" on import without numpy: not a line for our users
+    # (and it broke every "one line" error of the launch-mode tests in a fresh venv).
+    assert "NumPy" not in run.stderr, run.stderr
     assert_nothing_left(run)

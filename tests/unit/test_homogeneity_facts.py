@@ -16,6 +16,8 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 import pytest
+
+from ddpdoctor.core.facts import FactsError
 from ddpdoctor.probes.homogeneity import probe as probe_module
 from ddpdoctor.probes.homogeneity.facts import (
     GpuFacts,
@@ -73,7 +75,7 @@ def _host_load(e: dict[str, Any]) -> None:
 
 
 def _odd_values(e: dict[str, Any]) -> None:
-    e.update(env=[1, 2], software=None, measured={"matmul": {"error": "timed out"}, "later_key": True})
+    e.update(software=None, measured={"matmul": {"error": "timed out"}, "later_key": True})
     e["host_hw"]["torch_threads"] = "many"
     e["gpu"]["clock_event_reasons"]["active"] = "hw_slowdown"
     e["a_key_from_a_newer_version"] = {"x": [1, None]}
@@ -98,14 +100,22 @@ def test_nothing_usable_reads_as_defaults(raw):
     assert not f.has_gpu and f.matmul is None and f.step_ms is None
 
 
-def test_wrong_kinds_read_as_defaults_and_readings_stay_as_read():
+def test_wrong_kinds_inside_the_parts_read_as_defaults_and_readings_stay_as_read():
     f = HomogeneityFacts.from_json({
-        "software": [], "host_hw": "big", "gpu": "H100", "env": 3, "measured": {"matmul": 5, "step_ms": None},
-        "host_load": {"top": "x", "cpus": 8},
+        "software": None, "measured": {"matmul": 5, "step_ms": None}, "host_load": {"top": "x", "cpus": 8},
     })
-    assert f.software == SoftwareFacts() and f.host_hw == HostHwFacts() and f.gpu is None and f.env == {}
+    assert f.software == SoftwareFacts() and f.env == {}
     assert f.measured == MeasuredFacts() and f.matmul is None
     assert f.host_load is not None and f.host_load.top == [] and f.host_load.cpus == 8
+
+
+@pytest.mark.parametrize("field_name, value", [("software", []), ("host_hw", "big"), ("gpu", "H100"), ("env", 3),
+                                               ("measured", 5), ("env", [1, 2])])
+def test_a_top_level_fact_of_the_wrong_kind_is_refused_not_judged_as_a_default(field_name, value):
+    """A snapshot whose homogeneity facts are not objects is a file to regenerate (`ddpdoctor
+    diagnose` says so in one line: tests/unit/test_fuzz_inputs.py), as the untyped judging refused it."""
+    with pytest.raises(FactsError, match=field_name):
+        HomogeneityFacts.from_json({field_name: value})
 
 
 def test_a_gpu_read_by_parts():
