@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
+from ddpdoctor.core import keys
 from ddpdoctor.core.exits import STAGE_TIMEOUT_EXIT, hard_exit
 from ddpdoctor.callback.online_checks import (PROBE, DataParallelGpu, History, RankWindow, batch_scaling_finding,
                                               data_findings, data_parallel_finding, memory_growth, setup_findings)
@@ -45,8 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ddpdoctor")
 T = TypeVar("T")
-HOST_KEY = "ddpdoctor/host/{rank}"
-HANG_KEY = "ddpdoctor/hang/{rank}"
 MIN_COST_SHARE = 0.05
 # Stragglers are judged on the kept windows once they hold this many steps: 8 windows of 10.
 ONLINE_MIN_STEPS = 80
@@ -269,7 +268,7 @@ class Doctor:
         self._hosts: dict[int, str] = {self.rank: self.host}
         if self._store is not None:
             # The node names travel through the job's own store, not a collective.
-            self._store.set(HOST_KEY.format(rank=self.rank), self.host)
+            self._store.set(keys.callback_host(self.rank), self.host)
         self._watchdog = threading.Thread(target=self._watch, name="ddpdoctor-step-watchdog", daemon=True)
         self._stop = threading.Event()
         self._watchdog.start()
@@ -512,7 +511,7 @@ class Doctor:
 
     def _host_of(self, rank: int) -> str:
         if rank not in self._hosts and self._store is not None:
-            key = HOST_KEY.format(rank=rank)
+            key = keys.callback_host(rank)
             try:
                 if self._store.check([key]):
                     self._hosts[rank] = self._store.get(key).decode("utf-8", "replace")
@@ -684,11 +683,11 @@ class Doctor:
         backstop = threading.Timer(grace + 2.0, hard_exit, (STAGE_TIMEOUT_EXIT,))
         backstop.daemon = True
         backstop.start()
-        keys = [HANG_KEY.format(rank=r) for r in range(self.world_size)]
+        hang_keys = [keys.callback_hang(r) for r in range(self.world_size)]
         try:
-            self._store.set(keys[self.rank], "1")
+            self._store.set(hang_keys[self.rank], "1")
             end = time.monotonic() + grace
-            while time.monotonic() < end and not self._store.check(keys):
+            while time.monotonic() < end and not self._store.check(hang_keys):
                 time.sleep(0.1)
         except Exception:  # the store went away with its host: nobody is left to wait for
             pass

@@ -25,12 +25,11 @@ from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
 from ddpdoctor.core.exits import STAGE_TIMEOUT_EXIT, hard_exit
-from ddpdoctor.core import codes
+from ddpdoctor.core import codes, keys
 from ddpdoctor.core.findings import Finding
 from ddpdoctor.runtime.liveness import main_thread_frame
 
 log = logging.getLogger("ddpdoctor")
-PREFIX = "ddpdoctor/watch/"
 LEAVE_WAIT_S = 5.0
 
 
@@ -214,7 +213,7 @@ class Watch:
     def _read_arrivals(self, world: int) -> None:
         try:
             for r in range(world):
-                key = f"{PREFIX}{r}"
+                key = keys.watch_arrived(r)
                 if r not in self._arrived and self._store.check([key]):
                     self._arrived[r] = json.loads(self._store.get(key)).get("host", "?")
         except Exception:  # the store went away: keep what was read
@@ -222,7 +221,7 @@ class Watch:
 
     def _mark(self, rank: int) -> None:
         try:
-            self._store.set(f"{PREFIX}{rank}", json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+            self._store.set(keys.watch_arrived(rank), json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
                                                            "t": time.time()}))
             self.arrived_at_store = True
         except Exception:
@@ -297,9 +296,9 @@ class Watch:
         if self._store is None or rank is None:
             return
         try:
-            self._store.set(f"{PREFIX}reported/{rank}", "1")
+            self._store.set(keys.watch_reported(rank), "1")
             if rank == 0:
-                others = [f"{PREFIX}reported/{r}" for r in self._arrived if r != 0]
+                others = [keys.watch_reported(r) for r in self._arrived if r != 0]
                 end = time.monotonic() + LEAVE_WAIT_S
                 while others and time.monotonic() < end and not self._store.check(others):
                     time.sleep(0.1)

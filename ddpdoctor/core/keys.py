@@ -86,3 +86,40 @@ def clock_pong(rank: int, i: int) -> str:
 
 def clock_result(rank: int) -> str:
     return f"clock/{rank}/result"
+
+
+def scaling_beat(rank: int) -> str:
+    """`ddpdoctor scaling`: a rank measuring a size says it is alive (the others sit it out)."""
+    return f"scaling/beat/{rank}"
+
+
+SCALING_STEPS = "scaling/steps"  # the step count rank 0 chose for every size
+
+
+def scaling_size_done(size: int, rank: int) -> str:
+    return f"scaling/done/{size}/{rank}"
+
+
+def scaling_knob_done(index: int, rank: int) -> str:
+    return f"scaling/knob/{index}/{rank}"
+
+
+# The training callback's keys live on the user's job store (torchrun's or the process group's),
+# not the channel's: the full key is written here, with its `ddpdoctor/` prefix.
+def watch_arrived(rank: int) -> str:
+    """`ddpdoctor.watch()`: this rank reached init_process_group (its host and pid)."""
+    return f"ddpdoctor/watch/{rank}"
+
+
+def watch_reported(rank: int) -> str:
+    return f"ddpdoctor/watch/reported/{rank}"
+
+
+def callback_host(rank: int) -> str:
+    """`Doctor`: this rank's host name, read once by every rank for the findings' nodes."""
+    return f"ddpdoctor/host/{rank}"
+
+
+def callback_hang(rank: int) -> str:
+    """`Doctor`: this rank's step outlived its deadline and it has said so."""
+    return f"ddpdoctor/hang/{rank}"

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 from ddpdoctor.core import keys
+from ddpdoctor.core.hello import Hello
 from ddpdoctor.runtime.channel import Channel
 from ddpdoctor.runtime.config import CheckConfig
 from ddpdoctor.runtime.inject import Injector
@@ -35,7 +36,7 @@ class SharedState:
     it reads instead of fishing in a dict."""
 
     # Every rank's hello from the rendezvous digest (session/rank.py's _rendezvous), by rank.
-    hellos: dict[int, dict[str, Any]] = field(default_factory=dict)
+    hellos: dict[int, Hello] = field(default_factory=dict)
     # The shared DDP workload, run once by whichever probe needs it first (runtime/workload.py).
     workload: Optional["WorkloadResult"] = None
     # This host's CPU counters at the rank's start (local rank 0 only), for the foreign load.
@@ -72,7 +73,7 @@ class RankContext:
         return self.env.world_size
 
     @property
-    def hellos(self) -> Mapping[int, dict[str, Any]]:
+    def hellos(self) -> Mapping[int, Hello]:
         """Every rank's hello, from the rendezvous digest: read once, by rank 0, for everyone."""
         return self.shared.hellos
 

@@ -11,12 +11,14 @@ gradient accumulation), so their effect is measured on this model, not guessed.
 
 from __future__ import annotations
 
+import functools
 import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar
 
+from ddpdoctor.core import keys
 from ddpdoctor.core.facts import Facts
 from ddpdoctor.runtime.context import RankContext
 from ddpdoctor.measure.slow_compute import SlowCompute
@@ -224,17 +226,17 @@ def beat(ctx: RankContext) -> None:
     now = time.time()
     if now - ctx.shared.scaling_beat >= BEAT_S:
         ctx.shared.scaling_beat = now
-        ctx.channel.set(f"scaling/beat/{ctx.rank}", now)
+        ctx.channel.set(keys.scaling_beat(ctx.rank), now)
 
 
-def wait_for(ctx: RankContext, keys: list[str], workers: range, what: str) -> None:
-    """Wait for `keys` while any of `workers` still beats; then the stage deadline decides.
+def wait_for(ctx: RankContext, done_keys: list[str], workers: range, what: str) -> None:
+    """Wait for `done_keys` while any of `workers` still beats; then the stage deadline decides.
 
     Not a collective: a rank that sits out a size must not time out in a barrier while the
     others train for longer than one stage deadline (a big model's 20 steps)."""
     with ctx.collective("scaling_wait", waiting_for=what):
-        while not all(ctx.channel.has(k) for k in keys):
-            beats = [b for r in workers if isinstance(b := ctx.channel.get(f"scaling/beat/{r}"), (int, float))]
+        while not all(ctx.channel.has(k) for k in done_keys):
+            beats = [b for r in workers if isinstance(b := ctx.channel.get(keys.scaling_beat(r)), (int, float))]
             if beats and time.time() - max(beats) < ctx.cfg.timeout_s:
                 ctx.progress()
             time.sleep(0.05)
@@ -246,9 +248,9 @@ def _agree_steps(ctx: RankContext, step_s: Optional[float]) -> int:
         return ctx.cfg.steps
     if ctx.rank == 0:
         want = int(min(MAX_STEPS, max(MIN_STEPS, ctx.cfg.scaling.seconds_per_size / max(step_s or 1e-3, 1e-6))))
-        ctx.channel.set("scaling/steps", want)
-    wait_for(ctx, ["scaling/steps"], range(1), "rank 0's calibration")
-    return int(ctx.channel.get("scaling/steps"))
+        ctx.channel.set(keys.SCALING_STEPS, want)
+    wait_for(ctx, [keys.SCALING_STEPS], range(1), "rank 0's calibration")
+    return int(ctx.channel.get(keys.SCALING_STEPS))
 
 
 def _one_size(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, accumulate: int = 1,
@@ -274,15 +276,15 @@ def _one_size(ctx: RankContext, parts: Parts, n: int, group: Any, steps: int, ac
 Row = TypeVar("Row", SizeRow, KnobRow)
 
 
-def _turn(ctx: RankContext, facts: ScalingRecord, into: dict[str, Row], name: str, key: str, n: int, what: str,
+def _turn(ctx: RankContext, facts: ScalingRecord, into: dict[str, Row], name: str, done: Callable[[int], str], n: int, what: str,
           work: Callable[[], Row]) -> None:
     """The first n ranks measure into `into[name]` (a section of `facts`) and publish what they
     have; every rank then waits for all n."""
     if ctx.rank < n:
         into[name] = work()
         ctx.publish_partial("scaling", facts)
-        ctx.channel.set(f"{key}/{ctx.rank}", time.time())
-    wait_for(ctx, [f"{key}/{r}" for r in range(n)], range(n), what)
+        ctx.channel.set(done(ctx.rank), time.time())
+    wait_for(ctx, [done(r) for r in range(n)], range(n), what)
 
 
 def sizes_for(wanted: tuple[int, ...], world: int) -> list[int]:
@@ -312,14 +314,14 @@ def measure(ctx: RankContext, facts: ScalingRecord) -> None:
     steps = _agree_steps(ctx, step_s)
     for n in sizes:
         with ctx.stage(f"scaling_{n}", inject_as="train"):
-            _turn(ctx, facts, facts.sizes, str(n), f"scaling/done/{n}", n, f"size {n}",
+            _turn(ctx, facts, facts.sizes, str(n), functools.partial(keys.scaling_size_done, n), n, f"size {n}",
                   lambda: _one_size(ctx, parts, n, groups.get(n), steps))
     largest = max(sizes)
     if largest > 1 and cfg.knobs:
         grad_mb = facts.gradient_bytes / 2**20
         for index, (name, options) in enumerate(knob_settings(grad_mb)):
             with ctx.stage("scaling_knob", inject_as=""):
-                _turn(ctx, facts, facts.knobs, name, f"scaling/knob/{index}", largest, name,
+                _turn(ctx, facts, facts.knobs, name, functools.partial(keys.scaling_knob_done, index), largest, name,
                       lambda: _one_knob(ctx, parts, largest, groups[largest], max(MIN_STEPS, steps // 4), options))
     with ctx.collective("scaling_barrier"):
         dist.barrier()  # every rank is here: quick

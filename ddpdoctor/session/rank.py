@@ -17,6 +17,7 @@ import time
 from typing import Any, Mapping, Optional
 
 from ddpdoctor.core import keys
+from ddpdoctor.core.hello import Hello
 from ddpdoctor.runtime.channel import Channel
 from ddpdoctor.measure.host import machine_identity
 from ddpdoctor.measure import fr_snapshot
@@ -148,7 +149,7 @@ def _rendezvous(ctx: RankContext) -> dict[int, dict[str, Any]]:
             if "missing" in digest:
                 raise _not_arrived(list(digest["missing"]), int(digest.get("arrived", 0)), ctx.world_size, wait_s)
             hellos = {int(r): h for r, h in digest["hellos"].items()}
-    ctx.shared.hellos = hellos
+    ctx.shared.hellos = {r: Hello.from_json(h) for r, h in hellos.items()}
     return hellos
 
 

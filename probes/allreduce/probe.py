@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from ddpdoctor.core import keys
 from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.judge import busbw
@@ -154,7 +155,7 @@ def _localise(ctx: RankContext, facts: AllReduceFacts, pair_size: int, dtype: to
     facts.pairs = _measure_ring_pairs(ctx, pair_size, dtype, elem)
     # The hellos read at rendezvous: every rank re-reading N keys would be N² store calls.
     hellos = ctx.hellos
-    hosts = [str((hellos.get(r) or {}).get("host", "?")) for r in range(n)]
+    hosts = [(hellos[r].host or "?") if r in hellos else "?" for r in range(n)]
     if len(set(hosts)) > 1:
         facts.nodes = _measure_nodes(ctx, hosts, pair_size, dtype, elem)
 
@@ -189,11 +190,11 @@ def _everyones_pairs(ctx: RankContext, mine: PairTimings) -> dict[int, PairTimin
     rule to the same timings, so all pick the same pairs to time again without talking."""
     import torch.distributed as dist
 
-    ctx.channel.set(f"localise/pairs/{ctx.rank}", mine.times_s)
+    ctx.channel.set(keys.localise_pairs(ctx.rank), mine.times_s)
     with ctx.collective("localise_barrier"):
         dist.barrier()
     return {r: PairTimings.from_json({"size_bytes": mine.size_bytes,
-                                      "times_s": ctx.channel.get(f"localise/pairs/{r}")})
+                                      "times_s": ctx.channel.get(keys.localise_pairs(r))})
             for r in range(ctx.world_size)}
 
 

@@ -148,8 +148,7 @@ def _foreign_load(ctx: RankContext) -> Optional[HostLoadFacts]:
     # Every rank of this job whose pid means something here (same kernel, same pid namespace),
     # whatever host name it goes by: two "nodes" in containers on one machine share it.
     here = machine_identity()
-    hellos = ctx.hellos
-    pids = [int(h["pid"]) for h in hellos.values() if h.get("machine") == here and h.get("pid")]
+    pids = [h.pid for h in ctx.hellos.values() if h.machine == here and h.pid]
     return HostLoadFacts.from_json(
         host_load.foreign_load(start, end, host_load.our_processes(pids)))
 

@@ -48,7 +48,7 @@ class Stragglers:
 
     # -- collect (on each rank) -------------------------------------------------
     def collect(self, ctx: "RankContext") -> dict[str, object]:
-        hosts = {r: str(h.get("host", "?")) for r, h in ctx.hellos.items()}
+        hosts = {r: h.host or "?" for r, h in ctx.hellos.items()}
         with ctx.stage("straggler_clock"):
             if ctx.rank == 0:
                 clock_offset.serve(ctx.channel.store, 0, hosts, ctx.cfg.timeout_s / 2)

@@ -204,3 +204,20 @@ def test_the_rule_reader_sees_a_wrong_import(tmp_path):
     ok.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ddpdoctor.probes import get_probe\n")
     assert ("ddpdoctor.probes", 2) in list(_imports("ddpdoctor.core.bad", bad))
     assert not [t for t, _ in _imports("ddpdoctor.core.ok", ok) if t.startswith("ddpdoctor")]
+
+
+KEY_SHAPE = ("hello/", "hellos/", "hb/", "timeline/", "error/", "timeout/", "done/", "fr/", "result/", "bye/",
+             "terminated/", "localise/", "clock/", "scaling/", "ddpdoctor/watch/", "ddpdoctor/host/", "ddpdoctor/hang/")
+
+
+def test_every_store_key_is_built_in_core_keys():
+    """A key is a contract between processes: spelled in one place, a rename cannot leave a reader behind."""
+    spelled = []
+    for module, path in SOURCES:
+        if module == "ddpdoctor.core.keys":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            head = node.values[0] if isinstance(node, ast.JoinedStr) and node.values else node
+            if isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.startswith(KEY_SHAPE):
+                spelled.append(f"{module}:{node.lineno}: {head.value!r}")
+    assert not spelled, spelled

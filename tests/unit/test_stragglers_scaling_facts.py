@@ -8,6 +8,8 @@ runs. A freshly built object writes its keys in the order collect has always wri
 
 from __future__ import annotations
 
+import functools
+
 import contextlib
 import copy
 import json
@@ -16,6 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from ddpdoctor.core import keys
 from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.measure.clock_offset import ClockOffset
 from ddpdoctor.probes import get_probe
@@ -249,7 +252,8 @@ def test_each_size_is_published_as_the_whole_facts_in_collects_order() -> None:
     facts = ScalingFacts(rank=0, host="h", device="cpu", backend="gloo", model="built-in MLP", cpus_usable=2,
                          batch_size=32, parameters=10, gradient_bytes=40)
     row = _timeline(2, alone=False).row(2)
-    scaling_run._turn(ctx, facts, facts.sizes, "1", "scaling/done/1", 1, "size 1", lambda: row)  # type: ignore[arg-type]
+    scaling_run._turn(ctx, facts, facts.sizes, "1", functools.partial(keys.scaling_size_done, 1), 1, "size 1",  # type: ignore[arg-type]
+                      lambda: row)
     [published] = ctx.published
     assert list(published) == SCALING_KEYS and published["sizes"] == {"1": row.to_json()}
-    assert ctx.channel.has("scaling/done/1/0")
+    assert ctx.channel.has(keys.scaling_size_done(1, 0))
