@@ -406,7 +406,9 @@ def _diagnose(args: argparse.Namespace) -> int:
     if args.json_path:
         atomic_write_json(diagnosis.to_json(), args.json_path, overwrite=args.force)
     render_diagnosis(diagnosis, make_console())
-    return diagnosis.exit_code
+    for line in inputs.unreadable:  # the other files were judged above; these could not be
+        sys.stderr.write(f"ddpdoctor: error: {one_line(line)}\n")
+    return EXIT_UNKNOWN if inputs.unreadable else diagnosis.exit_code
 
 
 def _explain(args: argparse.Namespace) -> int:

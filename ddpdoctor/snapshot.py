@@ -90,6 +90,10 @@ class Inputs:
     hosts: dict[int, str] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    # Other tools' outputs that were read (ingest/): path, kind, node, what they cannot show.
+    ingested: list[dict[str, Any]] = field(default_factory=list)
+    # One line per tool output that could not be read: the others are still judged, then exit 3.
+    unreadable: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:
@@ -100,7 +104,11 @@ def _read(path: str) -> dict[str, Any]:
     """A snapshot or report file, or a one-line UsageError: never a hang (a FIFO), never a
     file read whole into memory before its size is known, and never anything but JSON
     (a pickle is refused by its first bytes; nothing here can unpickle)."""
-    data = _parse(path, _read_bytes(path))
+    return _checked(path, _parse(path, _read_bytes(path)))
+
+
+def _checked(path: str, data: Any) -> dict[str, Any]:
+    """`data` if it is a snapshot or a report, else the one line saying what it is instead."""
     if not isinstance(data, dict) or data.get("schema") not in (SCHEMA, REPORT_SCHEMA):
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise UsageError(f"{path} is not a ddpdoctor snapshot or report (schema {found!r}; expected "
@@ -216,15 +224,55 @@ def _hosts_of(path: str, data: Mapping[str, Any]) -> dict[int, str]:
                          "regenerate it with this ddpdoctor version") from None
 
 
+def _expand(paths: list[str]) -> list[tuple[str, Optional[str]]]:
+    """Each file with the node its folder names: `diagnose node07/ node08/` reads every file of
+    each folder as that node's (a folder per node); files given directly name no node."""
+    out: list[tuple[str, Optional[str]]] = []
+    for path in paths:
+        if os.path.isdir(path):
+            names = sorted(n for n in os.listdir(path) if os.path.isfile(os.path.join(path, n)))
+            if not names:
+                raise UsageError(f"{path} is a folder with no files: give snapshot, report or tool-output files")
+            host = os.path.basename(os.path.normpath(path))
+            out += [(os.path.join(path, n), host) for n in names]
+        else:
+            out.append((path, None))
+    return out
+
+
+def _tool_output(path: str, raw: bytes, folder_host: Optional[str]) -> Optional[Any]:
+    """The file read as another tool's output when its content says which tool, else None (and
+    the snapshot/report reading says what is wrong with it, as before tool outputs were read)."""
+    from ddpdoctor.ingest.detect import detect
+    from ddpdoctor.ingest.load import read_tool_output
+
+    if raw[:1] in (b"{", b"[") or b"\x00" in raw[:8192]:
+        return None
+    if detect(raw[:1 << 20].decode("utf-8", errors="replace")) is None:
+        return None
+    return read_tool_output(path, raw, folder_host)
+
+
 def load_inputs(paths: list[str]) -> Inputs:
     from ddpdoctor.probes import all_probes
 
     known = all_probes()
-    inputs = Inputs(files=list(paths))
+    files = _expand(paths)
+    inputs = Inputs(files=[p for p, _ in files])
     owner: dict[str, int] = {}  # host name -> the file (by position) that first had it
     labels: set[str] = set()
-    for index, path in enumerate(paths):
-        data = _read(path)
+    outputs = []
+    for index, (path, folder_host) in enumerate(files):
+        raw = _read_bytes(path)
+        try:
+            tool = _tool_output(path, raw, folder_host)
+        except UsageError as exc:
+            inputs.unreadable.append(str(exc))
+            continue
+        if tool is not None:
+            outputs.append(tool)
+            continue
+        data = _checked(path, _parse(path, raw))
         per_probe = _per_rank(path, data)
         base = max(inputs.hosts, default=-1) + 1  # past every rank so far, even with gaps
         hosts = _hosts_of(path, data)
@@ -256,7 +304,30 @@ def load_inputs(paths: list[str]) -> Inputs:
         if isinstance(data.get("settings"), Mapping):
             for key, value in data["settings"].items():
                 inputs.settings.setdefault(key, value)  # the thresholds the report was judged with
+    _add_nodes(inputs, outputs, owner)
+    if not inputs.hosts:
+        raise UsageError(inputs.unreadable[0] if inputs.unreadable else "no input to diagnose")
     return inputs
+
+
+def _add_nodes(inputs: Inputs, outputs: list[Any], owner: dict[str, int]) -> None:
+    """Tool outputs, grouped by node: one rank per GPU (by nvidia-smi's index), after every
+    snapshot's and report's ranks; a node name a snapshot already used gets the tool's name."""
+    from ddpdoctor.ingest.load import group_by_node
+
+    for node in group_by_node(outputs):
+        host = node.host if node.host not in owner else f"{node.host} ({node.outputs[0].kind})"
+        owner.setdefault(host, -1)
+        base = max(inputs.hosts, default=-1) + 1
+        for offset, index in enumerate(sorted(node.gpus)):
+            rank = base + offset
+            inputs.hosts[rank] = host
+            for probe, facts in node.gpus[index].items():
+                entry = facts.to_json()
+                inputs.facts.setdefault(probe, {})[rank] = dict(entry, rank=rank, host=host)
+        for out in node.outputs:
+            inputs.ingested.append({"path": out.path, "kind": out.kind, "node": host,
+                                    "cannot_show": list(out.cannot_show)})
 
 
 @dataclass
@@ -289,7 +360,7 @@ def diagnose_inputs(inputs: Inputs) -> Diagnosis:
 
     view = with_context(RunView(world_size=inputs.world_size, hosts=inputs.hosts, settings=inputs.settings),
                         inputs.facts)
-    findings: list[Finding] = []
+    findings: list[Finding] = _ingested_findings(inputs)
     for name, facts in inputs.facts.items():
         try:
             findings += get_probe(name).diagnose(facts, view)
@@ -300,6 +371,20 @@ def diagnose_inputs(inputs: Inputs) -> Diagnosis:
                              f"({__version__}) can judge ({_brief(exc)}): regenerate the files "
                              "with it, or report a bug if they are its own unchanged output") from None
     return Diagnosis(inputs, findings)
+
+
+def _ingested_findings(inputs: Inputs) -> list[Finding]:
+    """INP001: which files were read as which tool's output, and what those outputs cannot show
+    (judged as unknown: a check on the node itself would measure it)."""
+    from ddpdoctor.core import codes
+
+    if not inputs.ingested:
+        return []
+    read = "; ".join(f"{os.path.basename(i['path'])} as {i['kind']} ({i['node']})" for i in inputs.ingested)
+    unknown = sorted({what for i in inputs.ingested for what in i["cannot_show"]})
+    nodes = tuple(dict.fromkeys(i["node"] for i in inputs.ingested))
+    return [codes.finding("INP001", "ingest", f"Read {len(inputs.ingested)} tool output(s): {read}",
+                          nodes=nodes, evidence={"files": inputs.ingested, "not_known_from_these_inputs": unknown})]
 
 
 def default_snapshot_path() -> str:

@@ -28,6 +28,7 @@ DOC_PAGES: Mapping[str, str] = {
     "explain": "docs/explain.md",
     "gpu-count": "docs/probes/gpu-count.md",
     "homogeneity": "docs/probes/homogeneity.md",
+    "ingest": "docs/snapshots.md",
     "init-hang": "docs/probes/init-hang.md",
     "run": "docs/runtime.md",
     "scaling": "docs/scaling.md",
@@ -78,6 +79,12 @@ def _code(code: str, severity: Union[Severity, frozenset[Severity]], family: str
 _OK, _INFO, _WARN, _CRITICAL = Severity.OK, Severity.INFO, Severity.WARN, Severity.CRITICAL
 
 _ENTRIES = (
+    _code("INP001", _INFO, "ingest",
+          why=("`ddpdoctor diagnose` read these files as other tools' outputs and judged the facts they hold with "
+               "the probes' own diagnosis; what such an output cannot show (measured speed, the software stack, "
+               "the links another command reports) is judged as unknown, never guessed."),
+          fix=("For the full picture, run `ddpdoctor snapshot` (or `ddpdoctor check`) on the node itself, or add "
+               "the outputs that show the rest (nvidia-smi -q -x, topo -m, nvlink --status, nccl-tests).")),
     _code("BW000", frozenset({Severity.INFO, Severity.OK}), "allreduce",
           severity_rule='INFO when another finding of the run explains a slow or failed measurement, else OK'),
     _code("BW001", _CRITICAL, "allreduce",

@@ -1,7 +1,7 @@
 """The package's layer rules, read from the source with an AST walk (no import needed).
 
-Rooms, bottom to top: core < judge < measure < runtime < probes < explain, callback < render <
-session < the top-level modules (cli, api, snapshot, adapters). A room imports only rooms below
+Rooms, bottom to top: core < judge < measure < runtime < probes < ingest, explain, callback <
+render < session < the top-level modules (cli, api, snapshot, adapters). A room imports only rooms below
 it (and itself); imports under `if TYPE_CHECKING:` are types only and are not counted.
 Besides: no torch where judging happens, rich only where rendering happens, pynvml only in
 measure/nvml.py, `os._exit` and the literal exit code 124 only in core/exits.py.
@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "explain": {"core", "judge", "explain"},
     "callback": {"core", "measure", "judge", "runtime", "probes", "callback"},
     "render": {"core", "judge", "probes", "explain", "render"},
+    "ingest": {"core", "judge", "probes", "ingest"},  # other tools' outputs into the probes' facts
     "session": {"core", "measure", "judge", "runtime", "probes", "render", "session"},
 }
 TOP_LEVEL_MAX = 12
@@ -151,11 +152,11 @@ def test_pynvml_only_in_the_nvml_module():
     assert _modules_importing("pynvml") == {"ddpdoctor.measure.nvml"}
 
 
-def test_measure_never_builds_a_finding():
-    """A reading is recorded (in a snapshot, a report) before it is judged."""
+def test_measure_and_ingest_never_build_a_finding():
+    """A reading is recorded (in a snapshot, a report, the probes' facts) before it is judged."""
     builders = []
     for module, path in SOURCES:
-        if _room(module) != "measure":
+        if _room(module) not in ("measure", "ingest"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Finding":
