@@ -70,10 +70,13 @@ def node_views(facts: RankFacts, run: RunView) -> list[NodeView]:
             view.node = f.node
     for view in views.values():
         by_uuid = {g.uuid: g.index for g in view.gpus if isinstance(g.uuid, str)}
+        indices = {g.index for g in view.gpus}
         for rank in view.ranks:
-            uuid = by_rank[rank].gpu_uuid
+            uuid, index = by_rank[rank].gpu_uuid, by_rank[rank].gpu_index
             if isinstance(uuid, str) and uuid in by_uuid:
                 view.rank_gpu[rank] = by_uuid[uuid]
+            elif isinstance(index, int) and index in indices:  # a tool output's GPU, named by index only
+                view.rank_gpu[rank] = index
     return list(views.values())
 
 
@@ -105,6 +108,11 @@ def nvlinks_between(a: GpuNode, b: GpuNode) -> int:
     switched_a = sum(1 for link in active_links(a) if link.remote_type == "switch")
     switched_b = sum(1 for link in active_links(b) if link.remote_type == "switch")
     return min(switched_a, switched_b)
+
+
+def bonded_links(level: object) -> int:
+    """The links of a `topo -m` "NV#" cell: a tool output's count where NVML's per-link far ends are not known."""
+    return int(level[2:]) if isinstance(level, str) and level[:2] == "NV" and level[2:].isdigit() else 0
 
 
 def _nvlink_version(gpu: GpuNode) -> Optional[int]:
@@ -306,6 +314,11 @@ def asymmetry_findings(view: NodeView) -> list[Finding]:
 P2P_CAPABLE = ("PIX", "PXB")
 
 
+def _p2p_blocked(status: object) -> bool:
+    """A `topo -p2p` letter that says no: GNS (a board without P2P, GeForce) is by design, not a fault."""
+    return isinstance(status, str) and status not in ("OK", "GNS")
+
+
 def p2p_findings(view: NodeView) -> list[Finding]:
     """Pairs close enough for peer-to-peer that still do not have it (ACS, IOMMU, a VM)."""
     bad = []
@@ -315,12 +328,15 @@ def p2p_findings(view: NodeView) -> list[Finding]:
             pair = view.pair(a, b)
             where = cell(view, a, b)
             status = pair.p2p_read
-            nvml_blocks = (where.startswith("NV") or where in P2P_CAPABLE) and isinstance(status, str) \
-                and status not in ("OK", "GNS")
+            nvml_blocks = (where.startswith("NV") or where in P2P_CAPABLE) \
+                and (_p2p_blocked(status) or _p2p_blocked(pair.p2p_pci))
             cuda_blocks = pair.torch_peer is False and status == "OK"
             if nvml_blocks or cuda_blocks:
-                bad.append({"gpus": f"{a}-{b}", "path": where, "nvml_p2p_read": status,
-                            "nvml_p2p_nvlink": pair.p2p_nvlink, "torch_can_access_peer": pair.torch_peer})
+                row = {"gpus": f"{a}-{b}", "path": where, "nvml_p2p_read": status,
+                       "nvml_p2p_nvlink": pair.p2p_nvlink, "torch_can_access_peer": pair.torch_peer}
+                if pair.p2p_pci is not None:  # only from a `topo -p2p p` file
+                    row["nvml_p2p_pci"] = pair.p2p_pci
+                bad.append(row)
     if not bad:
         return []
     involved = {int(x) for p in bad for x in p["gpus"].split("-")}
@@ -416,12 +432,14 @@ def ring_hops(view: NodeView, facts: ByRank, at_max: bool = False) -> list[Hop]:
         if len(gpus) == 2 and hops:
             break  # two GPUs: one pair
         ga, gb = view.gpu(a), view.gpu(b)
-        links = nvlinks_between(ga, gb)
+        pair = view.pair(a, b)
+        links = nvlinks_between(ga, gb) or bonded_links(pair.level)
         pcie = [gbps for gbps in (_loaded_pcie(view, facts, g, at_max) for g in (a, b)) if gbps is not None]
-        status = view.pair(a, b).p2p_read
+        status = pair.p2p_read
         hops.append(Hop(a, b, cell(view, a, b), links, _nvlink_version(ga) if links else None,
                         min(pcie) if len(pcie) == 2 else None,
-                        p2p=status in ("OK", None) or isinstance(status, Mapping)))
+                        p2p=(status in ("OK", None) or isinstance(status, Mapping))
+                        and not _p2p_blocked(pair.p2p_pci)))
     return hops
 
 

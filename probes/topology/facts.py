@@ -72,13 +72,18 @@ class GpuNode(Facts):
 class GpuPair(Facts):
     """Two GPUs (a < b): their common PCIe ancestor as `nvidia-smi topo -m` names it, and P2P."""
 
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"p2p_pci"})
+
     a: Optional[int] = None
     b: Optional[int] = None
-    level: TextReading = None  # PIX, PXB, PHB, NODE, SYS
+    level: TextReading = None  # PIX, PXB, PHB, NODE, SYS; NV# where a `topo -m` file shows NVLink instead
     p2p_read: TextReading = None  # `nvidia-smi topo -p2p` letters: OK, CNS, GNS, ...
     p2p_write: TextReading = None
     p2p_nvlink: TextReading = None
     torch_peer: Optional[bool] = None  # torch.cuda.can_device_access_peer; None where CUDA does not see both
+    # `nvidia-smi topo -p2p p` (NVML's P2P_CAPS_INDEX_PCI, once "prop"): only from that output,
+    # where a user ran it instead of `-p2p r`; the live collect reads `p2p_read`.
+    p2p_pci: TextReading = None
 
 
 @dataclass
@@ -186,6 +191,8 @@ class LoadReading(Facts):
 class TopologyFacts(Facts):
     """One rank's topology facts; `node` only on its node's local rank 0, `load` on GPU ranks."""
 
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"gpu_index"})
+
     rank: Optional[int] = None
     host: str = ""
     local_rank: Optional[int] = None
@@ -194,3 +201,6 @@ class TopologyFacts(Facts):
     placement: Placement = field(default_factory=Placement, metadata=nested(Placement))
     load: Optional[LoadReading] = field(default=None, metadata=nested(LoadReading))
     node: Optional[NodeFacts] = field(default=None, metadata=nested(NodeFacts))
+    # nvidia-smi's index of this rank's GPU, for facts read from a tool output that names no UUID
+    # (`topo -m`); a live rank is matched to its GPU by `gpu_uuid` and never writes it.
+    gpu_index: Optional[int] = None

@@ -47,6 +47,8 @@ def _link(view: NodeView, facts: ByRank, index: int) -> str:
         if link is not None and link.gen is not None:
             return f"Gen{link.gen} x{link.width} / Gen{link.max_gen} x{link.max_width}"
     idle = view.gpu(index).pcie_idle
+    if idle.max_gen is None and idle.max_width is None:
+        return "not known"  # a tool output that does not show the link (topo -m, nvlink --status)
     return f"idle, max Gen{idle.max_gen} x{idle.max_width}"
 
 
