@@ -169,6 +169,29 @@ def _read_handle(handle: Any, index: Optional[int]) -> Facts:
     }
 
 
+def _performance_state(state: Any) -> str:
+    """NVML's 0..15 as nvidia-smi prints it ("P0"); 32 is NVML_PSTATE_UNKNOWN."""
+    if int(state) > 15:
+        raise ValueError(f"performance state unknown ({int(state)})")
+    return f"P{int(state)}"
+
+
+def _modes(handle: Any) -> Facts:
+    return {"performance_state": _read("nvmlDeviceGetPerformanceState", handle, convert=_performance_state),
+            "mig_mode": _read("nvmlDeviceGetMigMode", handle,
+                              convert=lambda m: {"current": _enabled(m[0]), "pending": _enabled(m[1])})}
+
+
+def read_modes(uuid: str) -> Facts:
+    """The GPU's performance state (P0 under load, P8 and up idle) and MIG mode, read apart from
+    `read_gpu` so what it records keeps its keys; {} when the GPU cannot be found.
+
+    Why: a PCIe link below its maximum is normal power saving in an idle P-state and a fault in
+    P0, and a GPU in MIG mode gives a rank a slice, not the GPU (`nvidia-smi -q` shows both)."""
+    handle = nvml.query("nvmlDeviceGetHandleByUUID", uuid)
+    return {} if isinstance(handle, nvml.Unknown) else _modes(handle)
+
+
 def read_gpu(uuid: str) -> Facts:
     """Health facts of the GPU with this UUID ("GPU-…"), or {"uuid", "unknown"} when it cannot be found."""
     handle = nvml.query("nvmlDeviceGetHandleByUUID", uuid)

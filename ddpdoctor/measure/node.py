@@ -13,7 +13,7 @@ from ddpdoctor.measure import gpu_health
 from ddpdoctor.measure.host import read_env, read_host, read_software, read_torch_gpu
 
 # Re-read after the GPU has worked: an idle GPU reports idle clocks and no throttling.
-LOAD_DEPENDENT = ("clocks", "clock_event_reasons", "power", "temperature_c", "pcie")
+LOAD_DEPENDENT = ("clocks", "clock_event_reasons", "power", "temperature_c", "pcie", "performance_state")
 
 
 def read_device_facts(device: Any) -> dict[str, Any]:
@@ -41,11 +41,13 @@ def _gpu(device: Any) -> dict[str, Any]:
                 facts[key] = value
             elif key == "memory_total_bytes" and isinstance(value, int):
                 facts[key] = value  # NVML's is the board's; CUDA's subtracts what the driver reserves
+        if "unknown" not in nvml:
+            facts.update(gpu_health.read_modes(cuda["uuid"]))
     return facts
 
 
 def read_gpu_state(uuid: Optional[str]) -> dict[str, Any]:
     if not uuid:
         return {}
-    fresh = gpu_health.read_gpu(uuid)
+    fresh = gpu_health.read_gpu(uuid) | gpu_health.read_modes(uuid)
     return {key: fresh[key] for key in LOAD_DEPENDENT if key in fresh}

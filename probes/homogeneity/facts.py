@@ -121,13 +121,26 @@ class PcieFacts(Facts):
 
 
 @dataclass
+class MigModeFacts(Facts):
+    """Multi-Instance GPU mode (nvmlDeviceGetMigMode, one call): `pending` applies at the next reset."""
+
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"unknown"})
+
+    current: Optional[bool] = None
+    pending: Optional[bool] = None
+    unknown: Optional[str] = None  # why NVML could not say (a GPU without MIG: "Not Supported")
+
+
+@dataclass
 class GpuFacts(Facts):
     """CUDA's view of the device (name to sm_count), then NVML's health readings.
 
     When NVML cannot find the GPU, its part is only `unknown` (the reason) after CUDA's keys.
+    `performance_state` and `mig_mode` came later (measure.gpu_health.read_modes): files written
+    before them lack the keys, and they are written only when read.
     """
 
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"unknown"})
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"unknown", "performance_state", "mig_mode"})
 
     name: Optional[str] = None
     uuid: Optional[str] = None
@@ -148,6 +161,8 @@ class GpuFacts(Facts):
     persistence_mode: Reading[bool] = None
     temperature_c: Reading[int] = None
     pcie: PcieFacts = field(default_factory=PcieFacts, metadata=nested(PcieFacts))
+    performance_state: Reading[str] = None  # "P0" (full speed) .. "P12" (idle): says whether a low link is idling
+    mig_mode: Optional[MigModeFacts] = field(default=None, metadata=nested(MigModeFacts))
     unknown: Optional[str] = None
 
 
