@@ -71,8 +71,13 @@ class Node:
 def group_by_node(outputs: list[ToolOutput]) -> list[Node]:
     """Outputs of the same node, merged GPU by GPU and probe by probe, in the order first seen."""
     nodes: dict[str, Node] = {}
-    for out in outputs:
-        host = out.host or UNNAMED_NODE
+    parts = [part for out in outputs for part in out.parts()]
+    # Unnamed outputs given with files that name exactly one host (an nccl-tests run on one node
+    # beside its topo -m) describe that host.
+    named = {part.host for part in parts if part.host}
+    unnamed = named.pop() if len(named) == 1 else UNNAMED_NODE
+    for out in parts:
+        host = out.host or unnamed
         node = nodes.setdefault(host, Node(host))
         node.outputs.append(out)
         for index, probes in out.gpus.items():

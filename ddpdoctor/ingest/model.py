@@ -36,6 +36,13 @@ class ToolOutput:
     gpus: dict[int, dict[str, Facts]] = field(default_factory=dict)
     # What this output cannot show: said once in the diagnosis (INP001), never guessed.
     cannot_show: list[str] = field(default_factory=list)
+    # The other nodes one file describes (nccl-tests across nodes names each rank's host): one
+    # ToolOutput per further host, read as if each were its own file.
+    more: list[ToolOutput] = field(default_factory=list)
+
+    def parts(self) -> list[ToolOutput]:
+        """This output and the other nodes it describes, in the file's order."""
+        return [self, *self.more]
 
 
 def _is_unknown(value: Any) -> bool:

@@ -54,7 +54,7 @@ class AllReduceFacts(Facts):
     """One rank's allreduce facts: the sweep, and what localising a slow link measured."""
 
     # Written only when known: NCCL's choices when asked for, the pairs and nodes when localising.
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"nccl_algorithms", "pairs", "nodes"})
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"nccl_algorithms", "pairs", "nodes", "gpu_name"})
 
     host: str = ""
     rank: int = 0
@@ -70,6 +70,9 @@ class AllReduceFacts(Facts):
     nccl_algorithms: Optional[dict[str, str]] = None  # str(size) -> "Algo/proto", as NCCL logged it
     pairs: Optional[PairTimings] = field(default=None, metadata=nested(PairTimings))
     nodes: Optional[NodeTimings] = field(default=None, metadata=nested(NodeTimings))
+    # The GPU's model, where only a tool's output says it (nccl-tests' rank lines): with no topology
+    # read beside the sweep, it says what the GPUs' own interconnect should give (probes/allreduce/by_model.py).
+    gpu_name: Optional[str] = None
 
     def nccl_choices(self) -> dict[int, str]:
         """size -> "Algo/proto" (empty off NCCL, when the user's NCCL_DEBUG won, or unreadable)."""
