@@ -132,6 +132,27 @@ class MigModeFacts(Facts):
 
 
 @dataclass
+class DiagTestFacts(Facts):
+    """One test of `dcgmi diag` on this GPU: DCGM's result and its own words about it."""
+
+    name: str = ""
+    category: Optional[str] = None  # Deployment, Integration, Hardware, Stress (the table's sections)
+    result: str = ""  # as DCGM prints it: Pass, Fail, Warn, Skip
+    warnings: list[str] = field(default_factory=list)
+    info: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DiagnosticFacts(Facts):
+    """What `dcgmi diag -r N` said about this GPU, read from its output (text or -j JSON): DCGM's
+    own tests, which NVML cannot run, so a live check has none and writes no key."""
+
+    level: Optional[int] = None  # -r N, where the output shows it
+    dcgm_version: Optional[str] = None
+    tests: list[DiagTestFacts] = field(default_factory=list, metadata=nested_list(DiagTestFacts))
+
+
+@dataclass
 class GpuFacts(Facts):
     """CUDA's view of the device (name to sm_count), then NVML's health readings.
 
@@ -140,7 +161,7 @@ class GpuFacts(Facts):
     before them lack the keys, and they are written only when read.
     """
 
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"unknown", "performance_state", "mig_mode"})
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"unknown", "performance_state", "mig_mode", "diagnostic"})
 
     name: Optional[str] = None
     uuid: Optional[str] = None
@@ -163,6 +184,7 @@ class GpuFacts(Facts):
     pcie: PcieFacts = field(default_factory=PcieFacts, metadata=nested(PcieFacts))
     performance_state: Reading[str] = None  # "P0" (full speed) .. "P12" (idle): says whether a low link is idling
     mig_mode: Optional[MigModeFacts] = field(default=None, metadata=nested(MigModeFacts))
+    diagnostic: Optional[DiagnosticFacts] = field(default=None, metadata=nested(DiagnosticFacts))
     unknown: Optional[str] = None
 
 
