@@ -118,7 +118,7 @@ def _read_table(path: str, text: str) -> _Run:
         if cells is None:
             continue
         first, second = cells
-        if first.lower() == "diagnostic" or (not first and not second):
+        if (first.lower(), second.strip().lower()) == ("diagnostic", "result") or (not first and not second):
             continue
         if category is not None and category.lower() == "metadata" and first:
             run.metadata[_METADATA.get(first.lower(), first)] = second.strip()
