@@ -128,6 +128,7 @@ NOT_AVAILABLE = re.compile(r"^\[?(n/a|not supported|not available|unknown error|
                            r"deprecated|insufficient permissions|gpu requires reset|unknown)\]?$", re.I)
 _GPU_HEADING = re.compile(r"^gpu ([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f])$", re.I)
 _KEY_VALUE = re.compile(r"^(\S.*?)\s*:(?:\s+(.*))?$")
+_PROMPT = re.compile(r"^\s*(\S*[@:~]\S*)?[$#]\s")  # a pasted shell prompt: `$ nvidia-smi -q | grep ...`
 
 
 # -- the two formats, read into one tree shape ---------------------------------------------------
@@ -139,7 +140,7 @@ def _text_tree(text: str) -> Tree:
     stack: list[tuple[int, Tree]] = [(-1, root)]
     for raw in text.expandtabs(8).splitlines():
         line = raw.rstrip()
-        if not line.strip() or set(line.strip()) <= {"=", "-"} or "NVSMI LOG" in line:
+        if not line.strip() or set(line.strip()) <= {"=", "-"} or "NVSMI LOG" in line or _PROMPT.match(line):
             continue
         indent = len(line) - len(line.lstrip())
         while stack[-1][0] >= indent:
