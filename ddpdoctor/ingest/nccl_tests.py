@@ -104,7 +104,9 @@ def _row(path: str, tokens: list[str], columns: list[str]) -> _Row:
                tokens[at["root"]] if "root" in at else "-1")
     times = [i for i, name in enumerate(columns) if name == "time"]
     for in_place, start in zip((False, True), times):
-        wrong = tokens[start + 3] if start + 3 < len(tokens) else "N/A"
+        # Older versions print `error`, the largest deviation (a float), not a count of wrong elements.
+        counted = start + 3 < len(columns) and columns[start + 3] == "#wrong"
+        wrong = tokens[start + 3] if counted else "N/A"
         row.cells[in_place] = (_number(path, tokens[start], "time"), _number(path, tokens[start + 1], "algbw"),
                                _number(path, tokens[start + 2], "busbw"), _wrong(wrong))
     return row
@@ -187,6 +189,8 @@ def read(path: str, text: str) -> ToolOutput:
     cannot = list(CANNOT_SHOW)
     if op != collective.replace("alltoall", "all_to_all"):
         cannot.append(f"nccl-tests' {collective} as such (judged as {op}, which has the same bus factor)")
+    if not any(_COLUMNS.match(line) and "#wrong" in line for line in lines):
+        cannot.append("whether any element was wrong (this nccl-tests version prints no #wrong count)")
     if not any(r.host for r in ranks):
         cannot.append("the host names (no '#  Rank ... on HOST' lines)")
     outputs: dict[str, ToolOutput] = {}
