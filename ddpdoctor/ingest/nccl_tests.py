@@ -30,6 +30,7 @@ _TAG = re.compile(r"^\s*\[\d+,\d+\]<std(?:out|err)>:")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+"
                    r"\[([^\]]*)\]\s*(.*?)\s*$")
 _COLUMNS = re.compile(r"^#\s+size\s+count\s+type\s+", re.I)
+_TABLE_END = re.compile(r"^#\s*(Out of bounds values|Avg bus bandwidth)\b")
 _ROW = re.compile(r"^\d+\s+\d+\s+\S+")
 _ITERS = re.compile(r"(?<!warmup )(?<!agg )\biters:\s*(\d+)")
 _WARMUP = re.compile(r"\bwarmup iters:\s*(\d+)")
@@ -123,8 +124,8 @@ def _table(path: str, lines: list[str]) -> list[_Row]:
             continue
         if _ROW.match(line):
             rows.append(_row(path, line.split(), columns))
-        elif rows and not line.startswith("#") and line:
-            break  # the table is over (the next run's prompt, a shell line)
+        elif rows and (line and not line.startswith("#") or _TABLE_END.match(line)):
+            break  # the table is over: its summary lines, a shell line, the next run of a concatenated file
     if not columns:
         raise UsageError(f"{path} looks like nccl-tests output but has no table header "
                          "('#       size         count      type ...'): paste the whole output")
@@ -178,6 +179,8 @@ def _int_after(pattern: re.Pattern[str], text: str) -> int:
 
 
 def read(path: str, text: str) -> ToolOutput:
+    """The first run in the file (a file of several runs, all_reduce_perf then all_gather_perf, is read
+    up to the end of the first table), as one ToolOutput per host."""
     lines = _lines(text)
     rows = _table(path, lines)
     ranks = _ranks(lines)
