@@ -31,6 +31,7 @@ _LEVEL = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC$")
 _P2P = re.compile(r"X|OK|NS|CNS|GNS|TNS|DR|U$")
 _P2P_COMMAND = re.compile(r"(?:-p2p|--p2pstatus)[\s=]+([rwnap]+)\b")
 _P2P_FIELD = {"r": "p2p_read", "w": "p2p_write", "n": "p2p_nvlink", "p": "p2p_pci"}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 CANNOT_SHOW = ("GPU model, UUID and PCI bus id (nvidia-smi -q)",
                "each NVLink's state (nvidia-smi nvlink --status)",
@@ -167,6 +168,7 @@ def _nic_names(text: str, matrices: list[Matrix]) -> list[str]:
 
 def read(path: str, text: str) -> ToolOutput:
     """The GPUs, pairs and NICs of a `topo -m` output (with any -p2p matrices beside it)."""
+    text = _ANSI.sub("", text)  # a terminal's copy keeps the header's underline escapes
     matrices = _matrices(path, text)
     for matrix in matrices:
         _check_complete(path, matrix)
