@@ -265,7 +265,8 @@ _ENTRIES = (
                ' spare rows.'),
           fix=('Drain the node; reset the GPU (`nvidia-smi -r -i <id>` with no process on it, or reboot) to apply '
                'pending remaps; if remapping failed or errors return, replace the GPU (NVIDIA: RMA).')),
-    _code("HOM008", _WARN, "homogeneity",
+    _code("HOM008", frozenset({Severity.WARN, Severity.INFO}), "homogeneity",
+          severity_rule='WARN when some GPUs are capped and others are not, INFO when every GPU given is capped',
           why='A GPU capped below its default power limit runs at lower clocks under load, and DDP waits for it.',
           fix='Restore it with `sudo nvidia-smi -i <id> -pl <default W>` (or ask the admins why it was capped).'),
     _code("HOM009", _WARN, "homogeneity",
@@ -299,6 +300,21 @@ _ENTRIES = (
                "straggler or a slow speed measured there may be the other job's doing, not the hardware's."),
           fix=('Find them with `top` or `ps -eo pid,pcpu,comm --sort=-pcpu | head`; ask the scheduler for whole nodes '
                '(Slurm --exclusive) or exclude the node, then check again.')),
+    _code("HOM016", frozenset({Severity.WARN, Severity.INFO}), "homogeneity",
+          severity_rule='WARN when MIG mode is on now, INFO when it comes on at the next GPU reset',
+          why=('In MIG mode the GPU is split into instances with a fraction of its SMs and memory each: a rank gets a '
+               'slice, not the GPU, and NCCL cannot run collectives between MIG instances of one GPU.'),
+          fix=('For DDP on whole GPUs, disable it with no process on the GPU: `sudo nvidia-smi -i <id> -mig 0`, then '
+               'reset the GPU (`nvidia-smi -r -i <id>`) or reboot; or give each rank a whole GPU elsewhere.')),
+    _code("HOM017", frozenset({Severity.WARN, Severity.INFO}), "homogeneity",
+          severity_rule=('WARN for a link narrower than its maximum, or a lower generation while the GPU works (P0-P2); '
+                         'INFO for a narrow link read while the GPU idles'),
+          why=('Host-to-GPU copies (data loading, pinned buffers) and NCCL traffic that crosses PCIe run at the link '
+               "the GPU trained: x8 halves the bandwidth of x16, and each generation below the maximum halves it again."
+               ' A GPU idling in P8 lowers its generation to save power, which is not a fault.'),
+          fix=('Reseat the GPU or move it to a slot with all its lanes (check the riser and the BIOS bifurcation '
+               'settings); read `nvidia-smi -q -d PCI` again under load; a link that keeps training down needs the '
+               'vendor (cable, riser, board).')),
     _code("INIT000", _OK, "init-hang",
           why='Every rank resolved the rendezvous address, reached the store and initialised the process group.',
           fix='Nothing to do.'),

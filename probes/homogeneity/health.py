@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable, Mapping, Optional
 
+from ddpdoctor.core import codes
 from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.measure.host_layout import parse_cpulist
 
@@ -72,7 +73,7 @@ def _gpus(facts: ByRank) -> list[tuple[str, list[int], GpuFacts]]:
             continue
         host = str(f.host)
         key = str(gpu.uuid or f"{host}/{gpu.pci_bus_id}/{r}")
-        label = f"{host} GPU {gpu.pci_bus_id or gpu.nvml_index} ({gpu.name})"
+        label = f"{host} GPU {gpu.pci_bus_id or gpu.nvml_index}" + (f" ({gpu.name})" if gpu.name else "")
         seen.setdefault(key, (label, [], gpu))[1].append(r)
     return list(seen.values())
 
@@ -121,6 +122,7 @@ def _memory_errors(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
 
 
 def _power_capped(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
+    """WARN: a capped GPU computes slower under load, and DDP waits for it (see _uniform_caps)."""
     power = gpu.power
     limit, default = _num(power.limit_w), _num(power.default_w)
     enforced = _num(power.enforced_w)
@@ -156,6 +158,75 @@ def _persistence_off(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
     return (Severity.INFO, "persistence mode off") if gpu.persistence_mode is False else None
 
 
+def _uniform_caps(facts: ByRank) -> Callable[[GpuFacts], Optional[tuple[Severity, str]]]:
+    """HOM008 is INFO when every GPU given is capped: a cap set on all of them alike is the
+    admins' choice (power or noise), and no GPU holds the others back; WARN when some are not."""
+    gpus = [gpu for _, _, gpu in _gpus(facts)]
+    if not gpus or not all(_power_capped(gpu) for gpu in gpus):
+        return _power_capped
+
+    def judge(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
+        verdict = _power_capped(gpu)
+        return (Severity.INFO, f"{verdict[1]}; every GPU given is capped") if verdict else None
+    return judge
+
+
+# P-states a GPU computes in: P0 (full speed), P2 (compute on GeForce boards). P5 and up are idle or
+# video states, where the driver lowers the PCIe generation to save power (not a fault).
+WORKING_PSTATES = ("P0", "P1", "P2")
+
+
+def _working(gpu: GpuFacts) -> Optional[bool]:
+    """True in a working P-state, False idle, None where the P-state was not read (older files)."""
+    state = gpu.performance_state
+    if not isinstance(state, str):
+        return None
+    return state in WORKING_PSTATES and "gpu_idle" not in gpu.clock_event_reasons.active
+
+
+def _pcie_low(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
+    """A link narrower than the GPU's maximum (the width does not drop at idle: a slot of fewer
+    lanes or a link that trained down), or a lower generation while the GPU works. A lower
+    generation at idle is power saving and not judged; nor is it where the P-state is unknown."""
+    pcie, working = gpu.pcie, _working(gpu)
+    gen, max_gen, width, max_width = _int(pcie.gen), _int(pcie.max_gen), _int(pcie.width), _int(pcie.max_width)
+    narrow = width is not None and max_width is not None and width < max_width
+    slow = gen is not None and max_gen is not None and gen < max_gen and working is True
+    if not narrow and not slow:
+        return None
+    said = (f"link width x{width} of x{max_width}, " if narrow else "") + f"Gen{gen} of Gen{max_gen}"
+    said += f" in {gpu.performance_state}" if working is not None else ""
+    if working is False:  # narrow while idle: most likely a fault, but read it again under load
+        return Severity.INFO, said + " (idle: read it again under load)"
+    return Severity.WARN, said
+
+
+def _mig(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
+    """A GPU in MIG mode gives each process a slice (a fraction of its SMs and memory), and NCCL
+    cannot run collectives between MIG instances: WARN when on, INFO when on only at the next reset."""
+    mig = gpu.mig_mode
+    if mig is None:
+        return None
+    if mig.current is True:
+        return Severity.WARN, "MIG mode enabled" + (" (disabled at the next reset)" if mig.pending is False else "")
+    if mig.pending is True:
+        return Severity.INFO, "MIG mode enabled at the next GPU reset"
+    return None
+
+
+def _diagnostic_failed(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
+    """A `dcgmi diag` test that failed (CRITICAL) or warned (WARN) on this GPU, in DCGM's own words:
+    DCGM stressed the GPU and saw it misbehave, which no reading of a healthy-looking idle GPU shows."""
+    if gpu.diagnostic is None:
+        return None
+    failed = [t for t in gpu.diagnostic.tests if t.result.lower() == "fail"]
+    bad = failed or [t for t in gpu.diagnostic.tests if t.result.lower() == "warn"]
+    if not bad:
+        return None
+    said = "; ".join(f"{t.name}: {t.result}" + (f" ({' '.join(t.warnings)})" if t.warnings else "") for t in bad)
+    return (Severity.CRITICAL if failed else Severity.WARN), said
+
+
 def gpu_health_findings(facts: ByRank, run: RunView) -> list[Finding]:
     out: list[Finding] = []
     out += _per_gpu(facts, run, _memory_errors, "HOM007", "GPU memory errors",
@@ -164,7 +235,7 @@ def gpu_health_findings(facts: ByRank, run: RunView) -> list[Finding]:
                          "run out of spare rows."),
                     fix=("Drain the node; reset the GPU (`nvidia-smi -r -i <id>` with no process on it, or reboot) to "
                          "apply pending remaps; if remapping failed or errors return, replace the GPU (NVIDIA: RMA)."))
-    out += _per_gpu(facts, run, _power_capped, "HOM008", "Power limit below default",
+    out += _per_gpu(facts, run, _uniform_caps(facts), "HOM008", "Power limit below default",
                     why="A GPU capped below its default power limit runs at lower clocks under load, and DDP waits for it.",
                     fix="Restore it with `sudo nvidia-smi -i <id> -pl <default W>` (or ask the admins why it was capped).")
     out += _per_gpu(facts, run, _clocks_low, "HOM009", "Clocks held below default",
@@ -179,6 +250,10 @@ def gpu_health_findings(facts: ByRank, run: RunView) -> list[Finding]:
                     why="Without persistence mode the driver tears down and re-initialises the GPU between jobs: seconds "
                         "of extra start-up and re-trained links.",
                     fix="Run nvidia-persistenced (or `sudo nvidia-smi -pm 1`) on GPU nodes.")
+    out += _per_gpu(facts, run, _mig, "HOM016", "MIG (multi-instance GPU) mode",
+                    why=codes.CODES["HOM016"].why, fix=codes.CODES["HOM016"].fix)
+    out += _per_gpu(facts, run, _pcie_low, "HOM017", "PCIe link below its maximum",
+                    why=codes.CODES["HOM017"].why, fix=codes.CODES["HOM017"].fix)
     return out
 
 

@@ -254,7 +254,9 @@ def _all_agree(facts: ByRank, run: RunView) -> Finding:
     sample = facts[ranks[0]]
     parts = []
     gpu = sample.gpu and sample.gpu.name
-    parts.append(str(gpu) if gpu else f"CPU {shown(sample.host_hw.cpu_model)}")
+    # A GPU whose model the input does not show (an nvidia-smi -q excerpt) is not a CPU.
+    parts.append(str(gpu) if gpu else "GPU (model not shown)" if sample.has_gpu
+                 else f"CPU {shown(sample.host_hw.cpu_model)}")
     for label, read in (LIBRARIES + DRIVERS[:1]):
         value = read(sample)
         if value is not None and shown(value) != "unknown":

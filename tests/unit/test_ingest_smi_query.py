@@ -230,7 +230,7 @@ def test_a_snapshot_and_the_xml_of_the_same_node_give_the_same_findings(tmp_path
     shutil.copyfile(PAIR_XML, folder / "nvidia-smi-q.xml")
 
     def findings(path: pathlib.Path) -> list[tuple[str, str, str, object]]:
-        out = tmp_path / "diagnosis.json"
+        out = tmp_path / f"{path.name}.diagnosis.json"
         assert cli.main(["diagnose", str(path), "--json", str(out)]) == EXIT_WARNING
         capsys.readouterr()
         return [(f["code"], f["severity"], f["title"], f["evidence"]) for f in json.loads(out.read_text())["findings"]
