@@ -9,8 +9,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
+from ddpdoctor.core import codes
 from ddpdoctor.core.facts import Facts, facts_by_rank
-from ddpdoctor.core.findings import Finding, Severity
+from ddpdoctor.core.findings import Finding
 
 if TYPE_CHECKING:
     from ddpdoctor.runtime.context import RankContext
@@ -68,7 +69,5 @@ def diagnose_safely(probe: Probe, facts: Mapping[int, Mapping[str, Any]], run: R
         typed = facts_by_rank(kind, facts) if kind is not None else facts
         return probe.diagnose(typed, run)
     except Exception as exc:
-        return [Finding(code="RUN011", severity=Severity.WARN, probe=probe.name,
-                        title=f"The {probe.name} diagnosis failed: {type(exc).__name__}: {exc}",
-                        evidence={"traceback": traceback.format_exc().splitlines()[-6:]},
-                        fix="Report this bug to ddpdoctor with the JSON report attached.")]
+        return [codes.finding("RUN011", probe.name, f"The {probe.name} diagnosis failed: {type(exc).__name__}: {exc}",
+                              evidence={"traceback": traceback.format_exc().splitlines()[-6:]})]

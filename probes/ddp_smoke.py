@@ -11,8 +11,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ddpdoctor.core import codes
 from ddpdoctor.core.facts import Facts, facts_by_rank, nested_list
-from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+from ddpdoctor.core.findings import Finding, rank_ranges
 from ddpdoctor.runtime.workload import run_workload
 
 from ddpdoctor.probes.base import RunView
@@ -82,14 +83,9 @@ def _missing_ranks(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> list[Fin
     missing = [r for r in range(run.world_size) if r not in facts]
     if not missing:
         return []
-    return [Finding(
-        code="DDP005", severity=Severity.CRITICAL, probe=NAME,
-        title=f"DDP training did not complete on rank {rank_ranges(missing)}",
-        ranks=tuple(missing), nodes=run.nodes_of(missing),
-        evidence={"completed_ranks": sorted(facts), "missing_ranks": missing},
-        why="These ranks delivered no result from the DDP workload; the run findings say what happened to them.",
-        fix="Fix the crash, hang or error reported for these ranks first, then run the check again.",
-    )]
+    return [codes.finding(
+        "DDP005", NAME, f"DDP training did not complete on rank {rank_ranges(missing)}", ranks=tuple(missing),
+        nodes=run.nodes_of(missing), evidence={"completed_ranks": sorted(facts), "missing_ranks": missing})]
 
 
 def _no_gradient_sync(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> list[Finding]:
@@ -98,14 +94,9 @@ def _no_gradient_sync(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> list[
     no_comm = [r for r in present if int(facts[r].comm_calls) == 0]
     if not no_comm:
         return []
-    return [Finding(
-        code="DDP003", severity=Severity.CRITICAL, probe=NAME,
-        title=f"Gradients were never all-reduced on rank {rank_ranges(no_comm)}",
-        ranks=tuple(no_comm), nodes=run.nodes_of(no_comm),
-        evidence={"comm_calls": {r: facts[r].comm_calls for r in present}},
-        why="DDP's gradient hook did not run, so these ranks trained on their local gradients only.",
-        fix="Make sure the model is wrapped in DistributedDataParallel and backward() runs on the wrapped model's output.",
-    )]
+    return [codes.finding(
+        "DDP003", NAME, f"Gradients were never all-reduced on rank {rank_ranges(no_comm)}", ranks=tuple(no_comm),
+        nodes=run.nodes_of(no_comm), evidence={"comm_calls": {r: facts[r].comm_calls for r in present}})]
 
 
 def _loss_not_finite(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> list[Finding]:
@@ -113,14 +104,9 @@ def _loss_not_finite(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> list[F
     not_finite = [r for r in sorted(facts) if not math.isfinite(float(facts[r].loss_last))]
     if not not_finite:
         return []
-    return [Finding(
-        code="DDP004", severity=Severity.CRITICAL, probe=NAME,
-        title=f"Loss is not finite on rank {rank_ranges(not_finite)}",
-        ranks=tuple(not_finite), nodes=run.nodes_of(not_finite),
-        evidence={"loss_last": {r: facts[r].loss_last for r in not_finite}},
-        why="A NaN or infinite loss on a synthetic, well-conditioned problem means broken arithmetic on that device.",
-        fix="Run the device's own diagnostics (e.g. `dcgmi diag -r 2`) and check for ECC errors on that GPU.",
-    )]
+    return [codes.finding(
+        "DDP004", NAME, f"Loss is not finite on rank {rank_ranges(not_finite)}", ranks=tuple(not_finite),
+        nodes=run.nodes_of(not_finite), evidence={"loss_last": {r: facts[r].loss_last for r in not_finite}})]
 
 
 def _weights_differ(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> list[Finding]:
@@ -141,21 +127,14 @@ def _weights_differ(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> list[Fi
         who = " vs ".join(f"rank {rank_ranges(g)}" for g in sorted(groups.values()))
     sums = {r: float(facts[r].param_sum) for r in present}
     ref = statistics.median(sums.values())
-    return [Finding(
-        code="DDP002", severity=Severity.CRITICAL, probe=NAME,
-        title=f"Weights differ across ranks after training: {who}",
-        ranks=tuple(odd), nodes=run.nodes_of(odd),
+    return [codes.finding(
+        "DDP002", NAME, f"Weights differ across ranks after training: {who}", ranks=tuple(odd),
+        nodes=run.nodes_of(odd),
         evidence={
             "weight_groups": {sha[:12]: rank_ranges(rs) for sha, rs in groups.items()},
             "param_sum": sums,
             "max_abs_sum_diff": max(abs(v - ref) for v in sums.values()),
-        },
-        why=("DDP keeps replicas identical only if every rank applies the same averaged gradient to the same "
-             "starting weights; these ranks changed their weights outside DDP or skipped gradient synchronisation."),
-        fix=("Look for code that touches parameters on some ranks only (rank-dependent init after wrapping, "
-             "loading a checkpoint on rank 0 after DDP construction, no_sync() left on) and keep it before "
-             "the DistributedDataParallel(...) call."),
-    )]
+        })]
 
 
 def _trained(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> Finding:
@@ -164,10 +143,10 @@ def _trained(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> Finding:
     steps = [s for r in present for s in facts[r].steps]
     first = facts[present[0]]
     nan = [math.nan]  # the median of no steps (a run that timed none) is NaN, not an error
-    return Finding(
-        code="DDP001", severity=Severity.OK, probe=NAME,
-        title=(f"DDP trained {len(first.steps)} steps on {len(present)} ranks; "
-               "gradients synchronised and weights are identical"),
+    return codes.finding(
+        "DDP001", NAME,
+        (f"DDP trained {len(first.steps)} steps on {len(present)} ranks; "
+         "gradients synchronised and weights are identical"),
         ranks=tuple(present), nodes=run.nodes_of(present),
         evidence={
             "backend": first.backend,
@@ -180,5 +159,4 @@ def _trained(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> Finding:
             "median_backward_ms": round(statistics.median([s.backward_ms for s in steps] or nan), 3),
             "median_allreduce_ms": round(statistics.median([s.comm_ms for s in steps] or nan), 3),
             "weights_sha256": first.param_sha256[:16],
-        },
-    )
+        })

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, TypeVar, Union
 
-from ddpdoctor.core import keys
+from ddpdoctor.core import codes, keys
 from ddpdoctor.core.facts import Facts, facts_by_rank, nested, nested_map
 from ddpdoctor.measure import net as net_facts
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
@@ -202,10 +202,9 @@ def _bad_ifname(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Findin
         absent = sorted(missing[(var, value)])
         message = ("NCCL WARN Bootstrap : no socket interface found" if var.startswith("NCCL")
                    else f"Unable to find address for: {absent[0] if absent else value}")
-        out.append(Finding(
-            code="INIT001", severity=severity, probe=NAME,
-            title=f"{var}={value} selects no usable interface on rank {rank_ranges(ranks)}",
-            ranks=tuple(ranks), nodes=tuple(sorted({hosts[r] for r in ranks})),
+        out.append(codes.finding(
+            "INIT001", NAME, f"{var}={value} selects no usable interface on rank {rank_ranges(ranks)}",
+            severity=severity, ranks=tuple(ranks), nodes=tuple(sorted({hosts[r] for r in ranks})),
             evidence={"variable": var, "value": value, "interfaces_up": available,
                       "route_to_master": routes, "expected_error": message,
                       **({"not_on_this_host": absent} if absent else {}),
@@ -220,8 +219,7 @@ def _bad_ifname(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Findin
                     f" This check ran on {', '.join(sorted(used))}, which does not read it.")),
             fix=(f"Set {var} to an interface this host has (here: {', '.join(available) or 'none up'}"
                  + (f"; the route to MASTER_ADDR leaves through {', '.join(routes)}" if routes else "")
-                 + "), or unset it. Check with `ip -br addr` on that host."),
-        ))
+                 + "), or unset it. Check with `ip -br addr` on that host.")))
     return out
 
 
@@ -238,19 +236,13 @@ def _hostname_on_loopback(facts: Mapping[int, InitHangFacts], run: RunView) -> l
         return []
     gloo = any(facts[r].backend == "gloo" for r in ranks)
     names = sorted({f"{facts[r].hostname} -> {', '.join(_addresses(facts[r].hostname_resolves_to))}" for r in ranks})
-    return [Finding(
+    return [codes.finding(
+        "INIT002", NAME,
+        f"The host name of {', '.join(sorted({hosts[r] for r in ranks}))} resolves to loopback in a multi-node job",
         # NCCL picks its interface by other rules; only gloo (and code using it in the same job) binds there.
-        code="INIT002", severity=Severity.CRITICAL if gloo else Severity.INFO, probe=NAME,
-        title=f"The host name of {', '.join(sorted({hosts[r] for r in ranks}))} resolves to loopback in a multi-node job",
-        ranks=tuple(ranks), nodes=tuple(sorted({hosts[r] for r in ranks})),
-        evidence={"hostname_resolves_to": names, "hosts_in_job": len(set(hosts.values()))},
-        why=("Without GLOO_SOCKET_IFNAME, gloo binds to the address its host name resolves to; a hosts-file line "
-             "like `127.0.1.1 myhost` makes that loopback, which peers on other nodes cannot reach (gloo warns "
-             "\"Unable to resolve hostname to a (local) address. Using the loopback address as fallback\", "
-             "then connections time out)."),
-        fix=("Set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to the cluster interface, e.g. the one the route "
-             "to MASTER_ADDR uses, or fix /etc/hosts so the host name maps to that interface's address."),
-    )]
+        severity=Severity.CRITICAL if gloo else Severity.INFO, ranks=tuple(ranks),
+        nodes=tuple(sorted({hosts[r] for r in ranks})),
+        evidence={"hostname_resolves_to": names, "hosts_in_job": len(set(hosts.values()))})]
 
 
 def _split_resolution(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Finding]:
@@ -274,15 +266,9 @@ def _split_resolution(facts: Mapping[int, InitHangFacts], run: RunView) -> list[
     groups = {k: rank_ranges(sorted(v)) for k, v in ordered}
     odd = sorted(r for _, v in ordered[1:] for r in v)
     addr = next(iter(facts.values())).master_addr
-    return [Finding(
-        code="INIT003", severity=Severity.WARN, probe=NAME,
-        title=f"MASTER_ADDR={addr} resolves to different addresses on different ranks",
-        ranks=tuple(odd), nodes=tuple(sorted({hosts[r] for r in odd})),
-        evidence={"resolved_by_ranks": groups},
-        why=("The ranks met this time, but each node asks its own resolver (DNS, /etc/hosts); a node with a stale "
-             "or local entry for the name connects elsewhere, and the job hangs at init on the day it matters."),
-        fix="Use the rendezvous host's IP address as MASTER_ADDR, or make its name resolve the same on every node.",
-    )]
+    return [codes.finding(
+        "INIT003", NAME, f"MASTER_ADDR={addr} resolves to different addresses on different ranks", ranks=tuple(odd),
+        nodes=tuple(sorted({hosts[r] for r in odd})), evidence={"resolved_by_ranks": groups})]
 
 
 def arrival_gaps(facts: Mapping[int, InitHangFacts]) -> dict[int, float]:
@@ -307,20 +293,13 @@ def _late_arrivals(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Fin
     if not late:
         return []
     hosts = _hosts(facts, run)
-    return [Finding(
-        code="INIT004", severity=Severity.WARN, probe=NAME,
-        title=f"Rank {rank_ranges(late)} reached the rendezvous {max(gaps[r] for r in late):.1f} s after the first rank",
+    return [codes.finding(
+        "INIT004", NAME,
+        f"Rank {rank_ranges(late)} reached the rendezvous {max(gaps[r] for r in late):.1f} s after the first rank",
         ranks=tuple(late), nodes=tuple(sorted({hosts[r] for r in late})),
         evidence={"arrival_after_first_s": {str(r): round(g, 2) for r, g in sorted(gaps.items())},
                   "start_to_arrival_s": {str(r): facts[r].start_to_arrival_s for r in late},
-                  "threshold_s": limit},
-        why=("Every other rank waited idle for these; the usual causes are a slow start (imports from a busy "
-             "network filesystem, a container still pulling, a node busy with another job) or a launcher that "
-             "started them late. A rendezvous timeout shorter than the gap fails the whole job."),
-        fix=("Look at `start_to_arrival_s`: a large value is this process's own start-up (pre-install or cache "
-             "the environment on local disk); a small one means it was launched late (check the scheduler "
-             "and the launcher on that node)."),
-    )]
+                  "threshold_s": limit})]
 
 
 def _healthy(facts: Mapping[int, InitHangFacts], run: RunView) -> Finding:
@@ -331,14 +310,11 @@ def _healthy(facts: Mapping[int, InitHangFacts], run: RunView) -> Finding:
     inits = [float(f.init_s) for f in facts.values() if isinstance(f.init_s, (int, float))]
     first = next(iter(facts.values()))
     resolved = _addresses(first.resolved)
-    return Finding(
-        code="INIT000", severity=Severity.OK, probe=NAME,
-        title=(f"{len(facts)} of {run.world_size} ranks reached the rendezvous within {spread:.1f} s"
-               + (f"; init took up to {max(inits):.2f} s" if inits else "")),
+    return codes.finding(
+        "INIT000", NAME,
+        (f"{len(facts)} of {run.world_size} ranks reached the rendezvous within {spread:.1f} s"
+         + (f"; init took up to {max(inits):.2f} s" if inits else "")),
         ranks=tuple(sorted(facts)), nodes=run.nodes_of(facts),
         evidence={"master": f"{first.master_addr}:{first.master_port}",
                   "resolved_to": resolved, "route_to_master": routes,
-                  "arrival_spread_s": round(spread, 3), "init_s_max": round(max(inits), 3) if inits else None},
-        why="Every rank resolved the rendezvous address, reached the store and initialised the process group.",
-        fix="Nothing to do.",
-    )
+                  "arrival_spread_s": round(spread, 3), "init_s_max": round(max(inits), 3) if inits else None})

@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
-from ddpdoctor.core import keys
+from ddpdoctor.core import codes, keys
 from ddpdoctor.core.exits import STAGE_TIMEOUT_EXIT, hard_exit
 from ddpdoctor.callback.online_checks import (PROBE, DataParallelGpu, History, RankWindow, batch_scaling_finding,
                                               data_findings, data_parallel_finding, memory_growth, setup_findings)
@@ -646,19 +646,15 @@ class Doctor:
         main = main_thread_frame()
         stack = traceback.format_stack(main) if main is not None else []
         where = stack[-1].strip().splitlines()[0] if stack else "unknown"
-        finding = Finding(
-            code="DOC007", severity=Severity.CRITICAL, probe=PROBE,
-            title=f"Step {self._steps + 1} on rank {self.rank} has run for {elapsed_s:.0f} s "
-                  f"(deadline {self.deadline_s:g} s): stuck at {where}",
+        finding = codes.finding(
+            "DOC007", PROBE,
+            f"Step {self._steps + 1} on rank {self.rank} has run for {elapsed_s:.0f} s "
+            f"(deadline {self.deadline_s:g} s): stuck at {where}",
             ranks=(self.rank,), nodes=(self.host,),
             evidence={"python_stack": [line.rstrip() for line in "".join(stack[-12:]).splitlines()],
                       "flight_recorder": ("set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
                                           "to have NCCL's Flight Recorder dump what every rank was in; then "
-                                          "`ddpdoctor explain` the dumps")},
-            why=("A rank stuck in a collective waits for a peer that never arrives; a rank stuck elsewhere (data, "
-                 "I/O, a deadlock) is the one the others wait for. Every rank's stack tells which is which."),
-            fix="Compare the ranks' stacks: the rank that is not in the collective is the cause.",
-        )
+                                          "`ddpdoctor explain` the dumps")})
         sys.stderr.write(f"ddpdoctor: rank {self.rank}: {finding.title}\n" + "".join(stack[-12:]))
         sys.stderr.flush()
         self._emit(finding, may_raise=False)  # the watchdog thread cannot raise into the loop

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ddpdoctor.core import codes
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 PROBE = "callback"
@@ -85,40 +86,26 @@ def data_findings(rows: dict[int, RankWindow]) -> list[Finding]:
     ranks = sorted(rows)
     prints = {r: rows[r].fingerprint for r in ranks if rows[r].fingerprint}
     if len(prints) >= 2 and len(set(prints.values())) == 1:
-        out.append(Finding(
-            code="DOC001", severity=Severity.CRITICAL, probe=PROBE,
-            title=f"Every rank trained on the same batch at step {rows[ranks[0]].step}: the data is not sharded",
+        out.append(codes.finding(
+            "DOC001", PROBE,
+            f"Every rank trained on the same batch at step {rows[ranks[0]].step}: the data is not sharded",
             ranks=tuple(ranks), nodes=_nodes(rows, ranks),
-            evidence={"batch_fingerprint_by_rank": {r: f"{p:013x}" for r, p in prints.items()}},
-            why=("Without a DistributedSampler each rank iterates the whole dataset in the same order, so N ranks do "
-                 "the work of one: the same gradients N times, N times the compute for nothing."),
-            fix=("Give the DataLoader sampler=DistributedSampler(dataset) (shuffle=False on the DataLoader) and call "
-                 "sampler.set_epoch(epoch) at the start of every epoch."),
-        ))
+            evidence={"batch_fingerprint_by_rank": {r: f"{p:013x}" for r, p in prints.items()}}))
     lengths = {r: rows[r].loader_len for r in ranks if rows[r].loader_len >= 0}
     if len(set(lengths.values())) > 1:
         short = min(lengths.values())
         fewer = sorted(r for r, n in lengths.items() if n == short)
-        out.append(Finding(
-            code="DOC002", severity=Severity.CRITICAL, probe=PROBE,
-            title=(f"Ranks have different numbers of batches per epoch ({short} on rank {rank_ranges(fewer)}, up to "
-                   f"{max(lengths.values())}): the job will hang at the end of the epoch"),
-            ranks=tuple(fewer), nodes=_nodes(rows, fewer), evidence={"batches_per_epoch_by_rank": lengths},
-            why=("The ranks with fewer batches leave the loop while the others enter another step's gradient "
-                 "all-reduce, which then waits forever (or until the NCCL watchdog's timeout)."),
-            fix=("Shard with DistributedSampler (it pads every rank to the same count) and drop_last=True. "
-                 "(model.join() for uneven inputs does not cover the ddpdoctor callback's own gather: balance the data.)"),
-        ))
+        out.append(codes.finding(
+            "DOC002", PROBE,
+            (f"Ranks have different numbers of batches per epoch ({short} on rank {rank_ranges(fewer)}, up to "
+             f"{max(lengths.values())}): the job will hang at the end of the epoch"),
+            ranks=tuple(fewer), nodes=_nodes(rows, fewer), evidence={"batches_per_epoch_by_rank": lengths}))
     stale = sorted(r for r in ranks if rows[r].stale_epoch)
     if stale:
-        out.append(Finding(
-            code="DOC003", severity=Severity.WARN, probe=PROBE,
-            title=f"DistributedSampler.set_epoch() is never called on rank {rank_ranges(stale)}: every epoch has the same order",
-            ranks=tuple(stale), nodes=_nodes(rows, stale), evidence={"step": rows[stale[0]].step},
-            why=("DistributedSampler shuffles with seed + epoch; without set_epoch the epoch stays 0 and every epoch "
-                 "repeats the first one's order, which hurts convergence."),
-            fix="Call loader.sampler.set_epoch(epoch) at the start of every epoch, before iterating the loader.",
-        ))
+        out.append(codes.finding(
+            "DOC003", PROBE,
+            f"DistributedSampler.set_epoch() is never called on rank {rank_ranges(stale)}: every epoch has the same order",
+            ranks=tuple(stale), nodes=_nodes(rows, stale), evidence={"step": rows[stale[0]].step}))
     return out
 
 
@@ -132,15 +119,11 @@ def memory_growth(history: History) -> list[Finding]:
         rises = all(b > a for a, b in zip(peaks, peaks[1:]))
         grown = peaks[-1] - peaks[0]
         if rises and peaks[0] and grown > max(MEMORY_GROWTH_SHARE * peaks[0], MEMORY_GROWTH_BYTES):
-            out.append(Finding(
-                code="DOC006", severity=Severity.WARN, probe=PROBE,
-                title=f"Memory on rank {r} keeps growing: {peaks[0] / 2**30:.2f} to {peaks[-1] / 2**30:.2f} GiB "
-                      f"over the last {len(peaks)} checks",
-                ranks=(r,), nodes=_nodes(history.windows[-1], [r]),
-                evidence={"peak_mem_bytes_per_check": peaks},
-                why="Steadily growing memory is usually a tensor kept across steps (a loss history kept with its graph).",
-                fix="Store loss.item() (or detach()) instead of the loss tensor; look for lists that grow every step.",
-            ))
+            out.append(codes.finding(
+                "DOC006", PROBE,
+                f"Memory on rank {r} keeps growing: {peaks[0] / 2**30:.2f} to {peaks[-1] / 2**30:.2f} GiB "
+                f"over the last {len(peaks)} checks",
+                ranks=(r,), nodes=_nodes(history.windows[-1], [r]), evidence={"peak_mem_bytes_per_check": peaks}))
     return out
 
 
@@ -153,44 +136,27 @@ def setup_findings(is_ddp: bool, world_size: int, visible_gpus: int, rank: int, 
     use the GPUs, only badly."""
     out: list[Finding] = []
     if world_size > 1 and not is_ddp:
-        out.append(Finding(
-            code="DOC004", severity=Severity.CRITICAL, probe=PROBE,
-            title=f"The model given to ddpdoctor is not wrapped in DistributedDataParallel ({world_size} ranks)",
-            ranks=(rank,), nodes=(host,), evidence={"world_size": world_size},
-            why="Without DDP, gradients are never averaged: each rank trains its own model.",
-            fix="model = DistributedDataParallel(model, device_ids=[local_rank]) after init_process_group and .to(device).",
-        ))
+        out.append(codes.finding(
+            "DOC004", PROBE,
+            f"The model given to ddpdoctor is not wrapped in DistributedDataParallel ({world_size} ranks)",
+            ranks=(rank,), nodes=(host,), evidence={"world_size": world_size}))
     if world_size == 1 and visible_gpus > 1 and not data_parallel:
-        out.append(Finding(
-            code="DOC005", severity=Severity.WARN, probe=PROBE,
-            title=f"World size 1 while {visible_gpus} GPUs are visible: one GPU works, the others idle",
+        out.append(codes.finding(
+            "DOC005", PROBE, f"World size 1 while {visible_gpus} GPUs are visible: one GPU works, the others idle",
             ranks=(rank,), nodes=(host,), evidence={"visible_gpus": visible_gpus},
-            why="The job was started as one process; DDP needs one process per GPU.",
-            fix=f"Start it with torchrun --nproc_per_node={visible_gpus} (or srun with one task per GPU).",
-        ))
+            fix=f"Start it with torchrun --nproc_per_node={visible_gpus} (or srun with one task per GPU)."))
     if world_size > 1 and unmeasured_wait and rank == 0:  # the job's model, said once for every rank
-        out.append(Finding(
-            code="DOC011", severity=Severity.INFO, probe=PROBE,
-            title=(f"Stragglers are judged on data loading only: the wait in collectives is not measured for "
-                   f"{unmeasured_wait}"),
+        out.append(codes.finding(
+            "DOC011", PROBE,
+            (f"Stragglers are judged on data loading only: the wait in collectives is not measured for "
+             f"{unmeasured_wait}"),
             # Every rank's node, which this rank does not know before the first gather: none named.
-            ranks=tuple(range(world_size)), nodes=(), evidence={"model": unmeasured_wait},
-            why=("A synchronous step takes as long on every rank as on the slowest: only the time each rank waits "
-                 "for the others tells the slow one from the waiting ones. ddpdoctor measures that wait through "
-                 "DDP's comm hook; FSDP's collectives (and a job's own comm hook) are not timed, so a rank slow to "
-                 "compute cannot be named here. A rank slow to load data still is (STR001, cause data loading)."),
-            fix=("Run `ddpdoctor check --probes stragglers` on the same nodes for a compute verdict, or measure with "
-                 "a DDP-wrapped copy of the model."),
-        ))
+            ranks=tuple(range(world_size)), nodes=(), evidence={"model": unmeasured_wait}))
     if world_size > 1 and sampler_name is not None and "Distributed" not in sampler_name:
-        out.append(Finding(
-            code="DOC008", severity=Severity.INFO, probe=PROBE,
-            title=f"The DataLoader uses a {sampler_name}, not a DistributedSampler: each rank may see the whole dataset",
-            ranks=(rank,), nodes=(host,), evidence={"sampler": sampler_name},
-            why=("Each rank iterates the whole dataset unless the sampler shards it; DOC001 says so for sure when the "
-                 "ranks' batches turn out identical."),
-            fix="sampler=DistributedSampler(dataset), and sampler.set_epoch(epoch) every epoch.",
-        ))
+        out.append(codes.finding(
+            "DOC008", PROBE,
+            f"The DataLoader uses a {sampler_name}, not a DistributedSampler: each rank may see the whole dataset",
+            ranks=(rank,), nodes=(host,), evidence={"sampler": sampler_name}))
     return out
 
 
@@ -241,15 +207,8 @@ def data_parallel_finding(gpus: Sequence[DataParallelGpu], steps: int, step_ms: 
     # On one GPU (or none) DataParallel calls the module as is: nothing is lost yet, only the way
     # to more GPUs is the wrong one. Said as information; the cost is a warning only where measured.
     severity = Severity.WARN if len(gpus) > 1 else Severity.INFO
-    return Finding(
-        code="DOC009", severity=severity, probe=PROBE, title=title, ranks=(rank,), nodes=(host,),
-        evidence=evidence, why=why,
-        fix=("Replace nn.DataParallel(model) with DistributedDataParallel: one process per GPU started by "
-             "`torchrun --nproc_per_node=<GPUs> train.py`, init_process_group(\"nccl\"), "
-             "torch.cuda.set_device(LOCAL_RANK), DistributedDataParallel(model.to(LOCAL_RANK), "
-             "device_ids=[LOCAL_RANK]), and a DistributedSampler for the data. The per-process batch is then the old "
-             "batch divided by the number of GPUs."),
-    )
+    return codes.finding(
+        "DOC009", PROBE, title, severity=severity, ranks=(rank,), nodes=(host,), evidence=evidence, why=why)
 
 
 def batch_scaling_finding(batch_by_rank: dict[int, float], learning_rates: Sequence[float],
@@ -277,16 +236,7 @@ def batch_scaling_finding(batch_by_rank: dict[int, float], learning_rates: Seque
     title = (f"Effective batch {effective:g} ({split}) at learning rate{'s' if lr is None else ''} {shown}: tuned for "
              f"one process's batch, the linear rule gives {', '.join(f'{x:.4g}' for x in linear)} and the square-root "
              f"rule {', '.join(f'{x:.4g}' for x in root)}")
-    return Finding(
-        code="DOC010", severity=Severity.INFO, probe=PROBE, title=title, ranks=tuple(sorted(batch_by_rank)),
-        nodes=tuple(dict.fromkeys(nodes)),
+    return codes.finding(
+        "DOC010", PROBE, title, ranks=tuple(sorted(batch_by_rank)), nodes=tuple(dict.fromkeys(nodes)),
         evidence={"world_size": world, "batch_per_rank": {r: b for r, b in sorted(batch_by_rank.items())},
-                  "effective_batch": effective, "learning_rates": lrs, "linear_rule": linear, "sqrt_rule": root},
-        why=("Each optimizer step averages the gradients of every rank's batch, so the step is taken on the effective "
-             "batch: N times one process's batch. A learning rate tuned on one GPU is then too small for the same "
-             "number of epochs (linear rule, usual for SGD with a warm-up) or scales with the square root (usual for "
-             "Adam-like optimizers)."),
-        fix=("Information only. If the learning rate was tuned for one process's batch, scale it by one of the "
-             "rules (with a few epochs of warm-up for large factors); if it was tuned for the effective batch, keep it. "
-             "Pass batch_size= to Doctor when a step accumulates several batches."),
-    )
+                  "effective_batch": effective, "learning_rates": lrs, "linear_rule": linear, "sqrt_rule": root})

@@ -10,15 +10,17 @@ as nccl-tests does, from the median.
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ddpdoctor.core import keys
+from ddpdoctor.core import codes, keys
 from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.judge import busbw
 from ddpdoctor.measure import nccl_tuning
 from ddpdoctor.measure.collectives import (
     PLACEMENTS, check_once, element_size, make_buffers, time_iterations, torch_dtype)
+from ddpdoctor.probes.allreduce.by_model import expected_from_model
 from ddpdoctor.probes.allreduce.facts import AllReduceFacts, NodeTimings, PairTimings, SizeTiming
 from ddpdoctor.probes.allreduce.localise import (
     SLOW_LINK_RATIO, Pair, device_kind, intra_node_busbw, leader_pair_busbw, pairs_to_retime, ring_pair_busbw,
@@ -72,6 +74,7 @@ class AllReduce:
         facts = facts_by_rank(AllReduceFacts, facts)
         if not facts:
             return []
+        run = _with_model_expectation(facts, run)
         results = merge_results(facts)
         findings: list[Finding] = []
         findings += _wrong_results(facts, run)
@@ -314,18 +317,10 @@ def _wrong_results(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Fi
     ranks = tuple(sorted(bad))
     total = sum(v for sizes in bad.values() for v in sizes.values())
     op = facts[ranks[0]].op
-    return [Finding(
-        code="BW001", severity=Severity.CRITICAL, probe=NAME,
-        title=f"{op} returned wrong values on rank {rank_ranges(ranks)}: {total} wrong elements",
+    return [codes.finding(
+        "BW001", NAME, f"{op} returned wrong values on rank {rank_ranges(ranks)}: {total} wrong elements",
         ranks=ranks, nodes=run.nodes_of(ranks),
-        evidence={"wrong_elements_by_rank": {str(r): v for r, v in bad.items()}},
-        why=("Every rank knows what each peer contributed, so the result is checked exactly; wrong elements mean "
-             "corrupted data on the path to that rank (GPU memory, PCIe/NVLink, NIC, or a library bug), the kind "
-             "of fault that shows up as a loss that suddenly diverges."),
-        fix=("Drain the node of the named ranks and run `dcgmi diag -r 3` and nccl-tests with `-c 1`; check "
-             "`nvidia-smi -q -d ECC,ROW_REMAPPER` and the kernel log for Xid errors; try NCCL_PROTO=Simple to rule out "
-             "a protocol bug; replace hardware that keeps failing."),
-    )]
+        evidence={"wrong_elements_by_rank": {str(r): v for r, v in bad.items()}})]
 
 
 def _largest(results: list[busbw.SizeResult]) -> busbw.SizeResult:
@@ -338,19 +333,14 @@ def _gate(results: list[busbw.SizeResult], gate: float, sample: AllReduceFacts, 
     if largest.busbw_gbps >= gate:
         return []
     ranks = tuple(range(run.world_size))
-    return [Finding(
-        code="BW002", severity=Severity.CRITICAL, probe=NAME,
-        title=(f"{sample.op} busbw {largest.busbw_gbps:.3g} GB/s at {_fmt_bytes(largest.size_bytes)} is below "
-               f"the required {gate:g} GB/s"),
+    return [codes.finding(
+        "BW002", NAME,
+        (f"{sample.op} busbw {largest.busbw_gbps:.3g} GB/s at {_fmt_bytes(largest.size_bytes)} is below "
+         f"the required {gate:g} GB/s"),
         ranks=ranks, nodes=run.nodes_of(ranks),
         evidence={"busbw_gbps": round(largest.busbw_gbps, 3), "required_gbps": gate,
                   "size": _fmt_bytes(largest.size_bytes), "backend": sample.backend,
-                  "median_us": round(largest.median_s * 1e6, 1)},
-        why="--min-busbw makes this a gate: the interconnect did not deliver the bandwidth the job needs.",
-        fix=("Look at the slow-link findings and the per-node view; check NCCL_DEBUG=INFO output for the transport "
-             "(\"via NET/Socket\" where \"NET/IB\" was expected, \"via SHM\" where \"P2P/IPC\" or NVLink was "
-             "expected) and the links themselves (`nvidia-smi topo -m`, `ibstat`)."),
-    )]
+                  "median_us": round(largest.median_s * 1e6, 1)})]
 
 
 def _device_kind(facts: Mapping[int, AllReduceFacts]) -> str:
@@ -370,20 +360,13 @@ def _slow_link(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Findin
     where = (f"rank {suspects[0]} ({hosts[suspects[0]]})" if len(suspects) == 1 else
              f"the link between rank {worst[0]} ({run.hosts.get(worst[0], '?')}) and rank {worst[1]} "
              f"({run.hosts.get(worst[1], '?')})")
-    return [Finding(
-        code="BW003", severity=Severity.WARN, probe=NAME,
-        title=(f"Slow link: {where}: {pair_bw[worst]:.3g} GB/s where ring pairs typically reach {typical:.3g} GB/s"),
+    return [codes.finding(
+        "BW003", NAME,
+        (f"Slow link: {where}: {pair_bw[worst]:.3g} GB/s where ring pairs typically reach {typical:.3g} GB/s"),
         ranks=suspects, nodes=run.nodes_of(suspects),
         evidence={"pair_busbw_gbps": {f"{a}-{b}": round(v, 3) for (a, b), v in sorted(pair_bw.items())},
                   "slow_pairs": [f"{a}-{b}" for a, b in slow], "size": _fmt_bytes(int(size)),
-                  "threshold": f"below {SLOW_LINK_RATIO[kind]:.0%} of the median pair"},
-        why=("Each neighbouring pair of ranks ran its own all-reduce (judged by its best iteration); a rank whose two "
-             "ring pairs are both slow has a "
-             "slow link of its own (NIC, PCIe slot, NVLink), a single slow pair is the link between them."),
-        fix=("On the named node: `nvidia-smi topo -m` and `nvidia-smi nvlink -s` for NVLink, `lspci -vv` for the "
-             "PCIe link (LnkSta vs LnkCap), `ibstat` / `ethtool` for the NIC's rate; then nccl-tests between just "
-             "those ranks to confirm."),
-    )]
+                  "threshold": f"below {SLOW_LINK_RATIO[kind]:.0%} of the median pair"})]
 
 
 def _slow_nodes(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Finding]:
@@ -404,18 +387,13 @@ def _slow_inside_node(intra: Mapping[str, float], hosts: Sequence[str], size: in
     if not slow:
         return []
     ranks = tuple(r for r, h in enumerate(hosts) if h in slow)
-    return [Finding(
-        code="BW004", severity=Severity.WARN, probe=NAME,
-        title=(f"Slow inside node {slow[0]}: its ranks all-reduce at {intra[slow[0]]:.3g} GB/s where nodes "
-               f"typically reach {typical:.3g} GB/s"),
+    return [codes.finding(
+        "BW004", NAME,
+        (f"Slow inside node {slow[0]}: its ranks all-reduce at {intra[slow[0]]:.3g} GB/s where nodes "
+         f"typically reach {typical:.3g} GB/s"),
         ranks=ranks, nodes=tuple(slow),
         evidence={"intra_node_busbw_gbps": {h: round(v, 3) for h, v in intra.items()},
-                  "size": _fmt_bytes(size), "threshold": f"below {ratio:.0%} of the median node"},
-        why="All nodes' ranks ran an all-reduce among themselves at once; this node's GPUs talk to each other "
-            "slower than the others' do (NVLink down, a PCIe switch or slot trained low, P2P disabled).",
-        fix="On that node: `nvidia-smi topo -m`, `nvidia-smi nvlink -s`, `lspci -vv` (LnkSta vs LnkCap); "
-            "compare with a good node, and drain it if it differs.",
-    )]
+                  "size": _fmt_bytes(size), "threshold": f"below {ratio:.0%} of the median node"})]
 
 
 def _slow_between_nodes(leader_bw: Mapping[Pair, float], hosts: Sequence[str], size: int,
@@ -427,20 +405,15 @@ def _slow_between_nodes(leader_bw: Mapping[Pair, float], hosts: Sequence[str], s
     suspects = busbw.suspect_ranks(slow)
     at = tuple(dict.fromkeys(hosts[r] for r in suspects))
     typical = statistics.median(v for pair, v in leader_bw.items() if pair not in slow)
-    return [Finding(
-        code="BW005", severity=Severity.WARN, probe=NAME,
-        title=(f"Slow network path at {'node' if len(at) == 1 else 'nodes'} {' and '.join(at)}: "
-               f"{leader_bw[slow[0]]:.3g} GB/s "
-               f"between node leaders where others reach {typical:.3g} GB/s"),
+    return [codes.finding(
+        "BW005", NAME,
+        (f"Slow network path at {'node' if len(at) == 1 else 'nodes'} {' and '.join(at)}: "
+         f"{leader_bw[slow[0]]:.3g} GB/s "
+         f"between node leaders where others reach {typical:.3g} GB/s"),
         ranks=tuple(r for r, h in enumerate(hosts) if h in at), nodes=at,
         evidence={"leader_pair_busbw_gbps": {f"{hosts[a]}-{hosts[b]}": round(v, 3)
                                              for (a, b), v in sorted(leader_bw.items())},
-                  "size": _fmt_bytes(size)},
-        why="One rank per node ran an all-reduce with the next node's along a ring; the node in both slow pairs "
-            "has a slow NIC or port, a single slow pair is the path between those two nodes.",
-        fix=("Check the NIC rate and errors (`ibstat`, `ethtool -S`, `ibdiagnet`), the switch port, and that "
-             "NCCL uses the intended NIC (NCCL_DEBUG=INFO: \"NET/IB\" not \"NET/Socket\")."),
-    )]
+                  "size": _fmt_bytes(size)})]
 
 
 # Below this share of what the topology allows, on a bandwidth-bound size, the measurement is lost
@@ -450,6 +423,20 @@ LOW_EFFICIENCY = 0.5
 BANDWIDTH_BOUND_BYTES = 64 * 2**20
 # busbw above the links' full speed by more than noise: the switch reduced in the network.
 ABOVE_WIRE = 1.05
+
+
+def _with_model_expectation(facts: Mapping[int, AllReduceFacts], run: RunView) -> RunView:
+    """Where no topology gave a figure, what the GPUs' model allows: facts read from a tool's
+    output (nccl-tests) name their GPUs, a live run's do not and are judged as before."""
+    if run.expected_busbw.get("gbps") is not None:
+        return run
+    by_name = expected_from_model((f.gpu_name for f in facts.values()),
+                                  (run.hosts.get(r, f.host) for r, f in facts.items()))
+    return replace(run, expected_busbw=by_name) if by_name else run
+
+
+def _allows(expected: Mapping[str, Any]) -> str:
+    return "its GPUs' model allows" if expected.get("from_model") else "this topology allows"
 
 
 def _expected(sample: AllReduceFacts, run: RunView) -> Mapping[str, Any]:
@@ -468,6 +455,8 @@ def _efficiency_evidence(summary: busbw.Summary, sample: AllReduceFacts, run: Ru
         return {"expected_busbw": f"not modelled: {expected.get('why', 'unknown')}"}
     out = {"expected_busbw_gbps": expected["gbps"], "expected_bottleneck": expected.get("bottleneck"),
            "efficiency_pct": round(100 * summary.peak_busbw_gbps / expected["gbps"], 1)}
+    if expected.get("from_model"):
+        out["expected_from"] = "the GPUs' model name: no topology was read beside this measurement"
     if not _judged(expected):
         out["expected_judged"] = ("no: across nodes the network figure counts every NIC of a node, used by this "
                                   "job or not, and cannot see in-network reduction")
@@ -509,20 +498,11 @@ def _far_below_links(op: str, peak: float, gbps: float, expected: Mapping[str, A
                      run: RunView) -> Finding:
     """BW006: under half of what the topology allows on bandwidth-bound sizes."""
     ranks = tuple(range(run.world_size))
-    return Finding(
-        code="BW006", severity=Severity.WARN, probe=NAME,
-        title=(f"{op} peak busbw {peak:.3g} GB/s is {100 * peak / gbps:.0f}% of the ~{gbps:g} GB/s "
-               f"this topology allows ({expected.get('bottleneck')})"),
-        ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence,
-        why=("The expectation is the slowest hop of the ring the GPUs form (NVLink, PCIe, the socket link or the "
-             "NIC) times NCCL's usual efficiency; falling to half of it on sizes large enough to be "
-             "bandwidth-bound means the data takes a slower path than the links offer: NCCL over sockets "
-             "instead of InfiniBand, through host memory instead of P2P, or a link running below its rate."),
-        fix=("Run with NCCL_DEBUG=INFO and read the transport of each channel (\"via NET/Socket\" where "
-             "\"NET/IB\" was meant, \"via SHM\" where \"P2P/IPC\" or NVLink was meant); check that "
-             "NCCL_P2P_DISABLE, NCCL_SHM_DISABLE and NCCL_IB_DISABLE are unset, and the topology findings "
-             "(TOP001 PCIe below its rate, TOP002 NVLinks down, TOP004 P2P blocked by ACS/IOMMU)."),
-    )
+    return codes.finding(
+        "BW006", NAME,
+        (f"{op} peak busbw {peak:.3g} GB/s is {100 * peak / gbps:.0f}% of the ~{gbps:g} GB/s "
+         f"{_allows(expected)} ({expected.get('bottleneck')})"),
+        ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence)
 
 
 def _above_links(op: str, peak: float, wire: float, at_peak: str | None, evidence: dict[str, Any],
@@ -533,16 +513,9 @@ def _above_links(op: str, peak: float, wire: float, at_peak: str | None, evidenc
             f"NCCL chose {at_peak} there, which reduces on the GPUs: check the topology model" if at_peak else
             "the switch reduces in the network (NVLS on NVSwitch, CollNet/SHARP)")
     ranks = tuple(range(run.world_size))
-    return Finding(
-        code="BW007", severity=Severity.INFO, probe=NAME,
-        title=f"{op} busbw {peak:.3g} GB/s is above the {wire:g} GB/s its slowest link carries: {said}",
-        ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence,
-        why=("nccl-tests' busbw assumes every byte crosses the ring's links 2(n-1)/n times; with in-network "
-             "reduction (NVLink SHARP on NVSwitch systems, CollNet/SHARP on InfiniBand switches) the switch "
-             "adds the data, so less crosses the links and busbw can exceed their speed."),
-        fix=("Nothing to fix. Compare busbw with NCCL_NVLS_ENABLE=0 (and NCCL_COLLNET_ENABLE=0) to see the "
-             "links' own figure; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING shows the algorithm NCCL chose."),
-    )
+    return codes.finding(
+        "BW007", NAME, f"{op} busbw {peak:.3g} GB/s is above the {wire:g} GB/s its slowest link carries: {said}",
+        ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence)
 
 
 def _verdict_evidence(summary: busbw.Summary, results: list[busbw.SizeResult], sample: AllReduceFacts,
@@ -576,17 +549,18 @@ def _verdict(summary: busbw.Summary, results: list[busbw.SizeResult], sample: Al
     evidence = _verdict_evidence(summary, results, sample, run, present)
     against = ("" if "efficiency_pct" not in evidence else
                f"; {evidence['efficiency_pct']:.0f}% of the ~{evidence['expected_busbw_gbps']:g} GB/s "
-               + ("the topology allows" if "expected_judged" not in evidence else
+               + (_allows(_expected(sample, run)).replace("this ", "the ") if "expected_judged" not in evidence else
                   "a rough across-node model gives (an upper bound, not judged)"))
-    return Finding(
-        code="BW000", severity=Severity.INFO if troubled else Severity.OK, probe=NAME,
-        title=(f"{sample.op} on {run.world_size} ranks: peak busbw {summary.peak_busbw_gbps:.3g} GB/s "
-               f"(at {_fmt_bytes(summary.peak_size_bytes)}), {summary.busbw_at_bucket_gbps:.3g} GB/s at "
-               + (f"DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} bucket size" if on_bucket else
-                  f"{_fmt_bytes(summary.bucket_size_bytes)} (the size nearest DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} "
-                  "bucket)")
-               + f", {summary.latency_us:.0f} us for small messages" + against
-               + ("; results not checked (--no-check)" if not checked else
-                  "" if "BW001" in troubled else "; every result correct")
-               + (f"; see {', '.join(dict.fromkeys(troubled))}" if troubled else "")),
-        ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence)
+    return codes.finding(
+        "BW000", NAME,
+        (f"{sample.op} on {run.world_size} ranks: peak busbw {summary.peak_busbw_gbps:.3g} GB/s "
+         f"(at {_fmt_bytes(summary.peak_size_bytes)}), {summary.busbw_at_bucket_gbps:.3g} GB/s at "
+         + (f"DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} bucket size" if on_bucket else
+            f"{_fmt_bytes(summary.bucket_size_bytes)} (the size nearest DDP's {_fmt_bytes(busbw.DDP_BUCKET_BYTES)} "
+            "bucket)")
+         + f", {summary.latency_us:.0f} us for small messages" + against
+         + ("; results not checked (--no-check)" if not checked else
+            "" if "BW001" in troubled else "; every result correct")
+         + (f"; see {', '.join(dict.fromkeys(troubled))}" if troubled else "")),
+        severity=Severity.INFO if troubled else Severity.OK, ranks=ranks, nodes=run.nodes_of(ranks),
+        evidence=evidence)

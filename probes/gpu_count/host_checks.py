@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
 
+from ddpdoctor.core import codes
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.measure.cuda_visible import VisibleDevices
 from ddpdoctor.measure.cuda_visible import parse as parse_visible
@@ -103,10 +104,10 @@ def cuda_unusable(node: Node) -> list[Finding]:
         return []
     t, nv = node.facts[broken[0]].torch, node.facts[broken[0]].nvml
     built = t.cuda_built
-    return [Finding(
-        code="GPU008", severity=Severity.CRITICAL, probe=NAME,
-        title=(f"torch on rank {rank_ranges(broken)} cannot use the {node.nvml_count} GPUs of {node.host}: "
-               + ("it was built without CUDA" if not built else "CUDA is unavailable")),
+    return [codes.finding(
+        "GPU008", NAME,
+        (f"torch on rank {rank_ranges(broken)} cannot use the {node.nvml_count} GPUs of {node.host}: "
+         + ("it was built without CUDA" if not built else "CUDA is unavailable")),
         ranks=tuple(broken), nodes=node.nodes,
         evidence={"nvml_gpus": node.nvml_count, "torch_version": t.version, "torch_cuda": built,
                   "driver_version": nv.driver_version, "driver_cuda": nv.cuda_driver_version,
@@ -116,8 +117,7 @@ def cuda_unusable(node: Node) -> list[Finding]:
              "torch was built for (\"The NVIDIA driver on your system is too old\")."),
         fix=("Install a CUDA build of torch (pip install torch --index-url https://download.pytorch.org/whl/cu124 or newer)."
              if not built else "Upgrade the driver to one that supports torch's CUDA version, or install a "
-             "torch build for an older CUDA; check `nvidia-smi` works on that node."),
-    )]
+             "torch build for an older CUDA; check `nvidia-smi` works on that node."))]
 
 
 def visible_devices_findings(node: Node, r: int) -> list[Finding]:
@@ -131,23 +131,22 @@ def misread_visible(node: Node, r: int) -> Optional[Finding]:
     (CUDA silently stops at the first bad entry), or hiding every GPU of a node that has some."""
     v = node.visible[r]
     if v.problems and v.ignored:
-        return Finding(
-            code="GPU005", severity=Severity.WARN, probe=NAME,
-            title=f"CUDA_VISIBLE_DEVICES={v.raw!r} on rank {r} is partly unreadable: CUDA uses only {list(v.entries)}",
-            ranks=(r,), nodes=node.nodes,
+        return codes.finding(
+            "GPU005", NAME,
+            f"CUDA_VISIBLE_DEVICES={v.raw!r} on rank {r} is partly unreadable: CUDA uses only {list(v.entries)}",
+            severity=Severity.WARN, ranks=(r,), nodes=node.nodes,
             evidence={"CUDA_VISIBLE_DEVICES": v.raw, "used": list(v.entries), "ignored": list(v.ignored),
                       "problem": v.problems[0]},
             why="CUDA stops reading the variable at the first entry it does not understand, without an error.",
-            fix="Use only GPU indices (0,1), GPU- UUIDs or MIG- ids, comma-separated, each once.",
-        )
+            fix="Use only GPU indices (0,1), GPU- UUIDs or MIG- ids, comma-separated, each once.")
     if v.restricts and v.count == 0 and node.nvml_count:
-        return Finding(
-            code="GPU005", severity=Severity.CRITICAL, probe=NAME,
-            title=f"CUDA_VISIBLE_DEVICES={v.raw!r} hides every GPU from rank {r} on a node with {node.nvml_count}",
-            ranks=(r,), nodes=node.nodes, evidence={"CUDA_VISIBLE_DEVICES": v.raw, "nvml_gpus": node.nvml_count},
+        return codes.finding(
+            "GPU005", NAME,
+            f"CUDA_VISIBLE_DEVICES={v.raw!r} hides every GPU from rank {r} on a node with {node.nvml_count}",
+            severity=Severity.CRITICAL, ranks=(r,), nodes=node.nodes,
+            evidence={"CUDA_VISIBLE_DEVICES": v.raw, "nvml_gpus": node.nvml_count},
             why="An empty value or -1 hides all GPUs; the rank runs on CPU or fails.",
-            fix="Unset CUDA_VISIBLE_DEVICES or list the GPUs this job was given.",
-        )
+            fix="Unset CUDA_VISIBLE_DEVICES or list the GPUs this job was given.")
     return None
 
 
@@ -157,15 +156,14 @@ def names_absent_gpus(node: Node, r: int) -> Optional[Finding]:
     missing = names_missing_devices(v.entries, node.facts[r])
     if not missing:
         return None
-    return Finding(
-        code="GPU005", severity=Severity.CRITICAL, probe=NAME,
-        title=f"CUDA_VISIBLE_DEVICES on rank {r} names GPUs that {node.host} does not have: {', '.join(missing)}",
-        ranks=(r,), nodes=node.nodes,
+    return codes.finding(
+        "GPU005", NAME,
+        f"CUDA_VISIBLE_DEVICES on rank {r} names GPUs that {node.host} does not have: {', '.join(missing)}",
+        severity=Severity.CRITICAL, ranks=(r,), nodes=node.nodes,
         evidence={"CUDA_VISIBLE_DEVICES": v.raw, "nvml_gpus": node.nvml_count,
                   "nvml_uuids": [d.uuid for d in node.facts[r].nvml.devices]},
         why="An index past the last GPU or a UUID of another machine makes CUDA see fewer GPUs than meant.",
-        fix="Take the indices or UUIDs from `nvidia-smi -L` on this node, or from the scheduler's allocation.",
-    )
+        fix="Take the indices or UUIDs from `nvidia-smi -L` on this node, or from the scheduler's allocation.")
 
 
 def local_rank_past_visible(node: Node, r: int) -> Optional[Finding]:
@@ -176,16 +174,15 @@ def local_rank_past_visible(node: Node, r: int) -> Optional[Finding]:
     local_rank = int(f.local_rank)
     if seen is None or seen <= 1 or local_rank < seen or node.oversubscribed:
         return None
-    return Finding(
-        code="GPU005", severity=Severity.CRITICAL, probe=NAME,
-        title=f"Rank {r} has LOCAL_RANK={local_rank} but sees only {seen} GPUs: set_device(LOCAL_RANK) fails",
-        ranks=(r,), nodes=node.nodes,
+    return codes.finding(
+        "GPU005", NAME,
+        f"Rank {r} has LOCAL_RANK={local_rank} but sees only {seen} GPUs: set_device(LOCAL_RANK) fails",
+        severity=Severity.CRITICAL, ranks=(r,), nodes=node.nodes,
         evidence={"LOCAL_RANK": local_rank, "visible_gpus": seen, "CUDA_VISIBLE_DEVICES": v.raw},
         why=("torch.cuda.set_device(LOCAL_RANK) raises \"CUDA error: invalid device ordinal\" when a rank sees "
              "fewer GPUs than its local rank, e.g. CUDA_VISIBLE_DEVICES differs across the ranks of a node."),
         fix=("Give every rank of a node the same CUDA_VISIBLE_DEVICES, or one GPU per task "
-             "(srun --gpus-per-task=1) and set_device(0)."),
-    )
+             "(srun --gpus-per-task=1) and set_device(0)."))
 
 
 SLURM_EVIDENCE = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_TASK",
@@ -203,16 +200,11 @@ def slurm_mismatch(node: Node) -> list[Finding]:
     for (granted_n, cuda_n), same in mismatched.items():
         env = node.facts[same[0]].env
         who = f"rank {same[0]}" if len(same) == 1 else f"ranks {rank_ranges(same)}"
-        out.append(Finding(
-            code="GPU006", severity=Severity.WARN, probe=NAME,
-            title=f"Slurm granted {granted_n} GPUs on {node.host}, but torch on {who} sees {cuda_n}",
+        out.append(codes.finding(
+            "GPU006", NAME, f"Slurm granted {granted_n} GPUs on {node.host}, but torch on {who} sees {cuda_n}",
             ranks=tuple(same), nodes=node.nodes,
             evidence={k: env.get(k) for k in SLURM_EVIDENCE if env.get(k)}
-            | {"torch_gpus": cuda_n, "torch_cuda": node.facts[same[0]].torch.cuda_built},
-            why="What the scheduler allocated and what CUDA exposes disagree: GPUs are idle, or shared with another job.",
-            fix=("Request GPUs with --gres=gpu:N or --gpus-per-node and do not override CUDA_VISIBLE_DEVICES in "
-                 "the job script; if torch sees none, check it is a CUDA build."),
-        ))
+            | {"torch_gpus": cuda_n, "torch_cuda": node.facts[same[0]].torch.cuda_built}))
     return out
 
 
@@ -243,21 +235,18 @@ def oversubscribed(node: Node) -> list[Finding]:
     available, nvml_count, visible = node.available, node.nvml_count, node.visible
     if available is None or not node.oversubscribed:
         return []
-    return [Finding(
-        code="GPU001", severity=Severity.CRITICAL, probe=NAME,
-        title=f"{node.local} ranks on {node.host} but only {available} GPU{'s' if available != 1 else ''} "
-              "among them: ranks will share a GPU",
+    return [codes.finding(
+        "GPU001", NAME,
+        f"{node.local} ranks on {node.host} but only {available} GPU{'s' if available != 1 else ''} "
+        "among them: ranks will share a GPU",
         ranks=tuple(node.ranks), nodes=node.nodes,
         evidence={"local_ranks": node.local, "distinct_gpus": available, "node_gpus": nvml_count,
                   "gpus_seen_by_rank": node.torch_counts,
                   "CUDA_VISIBLE_DEVICES_by_rank": {r: visible[r].raw for r in node.ranks if visible[r].restricts}},
-        why=("NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\" / \"Multiple Ranks are using the "
-             "same GPU/Partition\"); with gloo they compete for its memory and compute."),
         fix=(f"Launch at most {available} processes on this node (--nproc_per_node={available}), or give each "
              "rank its own GPU (srun --gpus-per-task=1)"
              + (f"; the node has {nvml_count} GPUs, so check that CUDA_VISIBLE_DEVICES or the GPU request does not "
-                "hand the same ones to every rank." if nvml_count and nvml_count > available else ".")),
-    )]
+                "hand the same ones to every rank." if nvml_count and nvml_count > available else ".")))]
 
 
 def rank_count_vs_gpus(node: Node) -> list[Finding]:
@@ -266,22 +255,16 @@ def rank_count_vs_gpus(node: Node) -> list[Finding]:
     visible_gpus = max(node.torch_counts.values(), default=0)
     most = max(visible_gpus, node.nvml_count or 0)
     if node.facts[node.ranks[0]].world_size == 1 and most > 1:
-        return [Finding(
-            code="GPU009", severity=Severity.WARN, probe=NAME,
-            title=f"Only one rank, while {most} GPUs are visible on {node.host}",
-            ranks=tuple(node.ranks), nodes=node.nodes,
-            evidence={"world_size": 1, "visible_gpus": visible_gpus, "nvml_gpus": node.nvml_count},
-            why="The classic \"only one GPU is used\": the script was started with `python train.py`, not torchrun.",
-            fix=f"Start it with `torchrun --nproc_per_node={most} train.py`.",
-        )]
+        return [codes.finding(
+            "GPU009", NAME, f"Only one rank, while {most} GPUs are visible on {node.host}", ranks=tuple(node.ranks),
+            nodes=node.nodes, evidence={"world_size": 1, "visible_gpus": visible_gpus, "nvml_gpus": node.nvml_count},
+            fix=f"Start it with `torchrun --nproc_per_node={most} train.py`.")]
     uses_gpu = all(node.facts[r].on_cuda for r in node.ranks)
     if uses_gpu and len(node.ranks) == node.local and node.available is not None and node.available > node.local:
-        return [Finding(
-            code="GPU002", severity=Severity.WARN, probe=NAME,
-            title=f"{node.local} ranks on {node.host} use {node.local} of its {node.available} visible GPUs; the rest are idle",
+        return [codes.finding(
+            "GPU002", NAME,
+            f"{node.local} ranks on {node.host} use {node.local} of its {node.available} visible GPUs; the rest are idle",
             ranks=tuple(node.ranks), nodes=node.nodes,
             evidence={"local_ranks": node.local, "visible_gpus": node.available},
-            why="Launched with fewer processes per node than GPUs (e.g. --nproc_per_node=2 on a 4-GPU node).",
-            fix=f"Use --nproc_per_node={node.available}, or set CUDA_VISIBLE_DEVICES to the GPUs you mean to use.",
-        )]
+            fix=f"Use --nproc_per_node={node.available}, or set CUDA_VISIBLE_DEVICES to the GPUs you mean to use.")]
     return []

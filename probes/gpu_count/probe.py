@@ -13,6 +13,7 @@ import os
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ddpdoctor.core import codes
 from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.measure.device import contexts_of, read_env, read_nvml, read_torch
@@ -81,18 +82,16 @@ def _duplicate_gpus(facts: Mapping[int, GpuCountFacts]) -> list[Finding]:
     for uuid, ranks in sorted(holders.items()):
         if len(ranks) > 1:
             hosts = tuple(sorted({str(facts[r].host) for r in ranks}))
-            out.append(Finding(
-                code="GPU003", severity=Severity.CRITICAL, probe=NAME,
-                title=f"Ranks {rank_ranges(ranks)} are on the same GPU {uuid}",
-                ranks=tuple(sorted(ranks)), nodes=hosts,
+            out.append(codes.finding(
+                "GPU003", NAME, f"Ranks {rank_ranges(ranks)} are on the same GPU {uuid}", ranks=tuple(sorted(ranks)),
+                nodes=hosts,
                 evidence={"gpu_uuid": uuid, "ranks": sorted(ranks),
                           "device_index_by_rank": {r: _current_index(facts[r]) for r in ranks},
                           "CUDA_VISIBLE_DEVICES_by_rank": {r: facts[r].env.get("CUDA_VISIBLE_DEVICES") for r in ranks}},
                 why=("NCCL refuses it: \"" + NCCL_DUPLICATE_ERRORS[0] + " ...\" (NCCL before 2.30) or \""
                      + NCCL_DUPLICATE_ERRORS[1] + "\" (NCCL 2.30 and later). torch.cuda.set_device is missing or "
                      "uses the global rank instead of LOCAL_RANK."),
-                fix="Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group and moving the model.",
-            ))
+                fix="Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group and moving the model."))
     return out
 
 
@@ -120,15 +119,10 @@ def _stray_contexts(facts: Mapping[int, GpuCountFacts]) -> list[Finding]:
         own = f.torch.current_uuid
         stray = [u for u in f.contexts if u and u != own and u in owner]
         if stray:
-            out.append(Finding(
-                code="GPU004", severity=Severity.CRITICAL, probe=NAME,
-                title=f"Rank {r} also holds a CUDA context on rank {rank_ranges(o for u in stray for o in owner[u])}'s GPU",
-                ranks=(r,), nodes=(str(f.host),),
-                evidence={"own_gpu": own, "stray_contexts": stray},
-                why=("Each context costs several hundred MB on that GPU: the classic \"OOM on GPU 0 only\" when ranks "
-                     "touch cuda:0 (torch.cuda.set_device missing, tensors created with device='cuda' before it)."),
-                fix="Call torch.cuda.set_device(LOCAL_RANK) first thing, and use torch.device('cuda', LOCAL_RANK) explicitly.",
-            ))
+            out.append(codes.finding(
+                "GPU004", NAME,
+                f"Rank {r} also holds a CUDA context on rank {rank_ranges(o for u in stray for o in owner[u])}'s GPU",
+                ranks=(r,), nodes=(str(f.host),), evidence={"own_gpu": own, "stray_contexts": stray}))
     return out
 
 
@@ -148,15 +142,10 @@ def _foreign_processes(facts: Mapping[int, GpuCountFacts]) -> list[Finding]:
         foreign = [{"gpu": d.uuid, "pid": p.pid, "used_bytes": p.used_bytes}
                    for d in devices for p in d.processes or () if p.pid not in pids]
         if foreign:
-            out.append(Finding(
-                code="GPU007", severity=Severity.WARN, probe=NAME,
-                title=f"{len(foreign)} process(es) that are not ours use the GPUs of {host}",
+            out.append(codes.finding(
+                "GPU007", NAME, f"{len(foreign)} process(es) that are not ours use the GPUs of {host}",
                 ranks=tuple(sorted({o for x in foreign for o in owner[str(x["gpu"])]})), nodes=(host,),
-                evidence={"foreign_processes": foreign},
-                why="Another job or a leftover process shares these GPUs: less memory, slower steps, possible OOM.",
-                fix="Find them with `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`; end leftovers, "
-                    "or ask the scheduler for exclusive GPUs (--exclusive, or GPU exclusive-process compute mode).",
-            ))
+                evidence={"foreign_processes": foreign}))
     return out
 
 
@@ -166,11 +155,9 @@ def _all_clear(facts: Mapping[int, GpuCountFacts]) -> Finding:
     hosts = tuple(sorted({str(f.host) for f in facts.values()}))
     on_gpu = {r: f.torch.current_uuid for r, f in facts.items() if f.torch.current is not None}
     if on_gpu and len(on_gpu) == len(facts):
-        return Finding(code="GPU000", severity=Severity.OK, probe=NAME,
-                       title=f"Each of {len(ranks)} ranks has its own GPU",
-                       ranks=ranks, nodes=hosts, evidence={"gpu_by_rank": on_gpu})
+        return codes.finding("GPU000", NAME, f"Each of {len(ranks)} ranks has its own GPU", severity=Severity.OK,
+                             ranks=ranks, nodes=hosts, evidence={"gpu_by_rank": on_gpu})
     reasons = sorted({str(f.torch.unavailable_reason or "no GPU visible") for f in facts.values()})
-    return Finding(code="GPU000", severity=Severity.INFO, probe=NAME,
-                   title="No GPU in use: the ranks ran on CPU",
-                   ranks=ranks, nodes=hosts,
-                   evidence={"reason": reasons, "nvml": sorted({str(f.nvml.reason) for f in facts.values()})})
+    return codes.finding("GPU000", NAME, "No GPU in use: the ranks ran on CPU", severity=Severity.INFO, ranks=ranks,
+                         nodes=hosts,
+                         evidence={"reason": reasons, "nvml": sorted({str(f.nvml.reason) for f in facts.values()})})

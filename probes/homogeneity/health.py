@@ -79,7 +79,7 @@ def _gpus(facts: ByRank) -> list[tuple[str, list[int], GpuFacts]]:
 
 
 def _per_gpu(facts: ByRank, run: RunView, judge: Callable[[GpuFacts], Optional[tuple[Severity, str]]],
-             code: str, title: str, why: str, fix: str) -> list[Finding]:
+             code: str, title: str) -> list[Finding]:
     evidence: dict[str, str] = {}
     severities: dict[str, Severity] = {}
     ranks: list[int] = []
@@ -96,8 +96,8 @@ def _per_gpu(facts: ByRank, run: RunView, judge: Callable[[GpuFacts], Optional[t
     first = max(evidence, key=lambda label: severities[label])  # the worst GPU names the finding
     more = f" and {len(evidence) - 1} more" if len(evidence) > 1 else ""
     ranks_t = tuple(sorted(set(ranks)))
-    return [Finding(code=code, severity=severities[first], probe=NAME, title=f"{title} on {first}{more}: {evidence[first]}",
-                    ranks=ranks_t, nodes=run.nodes_of(ranks_t), evidence=evidence, why=why, fix=fix)]
+    return [codes.finding(code, NAME, f"{title} on {first}{more}: {evidence[first]}", severity=severities[first],
+                          ranks=ranks_t, nodes=run.nodes_of(ranks_t), evidence=evidence)]
 
 
 def _memory_errors(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
@@ -229,31 +229,14 @@ def _diagnostic_failed(gpu: GpuFacts) -> Optional[tuple[Severity, str]]:
 
 def gpu_health_findings(facts: ByRank, run: RunView) -> list[Finding]:
     out: list[Finding] = []
-    out += _per_gpu(facts, run, _memory_errors, "HOM007", "GPU memory errors",
-                    why=("Uncorrectable ECC errors kill the process that hit them (Xid 48/63/64) and can corrupt results; "
-                         "a pending row remap only takes effect after a GPU reset, and a failed remap means the GPU has "
-                         "run out of spare rows."),
-                    fix=("Drain the node; reset the GPU (`nvidia-smi -r -i <id>` with no process on it, or reboot) to "
-                         "apply pending remaps; if remapping failed or errors return, replace the GPU (NVIDIA: RMA)."))
-    out += _per_gpu(facts, run, _uniform_caps(facts), "HOM008", "Power limit below default",
-                    why="A GPU capped below its default power limit runs at lower clocks under load, and DDP waits for it.",
-                    fix="Restore it with `sudo nvidia-smi -i <id> -pl <default W>` (or ask the admins why it was capped).")
-    out += _per_gpu(facts, run, _clocks_low, "HOM009", "Clocks held below default",
-                    why="Application clocks were set below the default (`nvidia-smi -ac`), so this GPU computes slower.",
-                    fix="Reset them with `sudo nvidia-smi -i <id> -rac` (and `-rgc` if clocks were locked with -lgc).")
-    out += _per_gpu(facts, run, _throttling, "HOM010", "GPU clocks throttled",
-                    why=("The driver lowered this GPU's clocks for heat, power or a hardware signal "
-                         "(\"HW Slowdown\", \"Thermal Slowdown\" in `nvidia-smi -q -d PERFORMANCE`)."),
-                    fix=("Check cooling and airflow (`nvidia-smi -q -d TEMPERATURE`), the PSU and power brake, and "
-                         "the BMC's logs; a GPU that keeps throttling on a cool node should be replaced."))
-    out += _per_gpu(facts, run, _persistence_off, "HOM014", "Persistence mode off",
-                    why="Without persistence mode the driver tears down and re-initialises the GPU between jobs: seconds "
-                        "of extra start-up and re-trained links.",
-                    fix="Run nvidia-persistenced (or `sudo nvidia-smi -pm 1`) on GPU nodes.")
-    out += _per_gpu(facts, run, _mig, "HOM016", "MIG (multi-instance GPU) mode",
-                    why=codes.CODES["HOM016"].why, fix=codes.CODES["HOM016"].fix)
-    out += _per_gpu(facts, run, _pcie_low, "HOM017", "PCIe link below its maximum",
-                    why=codes.CODES["HOM017"].why, fix=codes.CODES["HOM017"].fix)
+    out += _per_gpu(facts, run, _memory_errors, "HOM007", "GPU memory errors")
+    out += _per_gpu(facts, run, _uniform_caps(facts), "HOM008", "Power limit below default")
+    out += _per_gpu(facts, run, _clocks_low, "HOM009", "Clocks held below default")
+    out += _per_gpu(facts, run, _throttling, "HOM010", "GPU clocks throttled")
+    out += _per_gpu(facts, run, _persistence_off, "HOM014", "Persistence mode off")
+    out += _per_gpu(facts, run, _mig, "HOM016", "MIG (multi-instance GPU) mode")
+    out += _per_gpu(facts, run, _pcie_low, "HOM017", "PCIe link below its maximum")
+    out += _per_gpu(facts, run, _diagnostic_failed, "HOM020", "DCGM diagnostic failed")
     return out
 
 
@@ -287,25 +270,14 @@ def host_findings(facts: ByRank, run: RunView) -> list[Finding]:
     out += _busy_hosts(facts, by_host)
     if low_ram:
         first = next(iter(low_ram))
-        out.append(Finding(
-            code="HOM011", severity=Severity.WARN, probe=NAME,
-            title=f"Little host RAM per GPU on {first}: {low_ram[first]}", ranks=tuple(low_ram_ranks),
-            nodes=tuple(low_ram), evidence=low_ram | {"rule_of_thumb": "at least 16 GiB of host RAM per GPU"},
-            why=("DataLoader workers, pinned buffers, checkpoint saving and CPU offload all take host RAM per GPU; "
-                 "below about 16 GiB per GPU jobs get OOM-killed (exit 137, \"Killed\") or swap."),
-            fix="Use fewer DataLoader workers per rank and smaller prefetch, or run on nodes with more memory per GPU.",
-        ))
+        out.append(codes.finding(
+            "HOM011", NAME, f"Little host RAM per GPU on {first}: {low_ram[first]}", ranks=tuple(low_ram_ranks),
+            nodes=tuple(low_ram), evidence=low_ram | {"rule_of_thumb": "at least 16 GiB of host RAM per GPU"}))
     if threads:
         first = next(iter(threads))
-        out.append(Finding(
-            code="HOM012", severity=Severity.WARN, probe=NAME,
-            title=f"CPU threads oversubscribed on {first}: {threads[first]}", ranks=tuple(thread_ranks),
-            nodes=tuple(threads), evidence=threads,
-            why=("Each rank's torch starts one thread per core; several ranks per node then fight over the cores and "
-                 "every CPU-side step (data loading, optimizer on CPU, gloo) slows down. torchrun sets "
-                 "OMP_NUM_THREADS=1 for this reason; srun and mp.spawn do not."),
-            fix="Export OMP_NUM_THREADS=<cores per node / ranks per node> in the job script (or use torchrun).",
-        ))
+        out.append(codes.finding(
+            "HOM012", NAME, f"CPU threads oversubscribed on {first}: {threads[first]}", ranks=tuple(thread_ranks),
+            nodes=tuple(threads), evidence=threads))
     return out
 
 
@@ -334,14 +306,7 @@ def _busy_hosts(facts: ByRank, by_host: Mapping[str, list[int]]) -> list[Finding
     if not busy:
         return []
     first = next(iter(busy))
-    return [Finding(
-        code="HOM015", severity=Severity.WARN, probe=NAME,
-        title=f"Host {first} is saturated, partly by other processes: {busy[first]}",
+    return [codes.finding(
+        "HOM015", NAME, f"Host {first} is saturated, partly by other processes: {busy[first]}",
         ranks=tuple(r for host in busy for r in by_host[host]), nodes=tuple(busy),
-        evidence={"by_host": busy, "measured": measured},
-        why=("Processes that are not part of this job took that much CPU while the check ran (measured from each "
-             "process's CPU time, ours left out). Data loading, gloo and the CPU side of every step slow down, so a "
-             "straggler or a slow speed measured there may be the other job's doing, not the hardware's."),
-        fix=("Find them with `top` or `ps -eo pid,pcpu,comm --sort=-pcpu | head`; ask the scheduler for whole nodes "
-             "(Slurm --exclusive) or exclude the node, then check again."),
-    )]
+        evidence={"by_host": busy, "measured": measured})]

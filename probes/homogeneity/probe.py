@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from ddpdoctor.measure import host_load
+from ddpdoctor.core import codes
 from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.core.grouping import describe_groups, group_ranks, minority, shown
@@ -110,25 +111,10 @@ class Homogeneity:
             return []
         threshold = run.settings.get("slow_threshold_pct")
         findings: list[Finding] = []
-        findings += _disagreements(facts, run, HARDWARE, "HOM001", Severity.WARN, "GPU hardware differs",
-                                   why=("DDP waits for the slowest GPU at every step, and the smallest memory sets the "
-                                        "batch size every rank can hold."),
-                                   fix=("Request identical GPUs (a Slurm constraint or node feature, e.g. "
-                                        "--constraint=h100_80gb) or exclude the odd nodes (--exclude)."))
-        findings += _disagreements(facts, run, LIBRARIES, "HOM002", Severity.CRITICAL, "Library versions differ",
-                                   why=("Ranks running different torch or NCCL builds may disagree on the collective "
-                                        "protocol: hangs, \"NCCL error: invalid usage\" or silently wrong results."),
-                                   fix=("Run every rank from the same environment: one container image or one "
-                                        "shared venv/conda env, and check `python -c 'import torch; print(torch.__version__, "
-                                        "torch.cuda.nccl.version())'` on each node."))
-        findings += _disagreements(facts, run, DRIVERS, "HOM003", Severity.WARN, "NVIDIA driver or CUDA differs",
-                                   why=("Nodes on different driver branches behave differently (NVLink, P2P, NCCL "
-                                        "features) and an old driver can refuse a newer CUDA runtime."),
-                                   fix=("Drain the odd nodes and bring them to the cluster's driver version, or "
-                                        "exclude them from the job."))
-        findings += _disagreements(facts, run, HARMLESS, "HOM004", Severity.INFO, "Harmless differences",
-                                   why="These differences do not change DDP's results; they can explain small speed gaps.",
-                                   fix="")
+        findings += _disagreements(facts, run, HARDWARE, "HOM001", "GPU hardware differs")
+        findings += _disagreements(facts, run, LIBRARIES, "HOM002", "Library versions differ")
+        findings += _disagreements(facts, run, DRIVERS, "HOM003", "NVIDIA driver or CUDA differs")
+        findings += _disagreements(facts, run, HARMLESS, "HOM004", "Harmless differences")
         findings += _env_differences(facts, run)
         findings += slow_rank_findings(facts, run, threshold)
         findings += gpu_health_findings(facts, run)
@@ -193,7 +179,7 @@ def _by_node(facts: ByRank, groups: list[tuple[object, list[int]]], word: str = 
 
 
 def _disagreements(facts: ByRank, run: RunView, attributes: list[tuple[str, Read]],
-                   code: str, severity: Severity, headline: str, why: str, fix: str) -> list[Finding]:
+                   code: str, headline: str) -> list[Finding]:
     evidence: dict[str, str] = {}
     odd: set[int] = set()
     first = ""
@@ -211,8 +197,7 @@ def _disagreements(facts: ByRank, run: RunView, attributes: list[tuple[str, Read
     if not evidence:
         return []
     ranks = tuple(sorted(odd))
-    return [Finding(code=code, severity=severity, probe=NAME, title=f"{headline}: {first}", ranks=ranks,
-                    nodes=run.nodes_of(ranks), evidence=evidence, why=why, fix=fix)]
+    return [codes.finding(code, NAME, f"{headline}: {first}", ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence)]
 
 
 def _env_differences(facts: ByRank, run: RunView) -> list[Finding]:
@@ -233,10 +218,9 @@ def _env_differences(facts: ByRank, run: RunView) -> list[Finding]:
             continue
         ranks = tuple(sorted(odd))
         shown_names = ", ".join(list(evidence)[:3]) + (" ..." if len(evidence) > 3 else "")
-        out.append(Finding(
-            code="HOM005", severity=severity, probe=NAME,
-            title=f"Distributed settings differ across ranks: {shown_names}", ranks=ranks, nodes=run.nodes_of(ranks),
-            evidence=evidence,
+        out.append(codes.finding(
+            "HOM005", NAME, f"Distributed settings differ across ranks: {shown_names}", severity=severity,
+            ranks=ranks, nodes=run.nodes_of(ranks), evidence=evidence,
             why=("These variables differ between nodes by design (network interface names, debug output)."
                  if per_node else
                  "NCCL and torch.distributed settings that differ between ranks (algorithm, protocol, timeouts, "
@@ -244,8 +228,7 @@ def _env_differences(facts: ByRank, run: RunView) -> list[Finding]:
                  "all-reduce."),
             fix=("" if per_node else
                  "Export the same NCCL_*/TORCH_NCCL_*/TORCH_DISTRIBUTED_* settings on every node: set them in the "
-                 "job script before srun/torchrun, not in a per-node profile."),
-        ))
+                 "job script before srun/torchrun, not in a per-node profile.")))
     return out
 
 
@@ -266,9 +249,8 @@ def _all_agree(facts: ByRank, run: RunView) -> Finding:
         pct, slowest, fastest, unit = spread
         parts.append(f"measured speed of peers within {pct:.0f}% ({slowest:.3g}-{fastest:.3g} {unit})")
     nodes = run.nodes_of(ranks) or tuple(sorted({str(f.host) for f in facts.values()}))
-    return Finding(code="HOM000", severity=Severity.OK, probe=NAME,
-                   title=f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} on {len(nodes)} "
+    return codes.finding("HOM000", NAME,
+                         f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} on {len(nodes)} "
                          f"node{'s' if len(nodes) != 1 else ''} agree: "
                          + ", ".join(parts),
-                   ranks=ranks, nodes=nodes,
-                   evidence={"ranks": rank_ranges(ranks)})
+                         ranks=ranks, nodes=nodes, evidence={"ranks": rank_ranges(ranks)})

@@ -12,7 +12,8 @@ import statistics
 from collections import defaultdict
 from typing import Mapping, Optional
 
-from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+from ddpdoctor.core import codes
+from ddpdoctor.core.findings import Finding, rank_ranges
 
 from ddpdoctor.probes.base import RunView
 from ddpdoctor.probes.homogeneity.facts import HomogeneityFacts, MatmulFacts
@@ -112,13 +113,9 @@ def slow_rank_findings(facts: ByRank, run: RunView,
     out: list[Finding] = []
     crowded, crowded_ranks = _shared_cpus(facts)
     if crowded:
-        out.append(Finding(
-            code="HOM013", severity=Severity.INFO, probe=NAME,
-            title=f"Compute speed not compared on {', '.join(crowded)}: its CPU ranks share too few cores",
-            ranks=tuple(sorted(crowded_ranks)), nodes=tuple(sorted(crowded)), evidence={"hosts": crowded},
-            why="More compute threads than cores: the ranks time-share, and their measured speeds are scheduling noise.",
-            fix="Give each rank its own cores (fewer ranks per node, or OMP_NUM_THREADS=cores/ranks) to compare them.",
-        ))
+        out.append(codes.finding(
+            "HOM013", NAME, f"Compute speed not compared on {', '.join(crowded)}: its CPU ranks share too few cores",
+            ranks=tuple(sorted(crowded_ranks)), nodes=tuple(sorted(crowded)), evidence={"hosts": crowded}))
     for hardware, ranks in _peer_groups(facts, crowded_ranks).items():
         if threshold_pct is not None:
             pct = float(threshold_pct)
@@ -166,15 +163,15 @@ def _slow_finding(facts: ByRank, run: RunView, hardware: Hardware, ranks: list[i
     what = f"{hardware[1]}" if threads is None else f"CPU {hardware[1]}, {threads} thread{'s' if threads != 1 else ''} per rank"
     steps = {r: facts[r].step_ms for r in ranks}
     whole = run.whole_nodes(slow)
-    return Finding(
-        code="HOM006", severity=Severity.WARN, probe=NAME,
-        title=((f"{'Node' if len(whole) == 1 else 'Nodes'} {', '.join(whole)} (ranks {rank_ranges(slow)}) "
-                f"{'computes' if len(whole) == 1 else 'compute'} up to " if whole else
-                f"{'Rank' if len(slow) == 1 else 'Ranks'} {rank_ranges(slow)} "
-                f"{'computes' if len(slow) == 1 else 'compute up to'} ")
-               + f"{100 * (1 - scores[worst]):.0f}% slower than "
-               f"{'its peer' if len(ranks) == 2 else f'the median of its {len(ranks) - 1} peers'} on identical hardware "
-               f"({speed[worst]:g} vs {typical:g} {unit}, {where})"),
+    return codes.finding(
+        "HOM006", NAME,
+        ((f"{'Node' if len(whole) == 1 else 'Nodes'} {', '.join(whole)} (ranks {rank_ranges(slow)}) "
+          f"{'computes' if len(whole) == 1 else 'compute'} up to " if whole else
+          f"{'Rank' if len(slow) == 1 else 'Ranks'} {rank_ranges(slow)} "
+          f"{'computes' if len(slow) == 1 else 'compute up to'} ")
+         + f"{100 * (1 - scores[worst]):.0f}% slower than "
+         f"{'its peer' if len(ranks) == 2 else f'the median of its {len(ranks) - 1} peers'} on identical hardware "
+         f"({speed[worst]:g} vs {typical:g} {unit}, {where})"),
         ranks=tuple(slow), nodes=run.nodes_of(slow),
         evidence={
             "hardware": what,
@@ -185,11 +182,8 @@ def _slow_finding(facts: ByRank, run: RunView, hardware: Hardware, ranks: list[i
             "threshold_pct": threshold_pct,
             "ddp_step_ms_by_rank": {r: v for r, v in steps.items() if v is not None},
         },
-        why=("DDP runs every step at the pace of its slowest rank. On identical hardware a slower rank points at "
-             "clocks held low, thermal or power throttling, another process on its device, or a busy CPU."),
         fix=("On that GPU: `nvidia-smi -q -d PERFORMANCE,CLOCK,POWER,TEMPERATURE` for throttle reasons, `nvidia-smi` for "
              "other processes, `nvidia-smi -rac` to reset application clocks; if it stays slow, drain the node and run "
              "`dcgmi diag -r 3`." if hardware[0] == "gpu" else
              "On that node: look for other busy processes on the rank's cores (`top`, `ps -eo pid,psr,pcpu,comm`), the "
-             "CPU frequency governor, and the rank's CPU affinity (`taskset -p PID`)."),
-    )
+             "CPU frequency governor, and the rank's CPU affinity (`taskset -p PID`)."))

@@ -18,8 +18,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from ddpdoctor.core import codes
 from ddpdoctor.core.facts import facts_by_rank
-from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+from ddpdoctor.core.findings import Finding, rank_ranges
 from ddpdoctor.runtime.scaling_run import SizeRow
 
 from ddpdoctor.probes.base import RunView
@@ -227,25 +228,22 @@ def _shared_findings(results: list[SizeResult], run: RunView, table: list[str]) 
     if not shared:
         return []
     first = shared[0]
-    return [Finding(
-        code="SCL005", severity=Severity.INFO, probe=NAME,
-        title=(f"Not judged at {', '.join(str(r.n) for r in shared)} ranks: {first.shared_cpus}, so the "
-               f"efficiency ({first.efficiency_pct:.0f}% at {first.n}) measures the host, not DDP"),
+    return [codes.finding(
+        "SCL005", NAME,
+        (f"Not judged at {', '.join(str(r.n) for r in shared)} ranks: {first.shared_cpus}, so the "
+         f"efficiency ({first.efficiency_pct:.0f}% at {first.n}) measures the host, not DDP"),
         ranks=tuple(range(shared[-1].n)), nodes=run.nodes_of(range(shared[-1].n)),
-        evidence={"sizes": table, "not_judged": [r.to_json() for r in shared]},
-        why=("Ranks that outnumber the CPU cores wait for a core in everything they do, the all-reduce included: "
-             "the lost time shows up as communication and slower computation, but its cause is the host."),
-        fix="Measure with at most one rank per core (or per GPU): --sizes up to the CPU count, or a bigger host.")]
+        evidence={"sizes": table, "not_judged": [r.to_json() for r in shared]})]
 
 
 def _verdict(results: list[SizeResult], judged: list[SizeResult], run: RunView, table: list[str]) -> list[Finding]:
     below = [r for r in judged if r.efficiency_pct < r.target_pct]  # type: ignore[operator]
     if not below:
         top = judged[-1]
-        return [Finding(code="SCL000", severity=Severity.OK, probe=NAME,
-                        title=f"Scaling efficiency {top.efficiency_pct:.0f}% at {top.n} ranks ({top.speedup:.2f}x), "
+        return [codes.finding("SCL000", NAME,
+                              f"Scaling efficiency {top.efficiency_pct:.0f}% at {top.n} ranks ({top.speedup:.2f}x), "
                               f"at or above the {top.target_pct:g}% target",
-                        ranks=tuple(range(top.n)), nodes=run.nodes_of(range(top.n)), evidence={"sizes": table})]
+                              ranks=tuple(range(top.n)), nodes=run.nodes_of(range(top.n)), evidence={"sizes": table})]
     worst = min(below, key=lambda r: r.efficiency_pct - (r.target_pct or 0.0))
     cause = worst.cause
     named = [worst.slow_rank] if cause == "straggler" and worst.slow_rank is not None else (
@@ -260,15 +258,13 @@ def _verdict(results: list[SizeResult], judged: list[SizeResult], run: RunView, 
     if cause != "straggler" and worst.slow_rank is not None:
         # A straggler that is not the largest part still costs its share, and has a name.
         share += f"; also rank {worst.slow_rank} computes {worst.loss_ms.get('straggler', 0.0):.1f} ms slower"
-    return [Finding(
-        code="SCL001", severity=Severity.WARN, probe=NAME,
-        title=(f"Scaling efficiency at {worst.n} ranks is {worst.efficiency_pct:.0f}% ({worst.speedup:.2f}x of "
-               f"{worst.n}x), below the {worst.target_pct:g}% target: {because}{f' ({share})' if share else ''}"),
+    return [codes.finding(
+        "SCL001", NAME,
+        (f"Scaling efficiency at {worst.n} ranks is {worst.efficiency_pct:.0f}% ({worst.speedup:.2f}x of "
+         f"{worst.n}x), below the {worst.target_pct:g}% target: {because}{f' ({share})' if share else ''}"),
         ranks=tuple(named), nodes=run.nodes_of(named),
         evidence={"sizes": table, "below_target": [r.n for r in below],
                   "at_worst_size": worst.to_json()},
-        why=("With the same batch per rank, n ranks should process n times the samples per second; the table "
-             "splits the time each size adds per step over one rank into its parts, measured on the ranks."),
         fix=_fix(worst))]
 
 
@@ -292,9 +288,7 @@ def knob_findings(facts: ByRank, default_name: str) -> list[Finding]:
             title += " (it also multiplies the effective batch)"
     else:
         title = f"No DDP setting tried made a batch {KNOB_GAIN_PCT:g}% faster than the defaults"
-    return [Finding(code="SCL002", severity=Severity.INFO, probe=NAME, title=title, evidence=evidence,
-                    why="Measured at the largest size on this model, each setting for the same number of steps.",
-                    fix="")]
+    return [codes.finding("SCL002", NAME, title, evidence=evidence)]
 
 
 def batch_findings(results: list[SizeResult], batch: Optional[float], lr: Optional[float]) -> list[Finding]:
@@ -305,15 +299,10 @@ def batch_findings(results: list[SizeResult], batch: Optional[float], lr: Option
                                 "linear_rule_lr_factor": n, "square_root_rule_lr_factor": round(math.sqrt(n), 3)}
     if lr:
         evidence.update(lr_at_one_rank=lr, linear_rule_lr=round(lr * n, 6), square_root_rule_lr=round(lr * math.sqrt(n), 6))
-    return [Finding(code="SCL003", severity=Severity.INFO, probe=NAME,
-                    title=(f"At {n} ranks the effective batch is {int(n * batch)} ({n} x {int(batch)}): a learning rate "
+    return [codes.finding("SCL003", NAME,
+                          (f"At {n} ranks the effective batch is {int(n * batch)} ({n} x {int(batch)}): a learning rate "
                            f"tuned for one rank scales x{n} (linear rule) or x{math.sqrt(n):.2f} (square-root rule)"),
-                    evidence=evidence,
-                    why=("DDP averages the gradients of n batches, so each optimizer step sees n times the samples. "
-                         "The linear rule (Goyal et al. 2017, with warm-up) suits SGD on large batches; the "
-                         "square-root rule (Krizhevsky 2014, Hoffer et al. 2017) is the gentler choice, often used "
-                         "with Adam."),
-                    fix="")]
+                          evidence=evidence)]
 
 
 def diagnose_scaling(facts: ByRank, run: RunView, default_name: str) -> list[Finding]:
@@ -325,10 +314,7 @@ def diagnose_scaling(facts: ByRank, run: RunView, default_name: str) -> list[Fin
     missing = [r for r in range(run.world_size) if r not in facts]
     findings = efficiency_findings(results, run) + knob_findings(facts, default_name) + batch_findings(results, batch, lr)
     if missing:
-        findings.append(Finding(code="SCL004", severity=Severity.WARN, probe=NAME,
-                                title=f"Rank {rank_ranges(missing)} reported no scaling measurement",
-                                ranks=tuple(missing), nodes=run.nodes_of(missing),
-                                evidence={"sizes_judged": [r.n for r in results]},
-                                why="Sizes that include these ranks are not judged.",
-                                fix="See the run's findings for what happened to them."))
+        findings.append(codes.finding("SCL004", NAME, f"Rank {rank_ranges(missing)} reported no scaling measurement",
+                                      ranks=tuple(missing), nodes=run.nodes_of(missing),
+                                      evidence={"sizes_judged": [r.n for r in results]}))
     return findings

@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
+from ddpdoctor.core import codes
 from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
@@ -311,15 +312,13 @@ def diagnose_stragglers(facts: ByRank, run: RunView) -> list[Finding]:
         usable = [r for r in sorted(facts) if _usable(facts[r])]
         if usable:
             steps = min(len(facts[r].steps.step_ms) for r in usable)
-            findings.append(Finding(
-                code="STR007", severity=Severity.INFO, probe=NAME,
-                title=(f"Stragglers not judged: {len(usable)} rank{'s' if len(usable) != 1 else ''} with "
-                       f"{steps} measured steps (need 2 ranks and {MIN_STEPS} steps)"),
-                ranks=tuple(usable), nodes=run.nodes_of(usable), evidence={"steps": steps, "ranks": len(usable),
-                                                                           "missing_ranks": missing},
-                why="A verdict on one rank, or on a handful of steps, would be noise.",
-                fix="Run with more ranks, or drop --steps to measure for --straggler-seconds.",
-            ))
+            findings.append(codes.finding(
+                "STR007", NAME,
+                (f"Stragglers not judged: {len(usable)} rank{'s' if len(usable) != 1 else ''} with "
+                 f"{steps} measured steps (need 2 ranks and {MIN_STEPS} steps)"),
+                ranks=tuple(usable), nodes=run.nodes_of(usable),
+                evidence={"steps": steps, "ranks": len(usable),
+                          "missing_ranks": missing}))
         return findings
     findings += _imbalance(facts, scores, run)
     # A rank with another batch size is STR003's: its work per sample carries the step's fixed
@@ -359,12 +358,12 @@ def _straggler(facts: ByRank, scores: Scores, run: RunView, rank: int) -> Findin
         arrival += f", and arrives {when} the median of the others (clock-corrected)"
     # Critical when it costs half of every step: the job would run twice as fast without it.
     severity = Severity.CRITICAL if step > 0 and cost / step >= 0.5 else Severity.WARN
-    return Finding(
-        code="STR001", severity=severity, probe=NAME,
-        title=(f"Rank {rank} on {s.host} is a straggler: {s.score_pct:.0f}% slower than its peers ({cause}); "
-               f"every step would take {100 * cost / step:.0f}% less time without it" if step > 0 else
-               f"Rank {rank} on {s.host} is a straggler ({cause})"),
-        ranks=(rank,), nodes=run.nodes_of([rank]),
+    return codes.finding(
+        "STR001", NAME,
+        (f"Rank {rank} on {s.host} is a straggler: {s.score_pct:.0f}% slower than its peers ({cause}); "
+         f"every step would take {100 * cost / step:.0f}% less time without it" if step > 0 else
+         f"Rank {rank} on {s.host} is a straggler ({cause})"),
+        severity=severity, ranks=(rank,), nodes=run.nodes_of([rank]),
         evidence={
             "cause": cause,
             "measured": f"over {scores.steps} steps it {arrival}",
@@ -374,25 +373,19 @@ def _straggler(facts: ByRank, scores: Scores, run: RunView, rank: int) -> Findin
             "cost_ms_per_step": round(cost, 2), "median_step_ms": round(step, 2),
             "per_rank": _table(scores), **evidence,
         },
-        why=("DDP is synchronous: every rank waits at each gradient all-reduce for the last one to arrive, so the "
-             "whole job runs at this rank's pace."),
-        fix=fix,
-    )
+        fix=fix)
 
 
 def _intermittent(scores: Scores, run: RunView, ranks: list[int]) -> Finding:
-    return Finding(
-        code="STR008", severity=Severity.INFO, probe=NAME,
-        title=(f"Rank {rank_ranges(ranks)} slower in some windows only: noise or an intermittent slowdown, not a "
-               "straggler"),
+    return codes.finding(
+        "STR008", NAME,
+        (f"Rank {rank_ranges(ranks)} slower in some windows only: noise or an intermittent slowdown, not a "
+         "straggler"),
         ranks=tuple(ranks), nodes=run.nodes_of(ranks),
         evidence={"slower_than_peers_pct_by_window": {r: scores.ranks[r].window_pct for r in ranks},
                   "rule": (f"a straggler is {scores.threshold_pct:g}% slower in at least {PERSIST_SHARE:.0%} "
                            f"of the windows; these were {INTERMITTENT_TIMES * scores.threshold_pct:g}% slower in "
-                           "two or more")},
-        why="Short bursts (another process, a page-cache flush, a checkpoint on a shared disk) slow a rank for a while.",
-        fix="If it recurs, run again with --straggler-seconds 30 to see whether it persists.",
-    )
+                           "two or more")})
 
 
 def _imbalance(facts: ByRank, scores: Scores, run: RunView) -> list[Finding]:
@@ -410,47 +403,33 @@ def _imbalance(facts: ByRank, scores: Scores, run: RunView) -> list[Finding]:
         per_sample = (f"Per sample, rank {rank_ranges(slower)} is also slower than its peers: check it for a slow "
                       "device once the data is balanced." if slower else
                       "Per sample it works at least as fast as its peers: this is the data split, not the hardware.")
-        out.append(Finding(
-            code="STR003", severity=Severity.WARN, probe=NAME,
-            title=(f"Uneven work: rank {rank_ranges(odd)} processes {samples[odd[0]]:g} samples a step, the median "
-                   f"rank {typical:g}{waits}"),
+        out.append(codes.finding(
+            "STR003", NAME,
+            (f"Uneven work: rank {rank_ranges(odd)} processes {samples[odd[0]]:g} samples a step, the median "
+             f"rank {typical:g}{waits}"),
             ranks=tuple(odd), nodes=run.nodes_of(odd),
             evidence={"samples_per_step": {r: int(v) if float(v).is_integer() else v for r, v in samples.items()},
                       "work_per_sample_vs_peers_pct": {r: round(scores.ranks[r].score_pct, 1) for r in odd},
                       "per_rank": _table(scores)},
             why=(f"{per_sample} DDP waits for the rank with the most work at every step, and ranks with uneven "
-                 "batch counts hang at the end of an epoch (the others wait in an all-reduce it never calls)."),
-            fix=("Shard the data with DistributedSampler(dataset, num_replicas=world_size, rank=rank) and the same "
-                 "batch_size on every rank; use drop_last=True (or pad) so every rank gets the same number of "
-                 "batches; for variable-length samples, balance tokens per rank (a length-grouped sampler)."),
-        ))
+                 "batch counts hang at the end of an epoch (the others wait in an all-reduce it never calls).")))
     peaks = {r: int(facts[r].peak_mem_bytes) for r in scores.ranks}
     if all(peaks.values()):
         for r, peak in sorted(peaks.items()):
             others = _median([v for p, v in peaks.items() if p != r])
             if peak - others > max(MEMORY_UNEVEN_SHARE * others, MEMORY_UNEVEN_BYTES):
-                out.append(Finding(
-                    code="STR004", severity=Severity.WARN, probe=NAME,
-                    title=(f"Rank {r} peaks at {peak / 2**30:.2f} GiB of memory, its peers at {others / 2**30:.2f} GiB"),
-                    ranks=(r,), nodes=run.nodes_of([r]),
-                    evidence={"peak_mem_bytes": peaks},
-                    why=("One rank holding extra state (metrics, a copy of the model or of the dataset, logging on "
-                         "rank 0) sets the memory limit, and so the batch size, for all of them."),
-                    fix="Keep rank-0-only work (evaluation, checkpoint gathering, logging buffers) small or off the "
-                        "GPU, and free it before training steps.",
-                ))
+                out.append(codes.finding(
+                    "STR004", NAME,
+                    (f"Rank {r} peaks at {peak / 2**30:.2f} GiB of memory, its peers at {others / 2**30:.2f} GiB"),
+                    ranks=(r,), nodes=run.nodes_of([r]), evidence={"peak_mem_bytes": peaks}))
     utils = {r: _median_of(facts[r].sampled.gpu_util_pct) for r in scores.ranks}
     known = {r: u for r, u in utils.items() if u is not None}
     if len(known) >= 2 and max(known.values()) - min(known.values()) > UTIL_GAP_POINTS:
         low = min(known, key=lambda r: known[r])
-        out.append(Finding(
-            code="STR006", severity=Severity.INFO, probe=NAME,
-            title=f"GPU utilisation is uneven: {min(known.values()):.0f}% on rank {low} up to {max(known.values()):.0f}%",
-            ranks=tuple(sorted(known)), nodes=run.nodes_of(known),
-            evidence={"gpu_util_pct_median": known},
-            why="Ranks that wait for a straggler or for data idle their GPU; the busiest GPU is the one the others wait for.",
-            fix="See the straggler and data findings; utilisation evens out when the slow rank is fixed.",
-        ))
+        out.append(codes.finding(
+            "STR006", NAME,
+            f"GPU utilisation is uneven: {min(known.values()):.0f}% on rank {low} up to {max(known.values()):.0f}%",
+            ranks=tuple(sorted(known)), nodes=run.nodes_of(known), evidence={"gpu_util_pct_median": known}))
     return out
 
 
@@ -460,27 +439,22 @@ def _comm_bound(scores: Scores, run: RunView, slow: Sequence[int]) -> list[Findi
     shares = {r: s.comm_wait_ms / s.step_ms for r, s in scores.ranks.items() if s.step_ms > 0}
     if shares and min(shares.values()) >= COMM_BOUND_SHARE:
         ranks = sorted(shares)
-        return [Finding(
-            code="STR005", severity=Severity.INFO, probe=NAME,
-            title=(f"Every rank spends at least {100 * min(shares.values()):.0f}% of its step waiting for the gradient "
-                   "all-reduce, and none is late: the network or the collective is the bottleneck"),
+        return [codes.finding(
+            "STR005", NAME,
+            (f"Every rank spends at least {100 * min(shares.values()):.0f}% of its step waiting for the gradient "
+             "all-reduce, and none is late: the network or the collective is the bottleneck"),
             ranks=tuple(ranks), nodes=run.nodes_of(ranks),
             evidence={"comm_wait_share_pct": {r: round(100 * v, 1) for r, v in shares.items()},
-                      "per_rank": _table(scores)},
-            why="No rank makes the others wait; the all-reduce itself takes as long as the rest of the step.",
-            fix=("Measure the interconnect with `ddpdoctor allreduce-bench`; larger per-rank batches or gradient "
-                 "accumulation (no_sync) amortise communication; check DDP's bucket_cap_mb."),
-        )]
+                      "per_rank": _table(scores)})]
     return []
 
 
 def _all_clear(scores: Scores, run: RunView) -> Finding:
     ranks = sorted(scores.ranks)
     spread = max(s.score_pct for s in scores.ranks.values()) - min(s.score_pct for s in scores.ranks.values())
-    return Finding(
-        code="STR002", severity=Severity.OK, probe=NAME,
-        title=(f"No straggler: {len(ranks)} ranks within {spread:.1f}% of each other over {scores.steps} steps "
-               f"(threshold {scores.threshold_pct:g}%)"),
+    return codes.finding(
+        "STR002", NAME,
+        (f"No straggler: {len(ranks)} ranks within {spread:.1f}% of each other over {scores.steps} steps "
+         f"(threshold {scores.threshold_pct:g}%)"),
         ranks=tuple(ranks), nodes=run.nodes_of(ranks),
-        evidence={"per_rank": _table(scores), "clock_corrected_arrivals": scores.clocks_known},
-    )
+        evidence={"per_rank": _table(scores), "clock_corrected_arrivals": scores.clocks_known})

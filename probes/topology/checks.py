@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Union
 
+from ddpdoctor.core import codes
 from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.measure.host_layout import linux_bus_id, parse_cpulist
@@ -80,10 +81,12 @@ def node_views(facts: RankFacts, run: RunView) -> list[NodeView]:
     return list(views.values())
 
 
-def _finding(code: str, severity: Severity, title: str, ranks: Iterable[int], nodes: Iterable[str],
-             evidence: dict[str, Any], why: str, fix: str) -> Finding:
-    return Finding(code=code, severity=severity, title=title, probe=NAME, ranks=tuple(sorted(set(ranks))),
-                   nodes=tuple(dict.fromkeys(nodes)), evidence=evidence, why=why, fix=fix)
+def _finding(code: str, title: str, ranks: Iterable[int], nodes: Iterable[str], evidence: dict[str, Any],
+             severity: Optional[Severity] = None, **words: str) -> Finding:
+    """A topology finding in the catalogue's words; `words` holds the fix a case builds at run time
+    (TOP001, TOP002: the GPU's own bus id or index in the commands)."""
+    return codes.finding(code, NAME, title, severity=severity, ranks=tuple(sorted(set(ranks))),
+                         nodes=tuple(dict.fromkeys(nodes)), evidence=evidence, **words)
 
 
 def ranks_on(view: NodeView, index: Optional[int]) -> list[int]:
@@ -164,7 +167,7 @@ def nvlink_findings(view: NodeView) -> list[Finding]:
             else:
                 severity = Severity.CRITICAL if none_left else Severity.WARN
             findings.append(_finding(
-                "TOP002", severity,
+                "TOP002",
                 f"GPU {gpu.index} on {view.host}: "
                 f"{'no NVLink active' if none_left else f'{have} of {best} NVLinks active'}"
                 f"{'' if fabric or not none_left else ' (no bridge fitted, or a bridge down)'}",
@@ -172,9 +175,7 @@ def nvlink_findings(view: NodeView) -> list[Finding]:
                 {"gpu": gpu.index, "model": model, "pci_bus_id": gpu.pci_bus_id, "active_links": have,
                  "links_on_its_best_peer": best, "inactive_links": down, "ranks_on_it": ranks,
                  "nvswitch": fabric},
-                why=("NCCL routes around a missing NVLink: with some links down this GPU's traffic shares fewer "
-                     "links, with all down it falls back to PCIe and host memory, several times slower; every "
-                     "all-reduce of the job waits for it."),
+                severity=severity,
                 fix=("`nvidia-smi nvlink -s -i {i}` shows each link's state and `nvidia-smi nvlink -e -i {i}` its "
                      "errors. On NVSwitch systems check that the fabric manager runs (`systemctl status "
                      "nvidia-fabricmanager`); with bridged boards, that the bridge is seated. A GPU reset or a reboot "
@@ -221,11 +222,8 @@ def downtrained_finding(loaded: LoadedLink) -> list[Finding]:
     what = " and ".join(s for s, on in ((f"x{width} of x{max_width}", low_width),
                                          (f"Gen{gen} of Gen{max_gen}", low_gen)) if on)
     return [_finding(
-        "TOP001", Severity.WARN, f"PCIe link of {loaded.where} runs at {what} under load", [loaded.rank],
+        "TOP001", f"PCIe link of {loaded.where} runs at {what} under load", [loaded.rank],
         [loaded.host], loaded.evidence,
-        why=("The link trained below what the GPU and its slot support, so every copy between host and GPU, "
-             "and any all-reduce that goes over PCIe, has less bandwidth. Read while the GPU was busy, so "
-             "this is not the power saving of an idle link."),
         fix=("Compare `nvidia-smi -q -d PCIE` (Link Width / Generation, Current vs Max) and `lspci -vv -s "
              f"{linux_bus_id(loaded.bus) if loaded.bus else '<bus id>'} | grep -E 'LnkCap|LnkSta'` "
              "(\"LnkSta ... (downgraded)\"). Reseat the GPU or its "
@@ -238,14 +236,8 @@ def replay_finding(loaded: LoadedLink, replays: Optional[int]) -> list[Finding]:
     if not (isinstance(replays, int) and replays > 0):
         return []
     return [_finding(
-        "TOP008", Severity.WARN, f"PCIe link of {loaded.where} retransmitted {replays} times under load",
-        [loaded.rank], [loaded.host], dict(loaded.evidence, replays_during_load=replays),
-        why=("Replays are link-level retransmissions after errors: a marginal link (riser, slot, signal "
-             "integrity) that costs bandwidth and may get worse. A healthy link replays rarely, if ever, "
-             "in a quarter of a second."),
-        fix=("Watch `nvidia-smi -q -d PCIE` (Replays Since Reset) while training; node health checkers fail "
-             "a GPU at 80 replays over their test. Reseat the GPU or riser; drain the node if it keeps "
-             "counting."))]
+        "TOP008", f"PCIe link of {loaded.where} retransmitted {replays} times under load",
+        [loaded.rank], [loaded.host], dict(loaded.evidence, replays_during_load=replays))]
 
 
 def capped_slot_finding(loaded: LoadedLink) -> list[Finding]:
@@ -254,10 +246,8 @@ def capped_slot_finding(loaded: LoadedLink) -> list[Finding]:
     if not (isinstance(gpu_max, int) and isinstance(max_gen, int) and gpu_max > max_gen):
         return []
     return [_finding(
-        "TOP010", Severity.INFO, f"{loaded.where} supports PCIe Gen{gpu_max}, its slot only Gen{max_gen}",
-        [loaded.rank], [loaded.host], dict(loaded.evidence, gpu_max_gen=gpu_max, slot_max_gen=max_gen),
-        why="The slot (or the CPU's root port) caps the link below the GPU's own generation.",
-        fix="Nothing to repair; a newer platform or slot would double host-to-GPU bandwidth per generation.")]
+        "TOP010", f"{loaded.where} supports PCIe Gen{gpu_max}, its slot only Gen{max_gen}",
+        [loaded.rank], [loaded.host], dict(loaded.evidence, gpu_max_gen=gpu_max, slot_max_gen=max_gen))]
 
 
 def pcie_findings(view: NodeView, facts: ByRank) -> list[Finding]:
@@ -298,16 +288,11 @@ def asymmetry_findings(view: NodeView) -> list[Finding]:
         usual_level = next(c for c in best.values() if level_rank(c) == usual)
         ranks = ranks_on(view, gpu)
         findings.append(_finding(
-            "TOP003", Severity.WARN,
+            "TOP003",
             f"GPU {gpu} on {view.host} reaches the other GPUs only through {level}; the others have {usual_level}",
             ranks, [view.host],
             {"gpu": gpu, "closest_peer_path": level, "others_closest_path": usual_level,
-             "row": {str(o): cell(view, gpu, o) for o in gpus if o != gpu}, "ranks_on_it": ranks},
-            why=("Every ring or tree through this GPU crosses a slower path (the CPU's host bridge or the socket "
-                 "interconnect) than the others use, so the whole all-reduce runs at that path's speed."),
-            fix=("Run on GPUs that share a switch or socket (choose them with CUDA_VISIBLE_DEVICES; in Slurm, "
-                 "`--gpus-per-node` with `--gpu-bind=closest`), or ask the admins whether this GPU's NVLink or "
-                 "slot is as designed (`nvidia-smi topo -m`).")))
+             "row": {str(o): cell(view, gpu, o) for o in gpus if o != gpu}, "ranks_on_it": ranks}))
     return findings
 
 
@@ -342,16 +327,9 @@ def p2p_findings(view: NodeView) -> list[Finding]:
     involved = {int(x) for p in bad for x in p["gpus"].split("-")}
     ranks = [r for g in involved for r in ranks_on(view, g)]
     return [_finding(
-        "TOP004", Severity.WARN,
+        "TOP004",
         f"GPU peer-to-peer is unavailable between {len(bad)} GPU pair{'s' if len(bad) != 1 else ''} on {view.host} "
-        "that the topology allows", ranks, [view.host], {"pairs": bad[:16], "pairs_total": len(bad)},
-        why=("These GPUs sit behind one PCIe switch (or share NVLink), so their data could go GPU to GPU; without "
-             "P2P, NCCL stages every byte in host memory (\"via SHM\" instead of \"via P2P/IPC\" in NCCL_DEBUG=INFO "
-             "output), at a fraction of the bandwidth. The usual causes are PCIe ACS enabled on the switch, an "
-             "IOMMU in translation mode, a VM without P2P passthrough, or NCCL_P2P_DISABLE."),
-        fix=("Check `nvidia-smi topo -p2p r` (it should say OK). Disable ACS on the PCIe switches (BIOS, or "
-             "`setpci` at boot) and boot with `iommu=pt` (or the IOMMU off), as NCCL's troubleshooting guide "
-             "describes; in a VM, enable P2P in the hypervisor. Make sure NCCL_P2P_DISABLE is not set."))]
+        "that the topology allows", ranks, [view.host], {"pairs": bad[:16], "pairs_total": len(bad)})]
 
 
 # -- CPU placement ------------------------------------------------------------------------
@@ -386,25 +364,15 @@ def affinity_findings(view: NodeView, facts: ByRank) -> list[Finding]:
     if remote:
         rows = remote
         findings.append(_finding(
-            "TOP005", Severity.WARN,
+            "TOP005",
             f"Rank {rank_ranges(r['rank'] for r in rows)} on {view.host} runs on CPUs of another NUMA node than its GPU",
-            [r["rank"] for r in rows], [view.host], {"ranks": rows[:16], "ranks_total": len(rows)},
-            why=("Data loading, kernel launches and host-to-GPU copies of such a rank cross the socket "
-                 "interconnect, and its pinned memory lives on the far node: slower steps, and the one rank "
-                 "everyone else waits for."),
-            fix=("Bind each rank to its GPU's NUMA node: in Slurm `srun --cpu-bind=cores --gpu-bind=closest`; "
-                 "by hand `numactl --cpunodebind=N --membind=N` per rank; or remove a wrong `taskset`/cgroup "
-                 "cpuset. `nvidia-smi topo -m` shows each GPU's CPU Affinity and NUMA Affinity.")))
+            [r["rank"] for r in rows], [view.host], {"ranks": rows[:16], "ranks_total": len(rows)}))
     if unpinned:
         findings.append(_finding(
-            "TOP006", Severity.INFO,
+            "TOP006",
             f"Rank {rank_ranges(r['rank'] for r in unpinned)} on {view.host} may run on CPUs of other NUMA nodes "
             "than its GPU's", [r["rank"] for r in unpinned], [view.host],
-            {"ranks": unpinned[:16], "ranks_total": len(unpinned)},
-            why=("Not an error: the scheduler may keep each rank near its GPU, or may not. Binding makes step "
-                 "times steadier on multi-socket hosts."),
-            fix=("Optional: `srun --cpu-bind=cores --gpu-bind=closest`, or `numactl --cpunodebind=N --membind=N` "
-                 "with N the GPU's NUMA node from `nvidia-smi topo -m`.")))
+            {"ranks": unpinned[:16], "ranks_total": len(unpinned)}))
     return findings
 
 
@@ -500,10 +468,7 @@ def expectation_finding(views: list[NodeView], facts: ByRank) -> list[Finding]:
                 "model": "slowest ring hop x efficiency (docs/probes/topology.md)"}
     title = (f"This topology allows about {now.busbw_gbps:g} GB/s all-reduce bus bandwidth ({now.bottleneck})"
              if now.busbw_gbps is not None else f"All-reduce bandwidth not modelled: {now.bottleneck}")
-    return [_finding("TOP007", Severity.INFO, title, [], [v.host for v in views], evidence,
-                     why=("What `ddpdoctor allreduce-bench` (or nccl-tests) should come close to on large messages; "
-                          "a measurement far below it points at the machine."),
-                     fix="")]
+    return [_finding("TOP007", title, [], [v.host for v in views], evidence)]
 
 
 def no_gpu_findings(views: list[NodeView]) -> list[Finding]:
@@ -512,10 +477,9 @@ def no_gpu_findings(views: list[NodeView]) -> list[Finding]:
     if not reasons:
         return []
     bare = [v for v in views if v.host in reasons]
-    return [_finding("TOP009", Severity.INFO,
+    return [_finding("TOP009",
                      f"No GPU topology on {len(bare)} node{'s' if len(bare) != 1 else ''}: CPU placement and NICs only",
-                     [r for v in bare for r in v.ranks], list(reasons), {"why_no_gpus": reasons},
-                     why="Without NVML there are no GPU links to judge; ranks run on CPU (gloo).", fix="")]
+                     [r for v in bare for r in v.ranks], list(reasons), {"why_no_gpus": reasons})]
 
 
 def diagnose_topology(facts: RankFacts, run: RunView) -> list[Finding]:
