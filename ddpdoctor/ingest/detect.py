@@ -17,7 +17,7 @@ _SIGNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("nvidia-smi-q", re.compile(r"=+\s*NVSMI LOG\s*=+|^\s*Attached GPUs\s*:|^\s*(Clocks (Throttle|Event) Reasons"
                                 r"|ECC Errors|Remapped Rows|Retired Pages)\s*\n(\s+[^:\n]+\n){0,2}\s+\S[^:\n]*:", re.M)),
     ("topo-m", re.compile(r"^\s*GPU0(\s+GPU\d+)*(\s+(NIC|mlx)\S*)*\s+CPU Affinity|^\s*Legend:\s*$", re.M)),
-    ("nvlink-status", re.compile(r"^GPU \d+: .*\(UUID: .*\)\s*$(\n\s+Link \d+: )", re.M)),
+    ("nvlink-status", re.compile(r"^GPU \d+: [^\n]*\n\s*Link \d+: ", re.M)),  # (UUID: ..) since ~450
     ("nccl-tests", re.compile(r"#\s+out-of-place\s+in-place|Avg bus bandwidth\s*:", re.M)),
     ("dcgmi-diag", re.compile(r"Diagnostic\s*\|\s*Result|\"DCGM GPU Diagnostic\"|\bdcgmi\b.*\bdiag\b"
                               r"|^\|[^|\n]*\|\s*(Pass|Fail|Skip|Warn)\s+-\s+GPUs?:", re.M)),

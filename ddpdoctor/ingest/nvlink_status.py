@@ -18,8 +18,8 @@ from ddpdoctor.probes.topology.facts import GpuNode, GpuTopology, NodeFacts, NvL
 
 KIND = "nvlink-status"
 PROBE = "topology"
-_GPU = re.compile(r"^GPU (\d+): (.*?)\s*\(UUID: ([^)]*)\)\s*$")
-_LINK = re.compile(r"^\s+Link (\d+): (.*?)\s*$")
+_GPU = re.compile(r"^GPU (\d+): (.*?)\s*(?:\(UUID: ([^)]*)\))?\s*$")  # drivers before ~450 print no UUID
+_LINK = re.compile(r"^\s*Link (\d+): (.*?)\s*$")
 _UP = re.compile(r"\d+(\.\d+)? GB/s$")
 _UUID = re.compile(r"(GPU|MIG)-[0-9a-fA-F-]{8,}$")
 CANNOT_SHOW = ("what each NVLink connects to (a GPU or an NVSwitch) and its version (nvidia-smi nvlink -R, -v)",
@@ -44,11 +44,11 @@ def _gpus(path: str, text: str) -> list[GpuNode]:
     """Each `GPU N: model (UUID: ...)` line with the link lines under it."""
     gpus: list[GpuNode] = []
     current: Optional[GpuNode] = None
-    last_said = False  # the last GPU has a line under it (a link, or "all links are inActive")
+    last_said = False  # the last GPU has a line under it (a link, "(Not supported)", "all links are inActive")
     for number, line in enumerate(text.splitlines(), 1):
         gpu = _GPU.match(line)
         if gpu:
-            uuid = gpu.group(3).strip()
+            uuid = (gpu.group(3) or "").strip()
             current = GpuNode(index=int(gpu.group(1)), name=gpu.group(2), uuid=uuid if _UUID.match(uuid) else None)
             gpus.append(current)
             last_said = False
@@ -56,7 +56,7 @@ def _gpus(path: str, text: str) -> list[GpuNode]:
         link = _LINK.match(line)
         if link and current is not None:
             current.nvlinks.append(_link(path, number, line, link))
-        last_said = last_said or (current is not None and line[:1].isspace() and bool(line.strip()))
+        last_said = last_said or (current is not None and bool(line.strip()))
     if len(gpus) > 1 and not last_said and any(g.nvlinks for g in gpus):
         raise UsageError(f"{path}: GPU {gpus[-1].index} lists no NVLink while the GPUs above it do: "
                          "the nvidia-smi nvlink --status output was cut short")

@@ -16,6 +16,7 @@ import pytest
 from ddpdoctor import cli
 from ddpdoctor.core.errors import UsageError
 from ddpdoctor.ingest import nvlink_status, topo_matrix
+from ddpdoctor.ingest.load import read_tool_output
 from ddpdoctor.probes.topology.checks import node_views
 from ddpdoctor.probes.topology.facts import GpuPair, TopologyFacts
 
@@ -249,6 +250,22 @@ def test_a_gpu_whose_links_are_all_inactive_ends_a_listing_without_being_cut():
     text = NVLINK_TWO_DOWN + ("GPU 4: Tesla V100-SXM2-32GB (UUID: GPU-0e5a4f2c-1111-2222-3333-444455557777)\n"
                               "\t NVML: Unable to retrieve NVLink information as all links are inActive\n")
     assert node_of(nvlink_status.read("nv.txt", text)).gpus.gpus[-1].nvlinks == []
+
+
+def test_an_unbridged_board_ends_a_real_listing_with_an_unindented_nvml_line():
+    out = nvlink_status.read("a6000.txt", fixture("nvlink_a6000x3_one_unbridged_healthy.txt"))
+    gpus = node_of(out).gpus.gpus
+    assert [len(g.nvlinks) for g in gpus] == [4, 4, 0] and all(link.active for link in gpus[0].nvlinks)
+
+
+def test_drivers_that_print_no_uuid_are_detected_and_matched_by_index(tmp_path, capsys):
+    old = ("nvidia-smi nvlink --status\n\nGPU 0: Tesla V100-SXM2-32GB\n\t Link 0: 25.781 GB/s\n\t Link 1: 25.781 GB/s\n"
+           "GPU 1: Tesla V100-SXM2-32GB\n\t Link 0: 25.781 GB/s\n\t Link 1: <inactive>\n"
+           "GPU 2: Tesla V100-PCIE-16GB\n\t (Not supported)\n")
+    out = read_tool_output("old.txt", old.encode())
+    assert out.kind == "nvlink-status" and out.gpus[1]["topology"].gpu_uuid is None
+    code, diagnosis, _ = diagnose(tmp_path, capsys, old)
+    assert [f["title"] for f in loud(diagnosis)] == ["GPU 1 on node: 1 of 2 NVLinks active"]
 
 
 def test_a_listing_cut_after_a_gpu_line_or_mid_link_is_one_line():
