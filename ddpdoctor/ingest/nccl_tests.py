@@ -169,7 +169,7 @@ def _timings(rows: list[_Row], first: bool) -> list[SizeTiming]:
             if in_place in row.cells:
                 time_us, _, _, wrong = row.cells[in_place]
                 out.append(SizeTiming(size_bytes=row.size, count=row.count, in_place=in_place,
-                                      times_s=[time_us * 1e-6], wrong=wrong if first else None))
+                                      times_s=[time_us / 1e6], wrong=wrong if first else None))
     return out
 
 
