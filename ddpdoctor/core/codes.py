@@ -300,6 +300,14 @@ _ENTRIES = (
                "straggler or a slow speed measured there may be the other job's doing, not the hardware's."),
           fix=('Find them with `top` or `ps -eo pid,pcpu,comm --sort=-pcpu | head`; ask the scheduler for whole nodes '
                '(Slurm --exclusive) or exclude the node, then check again.')),
+    _code("HOM020", frozenset({Severity.CRITICAL, Severity.WARN}), "homogeneity",
+          severity_rule='CRITICAL when a DCGM test failed on the GPU, WARN when it only warned',
+          why=("DCGM's diagnostic (`dcgmi diag -r N`) loads the GPU (memory, PCIe, stress) and watches it; a failed "
+               'test means the GPU misbehaved under load (overheating, memory errors, a link dropping, CUDA not '
+               'starting), which an idle reading does not show: a job on it crashes, hangs or runs slow.'),
+          fix=("Drain the node and act on DCGM's own text in the finding (cooling for thermal violations, a reset and "
+               'a re-run for memory or CUDA errors); re-run `dcgmi diag -r 3` and replace the GPU (RMA) if it fails '
+               'again.')),
     _code("HOM016", frozenset({Severity.WARN, Severity.INFO}), "homogeneity",
           severity_rule='WARN when MIG mode is on now, INFO when it comes on at the next GPU reset',
           why=('In MIG mode the GPU is split into instances with a fraction of its SMs and memory each: a rank gets a '
