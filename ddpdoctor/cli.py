@@ -395,20 +395,20 @@ def _snapshot(args: argparse.Namespace) -> int:
 def _diagnose(args: argparse.Namespace) -> int:
     from ddpdoctor.render.console import make_console, render_diagnosis
     from ddpdoctor.core.files import atomic_write_json
-    from ddpdoctor.snapshot import diagnose_inputs, load_inputs
+    from ddpdoctor.snapshot import diagnose_inputs, read_inputs
 
     _check_output_path("--json", args.json_path)
     _refuse_existing([("--json", args.json_path)], args.force)
-    inputs = load_inputs(args.files)
+    inputs = read_inputs(args.files)
     if args.slow_threshold is not None:
         inputs.settings["slow_threshold_pct"] = args.slow_threshold
     diagnosis = diagnose_inputs(inputs)
     if args.json_path:
         atomic_write_json(diagnosis.to_json(), args.json_path, overwrite=args.force)
-    render_diagnosis(diagnosis, make_console())
-    for line in inputs.unreadable:  # the other files were judged above; these could not be
+    for line in inputs.unreadable:  # the other files are judged below; these could not be
         sys.stderr.write(f"ddpdoctor: error: {one_line(line)}\n")
-    return EXIT_UNKNOWN if inputs.unreadable else diagnosis.exit_code
+    render_diagnosis(diagnosis, make_console())
+    return diagnosis.exit_code
 
 
 def _explain(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional
 
 from ddpdoctor import __version__
 from ddpdoctor.core.errors import UsageError
+from ddpdoctor.core.exits import EXIT_UNKNOWN
 from ddpdoctor.core.findings import Finding, Severity, exit_code_for
 
 # A snapshot is a few KiB per device and a report of 1000 ranks a few MiB: a file past this
@@ -162,6 +163,8 @@ def _parse(path: str, raw: bytes) -> Any:
     hint = ("give a snapshot (ddpdoctor snapshot --out FILE) or a report (ddpdoctor check --json FILE)")
     if raw[:1] == b"\x80" and raw[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         raise UsageError(f"{path} looks like a pickle: diagnose reads JSON only and never unpickles; {hint}")
+    if b"\x00" in raw[:8192]:  # no text output of any tool ddpdoctor reads holds a NUL byte
+        raise UsageError(f"{path} is not a text file (it holds NUL bytes): {hint}, or a tool output")
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -241,19 +244,45 @@ def _expand(paths: list[str]) -> list[tuple[str, Optional[str]]]:
 
 
 def _tool_output(path: str, raw: bytes, folder_host: Optional[str]) -> Optional[Any]:
-    """The file read as another tool's output when its content says which tool, else None (and
-    the snapshot/report reading says what is wrong with it, as before tool outputs were read)."""
+    """The file read as another tool's output when its content says which tool; None for JSON,
+    binary or empty files, which the snapshot/report reading judges as before tool outputs were
+    read; one line for text that is neither."""
     from ddpdoctor.ingest.detect import detect
-    from ddpdoctor.ingest.load import read_tool_output
+    from ddpdoctor.ingest.load import EXPECTED, read_tool_output
 
-    if raw[:1] in (b"{", b"[") or b"\x00" in raw[:8192]:
+    head = raw[:1 << 20]
+    if not head.strip() or head.lstrip()[:1] in (b"{", b"[") or b"\x00" in raw[:8192]:
         return None
-    if detect(raw[:1 << 20].decode("utf-8", errors="replace")) is None:
-        return None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return None  # "is not a text file", from the JSON reading
+    if detect(text) is None:
+        if text.lstrip()[:1] == "(" or _is_json(text):  # a protocol-0 pickle, or a JSON scalar: the
+            return None                                   # JSON reading says what it is instead
+        raise UsageError(f"{path} is not valid JSON nor an output ddpdoctor reads: expected {EXPECTED}")
     return read_tool_output(path, raw, folder_host)
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def load_inputs(paths: list[str]) -> Inputs:
+    """Every file read, or the first that cannot be, as one UsageError: the API's contract."""
+    inputs = read_inputs(paths)
+    if inputs.unreadable:
+        raise UsageError(inputs.unreadable[0])
+    return inputs
+
+
+def read_inputs(paths: list[str]) -> Inputs:
+    """Every file that can be read; one line in `unreadable` for each that cannot (the CLI judges
+    the rest, then exits 3). Raises only when nothing at all could be read."""
     from ddpdoctor.probes import all_probes
 
     known = all_probes()
@@ -263,51 +292,59 @@ def load_inputs(paths: list[str]) -> Inputs:
     labels: set[str] = set()
     outputs = []
     for index, (path, folder_host) in enumerate(files):
-        raw = _read_bytes(path)
         try:
+            raw = _read_bytes(path)
             tool = _tool_output(path, raw, folder_host)
-        except UsageError as exc:
+            if tool is not None:
+                outputs.append(tool)
+            else:
+                _add_file(inputs, known, index, path, _checked(path, _parse(path, raw)), owner, labels)
+        except UsageError as exc:  # one line for this file; the others are still judged
             inputs.unreadable.append(str(exc))
-            continue
-        if tool is not None:
-            outputs.append(tool)
-            continue
-        data = _checked(path, _parse(path, raw))
-        per_probe = _per_rank(path, data)
-        base = max(inputs.hosts, default=-1) + 1  # past every rank so far, even with gaps
-        hosts = _hosts_of(path, data)
-        renamed: dict[str, str] = {}
-
-        def label(host: str) -> str:
-            if owner.setdefault(host, index) == index:
-                return host
-            if host not in renamed:  # the same machine in two files, or one file given twice
-                name = f"{host} ({os.path.basename(path)})"
-                renamed[host] = name if name not in labels else f"{host} ({os.path.basename(path)} #{index + 1})"
-                labels.add(renamed[host])
-            return renamed[host]
-
-        local_ranks: set[int] = set()
-        for name, entries in per_probe.items():
-            if name not in known:
-                continue  # written by a newer ddpdoctor: judge what this one knows
-            for offset, entry in enumerate(entries):
-                own = int(entry["rank"]) if data["schema"] == REPORT_SCHEMA else offset
-                rank = base + own
-                host = label(hosts.get(own) or str(entry.get("host") or "?"))
-                inputs.facts.setdefault(name, {})[rank] = dict(entry, rank=rank, host=host)
-                inputs.hosts[rank] = host
-                local_ranks.add(rank)
-        if not local_ranks:
-            raise UsageError(f"{path} holds no facts this ddpdoctor can judge (probes: "
-                             f"{', '.join(per_probe) or 'none'})")
-        if isinstance(data.get("settings"), Mapping):
-            for key, value in data["settings"].items():
-                inputs.settings.setdefault(key, value)  # the thresholds the report was judged with
     _add_nodes(inputs, outputs, owner)
     if not inputs.hosts:
         raise UsageError(inputs.unreadable[0] if inputs.unreadable else "no input to diagnose")
     return inputs
+
+
+def _add_file(inputs: Inputs, known: Mapping[str, Any], index: int, path: str, data: dict[str, Any],
+              owner: dict[str, int], labels: set[str]) -> None:
+    """A snapshot's or report's ranks, numbered after every rank so far; a host another file
+    already named is told apart by this file's name."""
+    per_probe = _per_rank(path, data)
+    base = max(inputs.hosts, default=-1) + 1  # past every rank so far, even with gaps
+    hosts = _hosts_of(path, data)
+    renamed: dict[str, str] = {}
+
+    def label(host: str) -> str:
+        if owner.setdefault(host, index) == index:
+            return host
+        if host not in renamed:  # the same machine in two files, or one file given twice
+            name = f"{host} ({os.path.basename(path)})"
+            renamed[host] = name if name not in labels else f"{host} ({os.path.basename(path)} #{index + 1})"
+            labels.add(renamed[host])
+        return renamed[host]
+
+    local_ranks: set[int] = set()
+    entries_by_rank: dict[str, dict[int, dict[str, Any]]] = {}
+    for name, entries in per_probe.items():
+        if name not in known:
+            continue  # written by a newer ddpdoctor: judge what this one knows
+        for offset, entry in enumerate(entries):
+            own = int(entry["rank"]) if data["schema"] == REPORT_SCHEMA else offset
+            rank = base + own
+            host = label(hosts.get(own) or str(entry.get("host") or "?"))
+            entries_by_rank.setdefault(name, {})[rank] = dict(entry, rank=rank, host=host)
+            local_ranks.add(rank)
+    if not local_ranks:
+        raise UsageError(f"{path} holds no facts this ddpdoctor can judge (probes: "
+                         f"{', '.join(per_probe) or 'none'})")
+    for name, by_rank in entries_by_rank.items():
+        inputs.facts.setdefault(name, {}).update(by_rank)
+        inputs.hosts.update({rank: entry["host"] for rank, entry in by_rank.items()})
+    if isinstance(data.get("settings"), Mapping):
+        for key, value in data["settings"].items():
+            inputs.settings.setdefault(key, value)  # the thresholds the report was judged with
 
 
 def _add_nodes(inputs: Inputs, outputs: list[Any], owner: dict[str, int]) -> None:
@@ -337,6 +374,10 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> int:
+        """The findings' verdict, or 3 (unknown) when a file could not be read: what it held was
+        not judged, so no verdict covers it (the job script must look)."""
+        if self.inputs.unreadable:
+            return EXIT_UNKNOWN
         return exit_code_for(f.severity for f in self.findings)
 
     def nodes(self) -> list[str]:
@@ -349,7 +390,8 @@ class Diagnosis:
                 "world_size": self.inputs.world_size, "nodes": self.nodes(), "settings": self.inputs.settings,
                 "verdict": VERDICTS[self.exit_code],
                 "worst_severity": max((f.severity for f in self.findings), default=Severity.OK).label,
-                "exit_code": self.exit_code, "findings": [f.to_json() for f in self.findings]}
+                "exit_code": self.exit_code, "findings": [f.to_json() for f in self.findings],
+                "unreadable": list(self.inputs.unreadable)}
 
 
 def diagnose_inputs(inputs: Inputs) -> Diagnosis:
