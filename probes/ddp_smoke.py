@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ddpdoctor.core import codes
-from ddpdoctor.core.facts import Facts, facts_by_rank, nested_list
+from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, rank_ranges
-from ddpdoctor.runtime.workload import run_workload
+from ddpdoctor.runtime.workload import StepTiming, WorkloadResult, run_workload
 
 from ddpdoctor.probes.base import RunView
 
@@ -24,38 +24,10 @@ if TYPE_CHECKING:
 NAME = "ddp-smoke"
 
 
-@dataclass
-class StepFacts(Facts):
-    """One timed step: runtime.workload.StepTiming, field for field."""
-
-    data_ms: float = 0.0
-    forward_ms: float = 0.0
-    backward_ms: float = 0.0  # includes waiting for the gradient all-reduce to finish
-    comm_ms: float = 0.0  # sum over buckets, from hook launch to all-reduce completion
-    optimizer_ms: float = 0.0
-    step_ms: float = 0.0
-    injected_delay_ms: float = 0.0
-
-
-@dataclass
-class DdpSmokeFacts(Facts):
-    """One rank's run of the shared DDP workload: runtime.workload.WorkloadResult, field for field
-    (that is what collect publishes), with a default for every key a file may lack."""
-
-    device: str = ""
-    backend: str = ""
-    parameters: int = 0
-    gradient_bytes: int = 0
-    batch_size: int = 0
-    steps: list[StepFacts] = field(default_factory=list, metadata=nested_list(StepFacts))
-    warmup_steps: int = 0
-    comm_calls: int = 0
-    comm_bytes: int = 0
-    param_sha256: str = ""
-    param_sum: float = 0.0
-    peak_mem_bytes: int = 0
-    loss_first: float = 0.0
-    loss_last: float = 0.0
+# The facts are the shared workload's own result types (runtime/workload.py), named here as the
+# probe's facts: one definition of the wire format, not a copy kept in step by hand.
+StepFacts = StepTiming
+DdpSmokeFacts = WorkloadResult
 
 
 class DdpSmoke:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ddpdoctor.core.facts import Facts, nested_list
 from ddpdoctor.runtime.context import RankContext
 from ddpdoctor.measure.slow_compute import SlowCompute
 from ddpdoctor.runtime.user_model import UserWorkload, forward, loss_of, to_device
@@ -19,24 +20,29 @@ from ddpdoctor.runtime.user_model import UserWorkload, forward, loss_of, to_devi
 
 
 @dataclass
-class StepTiming:
-    data_ms: float
-    forward_ms: float
-    backward_ms: float  # includes waiting for the gradient all-reduce to finish
-    comm_ms: float  # sum over buckets, from hook launch to all-reduce completion
-    optimizer_ms: float
-    step_ms: float
+class StepTiming(Facts):
+    """One timed step. A Facts type: the ddp-smoke probe publishes these as its facts."""
+
+    data_ms: float = 0.0
+    forward_ms: float = 0.0
+    backward_ms: float = 0.0  # includes waiting for the gradient all-reduce to finish
+    comm_ms: float = 0.0  # sum over buckets, from hook launch to all-reduce completion
+    optimizer_ms: float = 0.0
+    step_ms: float = 0.0
     injected_delay_ms: float = 0.0
 
 
 @dataclass
-class WorkloadResult:
-    device: str
-    backend: str
-    parameters: int
-    gradient_bytes: int
-    batch_size: int
-    steps: list[StepTiming] = field(default_factory=list)
+class WorkloadResult(Facts):
+    """One rank's run of the shared DDP workload; its JSON is the ddp-smoke probe's facts (a
+    default for every key, as a file written by another version may lack one)."""
+
+    device: str = ""
+    backend: str = ""
+    parameters: int = 0
+    gradient_bytes: int = 0
+    batch_size: int = 0
+    steps: list[StepTiming] = field(default_factory=list, metadata=nested_list(StepTiming))
     warmup_steps: int = 0
     comm_calls: int = 0
     comm_bytes: int = 0
