@@ -148,10 +148,14 @@ def nvlink_findings(view: NodeView) -> list[Finding]:
         if gpu.nvlinks:  # only GPUs whose links NVML reports at all
             by_model.setdefault(str(gpu.name), []).append(gpu)
     for model, gpus in by_model.items():
-        if len(gpus) < 2:
-            continue  # nothing to compare with: a lone bridge-capable card reports its links inactive
         counts = {g.index: len(active_links(g)) for g in gpus}
         best = max(counts.values())
+        if len(gpus) < 2:
+            # No peer to compare with: the GPU's own listing is the reference. All links inactive is
+            # a card without a bridge; some up and some down is a link that failed (a real NDv2 V100).
+            if not 0 < best < len(gpus[0].nvlinks):
+                continue
+            best = len(gpus[0].nvlinks)
         fabric = any(switched(g) for g in gpus)
         for gpu in gpus:
             have = counts[gpu.index]
