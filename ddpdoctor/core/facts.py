@@ -140,12 +140,6 @@ class Facts:
                     out[n] = _out(now)
         return out
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """Dict-style reading for code that still indexes facts by key (renderers, old callers)."""
-        if key in {f.name for f in dataclasses.fields(self)}:  # type: ignore[arg-type]
-            return getattr(self, key)
-        raw = getattr(self, "_raw", None) or {}
-        return raw.get(key, default)
 
 
 def _read_field(f: dataclasses.Field, value: Any, strict: bool) -> Any:
