@@ -16,12 +16,15 @@ import os
 import socket
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ddpdoctor import __version__
 from ddpdoctor.core.errors import UsageError
 from ddpdoctor.core.exits import EXIT_UNKNOWN
 from ddpdoctor.core.findings import Finding, Severity, exit_code_for
+
+if TYPE_CHECKING:  # the type only: ingest is imported when a file needs it
+    from ddpdoctor.ingest.model import ToolOutput
 
 # A snapshot is a few KiB per device and a report of 1000 ranks a few MiB: a file past this
 # is not one of ours, and json would hold ~10x its size in memory.
@@ -243,7 +246,7 @@ def _expand(paths: list[str]) -> list[tuple[str, Optional[str]]]:
     return out
 
 
-def _tool_output(path: str, raw: bytes, folder_host: Optional[str]) -> Optional[Any]:
+def _tool_output(path: str, raw: bytes, folder_host: Optional[str]) -> Optional[ToolOutput]:
     """The file read as another tool's output when its content says which tool; None for JSON,
     binary or empty files, which the snapshot/report reading judges as before tool outputs were
     read; one line for text that is neither."""
@@ -257,11 +260,12 @@ def _tool_output(path: str, raw: bytes, folder_host: Optional[str]) -> Optional[
         text = head.decode("utf-8")
     except UnicodeDecodeError:
         return None  # "is not a text file", from the JSON reading
-    if detect(text) is None:
+    kind = detect(text)
+    if kind is None:
         if text.lstrip()[:1] == "(" or _is_json(text):  # a protocol-0 pickle, or a JSON scalar: the
             return None                                   # JSON reading says what it is instead
         raise UsageError(f"{path} is not valid JSON nor an output ddpdoctor reads: expected {EXPECTED}")
-    return read_tool_output(path, raw, folder_host)
+    return read_tool_output(path, raw, folder_host, kind)
 
 
 def _is_json(text: str) -> bool:
@@ -290,7 +294,7 @@ def read_inputs(paths: list[str]) -> Inputs:
     inputs = Inputs(files=[p for p, _ in files])
     owner: dict[str, int] = {}  # host name -> the file (by position) that first had it
     labels: set[str] = set()
-    outputs = []
+    outputs: list[ToolOutput] = []
     for index, (path, folder_host) in enumerate(files):
         try:
             raw = _read_bytes(path)
@@ -347,7 +351,7 @@ def _add_file(inputs: Inputs, known: Mapping[str, Any], index: int, path: str, d
             inputs.settings.setdefault(key, value)  # the thresholds the report was judged with
 
 
-def _add_nodes(inputs: Inputs, outputs: list[Any], owner: dict[str, int]) -> None:
+def _add_nodes(inputs: Inputs, outputs: list[ToolOutput], owner: dict[str, int]) -> None:
     """Tool outputs, grouped by node: one rank per GPU (by nvidia-smi's index), after every
     snapshot's and report's ranks; a node name a snapshot already used gets the tool's name."""
     from ddpdoctor.ingest.load import group_by_node

@@ -44,12 +44,14 @@ def _reader(kind: str) -> Callable[[str, str], ToolOutput]:
         raise UsageError(f"reading {kind} output is not available in this ddpdoctor version") from None
 
 
-def read_tool_output(path: str, raw: bytes, folder_host: Optional[str] = None) -> ToolOutput:
-    """One file, or a one-line UsageError naming it and what was expected."""
+def read_tool_output(path: str, raw: bytes, folder_host: Optional[str] = None,
+                     kind: Optional[str] = None) -> ToolOutput:
+    """One file, or a one-line UsageError naming it and what was expected. `kind`, where the
+    caller already detected it, is not detected again."""
     if b"\x00" in raw[:8192]:
         raise UsageError(f"{path} is a binary file: expected {EXPECTED}")
     text = raw.decode("utf-8", errors="replace")
-    kind = detect(text)
+    kind = kind or detect(text)
     if kind is None:
         raise UsageError(f"{path} is not {EXPECTED}")
     out = _reader(kind)(path, text)
