@@ -40,6 +40,7 @@ from ddpdoctor.callback.online_checks import (PROBE, DataParallelGpu, History, R
 from ddpdoctor.callback.row import GatheredRow, pack, packed_length, unpack
 from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.runtime.liveness import main_thread_frame
+from ddpdoctor.runtime.workload import tensor_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -69,7 +70,7 @@ def _fingerprint(batch: Any) -> int:
         flat = tensor.detach().reshape(-1)
         stride = max(1, flat.numel() // 4096)
         sample = flat[::stride][:4096].to("cpu", torch.float64).contiguous()
-        digest.update(bytes(sample.view(torch.uint8).tolist()))  # no numpy needed
+        digest.update(tensor_bytes(sample))
     if digest.digest() == hashlib.sha1().digest():  # no tensor in the batch
         return 0
     return int.from_bytes(digest.digest()[:7], "big") >> 4 or 1

@@ -117,20 +117,22 @@ def peak_mem(device: Any) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def weights_sha256(flat: Any) -> str:
-    """The sha256 of a tensor's bytes in memory order: the digest `numpy().tobytes()` gave,
-    without numpy, which torch does not install (a fresh environment has none).
-
-    The bytes are copied into a bytearray through a uint8 tensor sharing its memory
-    (`bytes(tensor.untyped_storage())` would go element by element: seconds per MB).
-    """
+def tensor_bytes(tensor: Any) -> bytearray:
+    """A tensor's bytes in memory order, as `numpy().tobytes()` gave them, without numpy (torch
+    does not install it). Copied through a uint8 tensor sharing the buffer's memory: going element
+    by element (`bytes(t.untyped_storage())`, `bytes(t.tolist())`) takes seconds per MB."""
     import torch
 
-    raw = flat.detach().reshape(-1).contiguous().view(torch.uint8)
+    raw = tensor.detach().reshape(-1).contiguous().view(torch.uint8)
     buffer = bytearray(raw.numel())
     if buffer:  # torch.frombuffer refuses an empty buffer
         torch.frombuffer(buffer, dtype=torch.uint8).copy_(raw)
-    return hashlib.sha256(buffer).hexdigest()
+    return buffer
+
+
+def weights_sha256(flat: Any) -> str:
+    """The sha256 of a tensor's bytes in memory order: the digest `numpy().tobytes()` gave."""
+    return hashlib.sha256(tensor_bytes(flat)).hexdigest()
 
 
 def run_workload(ctx: RankContext) -> WorkloadResult:
