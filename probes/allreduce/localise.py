@@ -69,6 +69,22 @@ def slow_pairs(pair_bw: Mapping[Pair, float], kind: str) -> list[Pair]:
     return busbw.slowest_link(pair_bw, threshold=SLOW_LINK_RATIO[kind]) if pair_bw else []
 
 
+def blamed_pairs(parts: Mapping[int, PairTimings], kind: str) -> tuple[list[Pair], dict[Pair, float], int]:
+    """The slow pairs the diagnosis may name (slowest first), every pair's busbw and the size.
+
+    Only a pair that was timed twice is blamed: the second round speeds up the pairs a burst of
+    noise slowed, which raises the typical pair, and a pair that was fine against the first
+    round's typical can then fall under the line without ever having been timed again. Facts
+    without a second round (none was needed, or an older version) are judged as they are.
+    """
+    pair_bw, size = ring_pair_busbw(parts)
+    slow = slow_pairs(pair_bw, kind)
+    retimed = next((p.retimed for p in parts.values() if p.retimed is not None), None)
+    if retimed is not None:
+        slow = [pair for pair in slow if f"{pair[0]}-{pair[1]}" in retimed]
+    return slow, pair_bw, size
+
+
 def pairs_to_retime(parts: Mapping[int, PairTimings], kind: str) -> list[Pair]:
     """The pairs the diagnosis would call slow on the first round, in rank order: the same list
     on every rank that reads the same timings."""

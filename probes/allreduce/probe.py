@@ -23,8 +23,7 @@ from ddpdoctor.measure.collectives import (
 from ddpdoctor.probes.allreduce.by_model import expected_from_model
 from ddpdoctor.probes.allreduce.facts import AllReduceFacts, NodeTimings, PairTimings, SizeTiming
 from ddpdoctor.probes.allreduce.localise import (
-    SLOW_LINK_RATIO, Pair, device_kind, intra_node_busbw, leader_pair_busbw, pairs_to_retime, ring_pair_busbw,
-    slow_hosts, slow_pairs)
+    SLOW_LINK_RATIO, Pair, blamed_pairs, device_kind, intra_node_busbw, leader_pair_busbw, pairs_to_retime, slow_hosts)
 from ddpdoctor.probes.base import RunView
 
 if TYPE_CHECKING:
@@ -348,9 +347,8 @@ def _device_kind(facts: Mapping[int, AllReduceFacts]) -> str:
 
 
 def _slow_link(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Finding]:
-    pair_bw, size = ring_pair_busbw({r: f.pairs for r, f in facts.items() if f.pairs is not None})
     kind = _device_kind(facts)
-    slow = slow_pairs(pair_bw, kind)
+    slow, pair_bw, size = blamed_pairs({r: f.pairs for r, f in facts.items() if f.pairs is not None}, kind)
     if not slow:
         return []
     suspects = tuple(busbw.suspect_ranks(slow))

@@ -15,7 +15,7 @@ import pytest
 
 from ddpdoctor.judge import busbw
 from ddpdoctor.probes.allreduce.facts import AllReduceFacts, NodeTimings, PairTimings, SizeTiming
-from ddpdoctor.probes.allreduce.localise import pairs_to_retime
+from ddpdoctor.probes.allreduce.localise import blamed_pairs, pairs_to_retime, ring_pair_busbw, slow_pairs
 from ddpdoctor.probes.allreduce.probe import AllReduce
 from tests.unit.test_allreduce_diagnose import (
     RING_HOSTS, _entry, _facts, _minimal, _run, _with_nodes, _with_pairs)
@@ -160,3 +160,34 @@ def test_the_gpu_margin_is_narrower_than_the_cpu_one():
 def test_no_pair_timings_mean_nothing_to_time_again():
     assert pairs_to_retime({}, "cpu") == []
     assert pairs_to_retime({0: PairTimings(), 1: PairTimings(size_bytes=1024)}, "cuda") == []
+
+
+def test_a_pair_never_timed_twice_is_not_blamed_when_the_typical_pair_rose():
+    """Recorded in a full suite run on 2 cores (`blip:ranks=1,2` on 4 ranks): round one had pair
+    1-2 crawling (the blip) and the typical pair depressed by it, so only 1-2 was timed again; it
+    was fast then, the typical pair rose to 2.7 GB/s, and pair 2-3 (0.8 GB/s, fine against round
+    one's typical) fell under the line without ever being timed again, and was named."""
+    size = 4 * 2**20
+
+    def seconds(gbps: float) -> float:  # a 2-rank all-reduce's time for this busbw
+        return size / (gbps * 1e9)
+
+    bw = {"0-1": 2.7, "1-2": 2.7, "2-3": 0.8, "0-3": 2.6}  # the best of both rounds for 1-2
+    parts = {r: PairTimings(size_bytes=size, retimed=["1-2"],
+                            times_s={k: [seconds(v)] for k, v in bw.items() if str(r) in k.split("-")})
+             for r in range(4)}
+    assert slow_pairs(ring_pair_busbw(parts)[0], "cpu") == [(2, 3)]  # below half the typical pair
+    assert blamed_pairs(parts, "cpu")[0] == []  # but it was timed once: not blamed
+
+    def bw003(parts: dict[int, PairTimings]) -> list[str]:
+        facts = _facts(hosts=RING_HOSTS)
+        for rank, part in parts.items():
+            facts[rank]["pairs"] = part.to_json()
+        return [f.title for f in AllReduce().diagnose(facts, _run(hosts=RING_HOSTS)) if f.code == "BW003"]
+
+    assert bw003(parts) == []
+    for part in parts.values():
+        part.retimed = ["1-2", "2-3"]
+    assert blamed_pairs(parts, "cpu")[0] == [(2, 3)]  # slow both times: a slow link
+    [title] = bw003(parts)
+    assert "rank 2" in title and "rank 3" in title, title
