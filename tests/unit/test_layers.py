@@ -25,7 +25,8 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"core", "measure", "judge", "runtime"},
     "probes": {"core", "measure", "judge", "runtime", "probes"},
     "explain": {"core", "judge", "explain"},
-    "callback": {"core", "measure", "judge", "runtime", "probes", "callback"},
+    "history": {"core", "history"},  # the run store: sqlite3 and the report JSON only
+    "callback": {"core", "measure", "judge", "runtime", "probes", "history", "callback"},
     "render": {"core", "judge", "probes", "explain", "render"},
     "ingest": {"core", "judge", "probes", "ingest"},  # other tools' outputs into the probes' facts
     "session": {"core", "measure", "judge", "runtime", "probes", "render", "session"},
