@@ -210,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     expl.add_argument("--world-size", type=_positive_int, default=None, metavar="N",
                       help="the job's number of ranks, when its logs do not say (ranks that printed nothing count)")
     expl.add_argument("--all", action="store_true", help="every rank and every timeline entry, not the first few")
+    expl.add_argument("--exit-code", dest="exit_code_mode", choices=("verdict", "requeue"), default="verdict",
+                      help="verdict (default): 0 OK, 1 warning, 2 critical; requeue: whether to run the job again, "
+                           "as codes a job script or Kubeflow's restartPolicy: ExitCode acts on (docs/explain.md)")
     _add_force_arg(expl)
     return parser
 
@@ -422,8 +425,9 @@ def _explain(args: argparse.Namespace) -> int:
     run = explain(args.logs, world_size=args.world_size)
     if args.json_path:
         atomic_write_json(run.to_json(), args.json_path, overwrite=args.force)
-    render_explanation(run, make_console(), full=args.all)
-    return run.exit_code
+    requeue = args.exit_code_mode == "requeue"
+    render_explanation(run, make_console(), full=args.all, requeue_exit=requeue)
+    return run.requeue.exit_code if requeue else run.exit_code
 
 
 def _list_probes() -> int:

@@ -10,8 +10,11 @@ on a broken backend) once everything it knows is published and flushed.
 |---|---|
 | 0, 1, 2, 3 | the verdict, Nagios plugin convention: OK, WARNING, CRITICAL, UNKNOWN |
 | 86 | a rank crashed on purpose (`--inject crash`) |
+| 93 | `explain --exit-code requeue`: do not retry, the failure is deterministic (nvidia-resiliency-ext's no-restart code; 1-127 is permanent under Kubeflow's `restartPolicy: ExitCode`) |
+| 94 | `explain --exit-code requeue`: unknown whether a retry helps (permanent under Kubeflow: no unbounded retries of a failure nobody understood) |
 | 124 | a stage deadline fired (as coreutils' timeout(1)) |
 | 125 | a rank outlived its launcher or lost the out-of-band store |
+| 200 | `explain --exit-code requeue`: retry, the failure is transient (128-255 is retryable under Kubeflow; above 192 so no signal death, 128+N, reads as it) |
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ EXIT_UNKNOWN = 3
 INJECTED_CRASH_EXIT = 86
 STAGE_TIMEOUT_EXIT = 124
 ORPHANED_EXIT = 125
+# `ddpdoctor explain --exit-code requeue`: what a job script or an operator acts on (docs/explain.md).
+REQUEUE_NO_RETRY_EXIT = 93
+REQUEUE_UNKNOWN_EXIT = 94
+REQUEUE_RETRY_EXIT = 200
 
 
 def hard_exit(code: int) -> NoReturn:

@@ -16,6 +16,7 @@ from ddpdoctor.explain.diagnosis import Explanation, diagnose
 from ddpdoctor.core.findings import Severity, exit_code_for
 from ddpdoctor.judge.flight_recorder import DumpSet, compare, read_dumps
 from ddpdoctor.explain.read import DumpFile, discover
+from ddpdoctor.explain.requeue import Requeue, requeue_verdict
 from ddpdoctor.explain.scan import ScanResult, scan
 
 SCHEMA = "ddpdoctor.explain/1"
@@ -34,6 +35,11 @@ class ExplainRun:
     def exit_code(self) -> int:
         return exit_code_for(f.severity for f in self.explanation.findings)
 
+    @property
+    def requeue(self) -> Requeue:
+        """Whether running the job again would help, and the exit code `--exit-code requeue` gives."""
+        return requeue_verdict(self.explanation)
+
     def to_json(self) -> dict[str, Any]:
         from ddpdoctor.core.redact import redact_json
         from ddpdoctor.core.report import VERDICTS
@@ -48,6 +54,7 @@ class ExplainRun:
             "verdict": VERDICTS[self.exit_code],
             "worst_severity": max((f.severity for f in ex.findings), default=Severity.OK).label,
             "exit_code": self.exit_code,
+            "requeue": self.requeue.to_json(),
             "findings": [f.to_json() for f in ex.findings],
             "ranks": [{"rank": s.rank, "host": s.host, "first_error": s.first.to_json() if s.first else None,
                        "more_errors": s.more} for s in ex.ranks],

@@ -7,18 +7,21 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.explain.command import ExplainRun
+from ddpdoctor.explain.requeue import NO_RETRY, RETRY, UNKNOWN
 from ddpdoctor.core.findings import Severity
 from ddpdoctor.render.console import _STYLE, _VERDICT, render_findings
 
 RANK_ROWS = 16
 TIMELINE_ROWS = 12
+_REQUEUE_STYLE = {RETRY: "green", NO_RETRY: "red", UNKNOWN: "yellow"}
 
 
 def _size(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
-def render_explanation(run: ExplainRun, console: Console, full: bool = False) -> None:
+def render_explanation(run: ExplainRun, console: Console, full: bool = False, requeue_exit: bool = False) -> None:
+    """`requeue_exit`: the process exits with the requeue verdict's code (`--exit-code requeue`)."""
     ex = run.explanation
     code = run.exit_code
     hosts = sorted(set(ex.hosts.values()))
@@ -32,13 +35,26 @@ def render_explanation(run: ExplainRun, console: Console, full: bool = False) ->
     head.append(f"  {ranks}{nodes}  {files} file{'s' if files != 1 else ''}, {run.scan.lines} lines, "
                 f"{_size(run.scan.bytes)}, {run.seconds:.1f}s")
     console.print(head)
+    _requeue(run, console)
     render_findings(ex.findings, console, keep_order=True)
     _first_errors(run, console, full)
     _first_errors_by_node(run, console, full)
     _timeline(run, console, full)
     for note in run.notes:
         console.print(Text(f"note: {note}", style="yellow"))
-    console.print(Text(f"exit {code} ({_VERDICT[code]})", style="dim"))
+    if requeue_exit:
+        console.print(Text(f"exit {run.requeue.exit_code} (requeue: {run.requeue.words})", style="dim"))
+    else:
+        console.print(Text(f"exit {code} ({_VERDICT[code]})", style="dim"))
+
+
+def _requeue(run: ExplainRun, console: Console) -> None:
+    """One line a person deciding whether to resubmit reads first."""
+    r = run.requeue
+    line = Text("Requeue: ", style="bold")
+    line.append(f"{r.words}: {r.reason}", style=_REQUEUE_STYLE[r.verdict])
+    line.append(f" (exit {r.exit_code} with --exit-code requeue)", style="dim")
+    console.print(line)
 
 
 def _first_errors(run: ExplainRun, console: Console, full: bool) -> None:
