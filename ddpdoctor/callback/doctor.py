@@ -38,6 +38,7 @@ from ddpdoctor.core.exits import STAGE_TIMEOUT_EXIT, hard_exit
 from ddpdoctor.callback.online_checks import (PROBE, DataParallelGpu, History, RankWindow, batch_scaling_finding,
                                               data_findings, data_parallel_finding, memory_growth, setup_findings)
 from ddpdoctor.callback.row import GatheredRow, pack, packed_length, unpack
+from ddpdoctor.callback.step_clock import StepClock
 from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.runtime.liveness import main_thread_frame
 from ddpdoctor.runtime.workload import tensor_bytes
@@ -52,6 +53,9 @@ MIN_COST_SHARE = 0.05
 ONLINE_MIN_STEPS = 80
 # A DataParallel model's GPUs are measured over this many steps (or `every`, if fewer), then judged.
 DATA_PARALLEL_STEPS = 20
+# The watchdog looks this often: a hang is named within half a second of its allowance, for a
+# wake-up of a few microseconds twice a second in the user's process.
+WATCH_TICK_S = 0.5
 
 
 class FindingRaised(RuntimeError):
@@ -225,8 +229,13 @@ class Doctor:
 
         if on_hang not in ("report", "exit"):
             raise ValueError(f"on_hang must be 'report' or 'exit', not {on_hang!r}")
+        # The step deadline is learned from the job's own steps; step_deadline_s is its ceiling.
+        self._clock = StepClock(step_deadline_s)  # a ValueError for 0, negative, NaN, inf
+        self._allowance = self._clock.allowance_s()  # the running step's, read by the watchdog
+        self._slow = ""  # what the running step was marked slow for ("" when it was not)
+        self.hang_deadline: dict[str, Any] = {}  # how the allowance of the step called hung was set
         self.every = max(2, int(every))
-        self.deadline_s = float(step_deadline_s)
+        self.deadline_s = self._clock.ceiling_s
         self.json_path = json_path
         self.on_finding = on_finding
         self.raise_on_finding = raise_on_finding
@@ -324,21 +333,26 @@ class Doctor:
 
     # -- the loop's side --------------------------------------------------------
     @contextlib.contextmanager
-    def step(self, batch: Any = None) -> Iterator[None]:
-        self.step_begin(batch)
+    def step(self, batch: Any = None, slow: bool = False) -> Iterator[None]:
+        """One training step; `slow=True` marks one known to be slow (it evaluates, it saves a checkpoint),
+        which is given a longer allowance before it is called hung (docs/callback.md)."""
+        self.step_begin(batch, slow)
         try:
             yield
         except BaseException:
             # The loop's own error ends the step: no check (a collective other ranks may not
             # reach), and no hang report for a step that is over.
             self._began = 0.0
+            self._slow = ""
             raise
         self.step_end()
 
-    def step_begin(self, batch: Any = None) -> None:
+    def step_begin(self, batch: Any = None, slow: bool = False) -> None:
         now = time.perf_counter()
         self._columns["data"].append((now - self._last_end) * 1e3 if self._last_end else 0.0)
         self._batch = batch
+        self._slow = "step marked slow" if slow else ""
+        self._allowance = self._clock.allowance_s(slow)  # before _began: the watchdog reads both
         self._began = now
         if self._cuda:
             self._event_begin = self._record()
@@ -367,6 +381,33 @@ class Doctor:
             # Also when a check raised (raise_on_finding): a step that is over must not be taken for a hang.
             self._began = 0.0
             self._last_end = time.perf_counter()
+            # The whole step as the watchdog saw it, check included, teaches the clock.
+            if began:
+                self._clock.finished(self._last_end - began, slow=bool(self._slow))
+            self._slow = ""
+
+    @contextlib.contextmanager
+    def expect_slow(self, what: str = "slow work") -> Iterator[None]:
+        """Code known to be slow (`with doctor.expect_slow("checkpoint"): save(...)`): a longer allowance.
+
+        Inside a step, the step is marked slow from here on. Between steps, the block is watched
+        as a slow step of its own (a checkpoint stuck in a collective is a hang too), not
+        counted as a training step. `what` is named in the hang report."""
+        if self._began:
+            self._slow = what
+            self._allowance = self._clock.allowance_s(slow=True)
+            yield
+            return
+        began = time.perf_counter()
+        self._slow = what
+        self._allowance = self._clock.allowance_s(slow=True)
+        self._began = began
+        try:
+            yield
+        finally:
+            self._began = 0.0
+            self._slow = ""
+            self._clock.finished(time.perf_counter() - began, slow=True)
 
     def report(self) -> list[Finding]:
         """Every finding so far, on this rank (rank 0 holds the gathered ones)."""
@@ -636,11 +677,13 @@ class Doctor:
     # -- the step deadline -------------------------------------------------------------
     def _watch(self) -> None:
         reported = 0.0
-        while not self._stop.wait(min(1.0, self.deadline_s / 4)):
+        while not self._stop.wait(min(WATCH_TICK_S, self.deadline_s / 4)):
             began = self._began
-            if not began or began == reported or time.perf_counter() - began < self.deadline_s:
+            if not began or began == reported or time.perf_counter() - began < self._allowance:
                 continue
             reported = began
+            # Read while the main thread is stuck in the step, so the clock is not being fed.
+            self.hang_deadline = dict(self._clock.describe(slow=bool(self._slow)), marked_slow_as=self._slow)
             self._emit_hang(time.perf_counter() - began)
 
     def _emit_hang(self, elapsed_s: float) -> None:
@@ -650,9 +693,11 @@ class Doctor:
         finding = codes.finding(
             "DOC007", PROBE,
             f"Step {self._steps + 1} on rank {self.rank} has run for {elapsed_s:.0f} s "
-            f"(deadline {self.deadline_s:g} s): stuck at {where}",
+            f"(allowance {self.hang_deadline.get('allowance_s', self.deadline_s):g} s = "
+            f"{self.hang_deadline.get('rule', 'step_deadline_s')}): stuck at {where}",
             ranks=(self.rank,), nodes=(self.host,),
             evidence={"python_stack": [line.rstrip() for line in "".join(stack[-12:]).splitlines()],
+                      "deadline": self.hang_deadline,
                       "flight_recorder": ("set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
                                           "to have NCCL's Flight Recorder dump what every rank was in; then "
                                           "`ddpdoctor explain` the dumps")})
