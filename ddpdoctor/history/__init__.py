@@ -10,6 +10,8 @@ than their peers. What separates a bad node from bad luck is history, and a sing
   and `read_history`, the typed read API the verdicts build on.
 - record.py: a run's report JSON (or a snapshot, or the callback's windows) -> rows.
 
-May import: core only, plus sqlite3 from the standard library. No torch, no rich: the store is
-read where neither is installed, and the report it records is the wire JSON (docs/report-schema.md).
+May import: core, plus sqlite3 from the standard library; record.py also judge/busbw.py (pure
+formulas: busbw from the sweep's times, computed once, not copied). No torch, no rich: the store
+is read where neither is installed, and the report it records is the wire JSON
+(docs/report-schema.md). The callback and the top-level commands import it.
 """

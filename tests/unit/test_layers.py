@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"core", "measure", "judge", "runtime"},
     "probes": {"core", "measure", "judge", "runtime", "probes"},
     "explain": {"core", "judge", "explain"},
-    "history": {"core", "history"},  # the run store: sqlite3 and the report JSON only
+    "history": {"core", "judge", "history"},  # the run store: sqlite3, the report JSON, busbw formulas
     "callback": {"core", "measure", "judge", "runtime", "probes", "history", "callback"},
     "render": {"core", "judge", "probes", "explain", "render"},
     "ingest": {"core", "judge", "probes", "ingest"},  # other tools' outputs into the probes' facts
