@@ -28,6 +28,7 @@ DOC_PAGES: Mapping[str, str] = {
     "explain": "docs/explain.md",
     "gpu-count": "docs/probes/gpu-count.md",
     "homogeneity": "docs/probes/homogeneity.md",
+    "history": "docs/fleet.md",
     "ingest": "docs/snapshots.md",
     "init-hang": "docs/probes/init-hang.md",
     "run": "docs/runtime.md",
@@ -235,6 +236,27 @@ _ENTRIES = (
                     "from no usable GPU at all, which need different fixes")),
     _code("GPU009", _WARN, "gpu-count",
           why='The classic "only one GPU is used": the script was started with `python train.py`, not torchrun.'),
+    _code("HIS001", _WARN, "history",
+          why=("Against the fleet's median of the same GPU (or CPU) model, this node measured slower from the named "
+               'run on than it did before, for several runs in a row: a change in the node (thermal throttling, a '
+               'power cap, a slower link, a failing fan or DIMM), not one unlucky run and not the whole fleet.'),
+          fix=('Compare the node with a good one from that date on: `nvidia-smi -q -d CLOCK,PERFORMANCE,POWER,TEMPERATURE` '
+               "(throttle reasons), `ddpdoctor check` on it alone, the admins' change log for that day; drain it if "
+               'it stays slow.')),
+    _code("HIS002", _CRITICAL, "history",
+          why=("This node's share of runs with a critical finding is far above its peers' (a one-sided binomial test "
+               'against the pooled rate of the other nodes, corrected for the number of nodes judged): a few such '
+               'lemon nodes cause most failures of a fleet.'),
+          fix=('Drain the node and run the vendor diagnostics (`dcgmi diag -r 3`, memory and NIC tests); read its '
+               'critical findings over time (`ddpdoctor history --node NODE --json`) for the part that keeps failing.')),
+    _code("HIS003", frozenset({Severity.CRITICAL, Severity.WARN}), "history",
+          severity_rule=('CRITICAL when uncorrected ECC errors or failed row remaps keep rising, WARN when pending '
+                         'remaps or retired pages do'),
+          why=('The counter grew between several runs: the GPU keeps finding new faulty memory. Uncorrected errors '
+               'crash or corrupt jobs; remapping has a fixed number of spare rows per bank.'),
+          fix=('Drain the GPU and reset it (`nvidia-smi -r`) to apply pending remaps; `nvidia-smi -q -d '
+               'ECC,ROW_REMAPPER,PAGE_RETIREMENT` shows the counts; a GPU whose counts keep rising after a reset, '
+               'or with a remap failure, goes back to the vendor (RMA).')),
     _code("HOM000", _OK, "homogeneity"),
     _code("HOM001", _WARN, "homogeneity",
           why=('DDP waits for the slowest GPU at every step, and the smallest memory sets the batch size every rank '
