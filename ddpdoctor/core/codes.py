@@ -423,6 +423,39 @@ _ENTRIES = (
                '(TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT=1) to see the last collective.')),
     _code("LOG011", _INFO, "explain",
           why='Every dumped rank recorded the same collectives with the same shapes and dtypes: no desync.'),
+    _code("LOG012", _CRITICAL, "explain",
+          why=('The rank was killed by SIGKILL (exit code -9, or 137 from a shell or container) and printed no error '
+               "of its own: most often the kernel's out-of-memory killer (host memory, not GPU memory), otherwise a "
+               'scheduler or a user (`kill -9`, a job step ended by force).'),
+          fix=("Check `dmesg | grep -i -E 'oom|killed process'` (or `journalctl -k`) on that node around the time; if "
+               'host memory ran out, run fewer ranks per node, fewer DataLoader workers or a smaller prefetch, or '
+               'memory-map the dataset instead of loading it in every rank.')),
+    _code("LOG013", _CRITICAL, "explain",
+          why=('The rank died of a segmentation fault (signal 11, exit code -11 or 139): native code (a CUDA or NCCL '
+               'library, a compiled extension, a mismatched build) touched memory it must not.'),
+          fix=('Rerun that rank with `python -X faulthandler` (or PYTHONFAULTHANDLER=1) to get the Python stack at the '
+               'crash; check that torch, CUDA, NCCL and compiled extensions come from matching builds; a core dump '
+               "(`ulimit -c unlimited`) and `gdb python core` show the native frame.")),
+    _code("LOG014", _CRITICAL, "explain",
+          why=('The rank aborted (SIGABRT, exit code -6 or 134): a C++ exception nobody caught (`terminate called '
+               "after throwing an instance of 'c10::Error'`), a failed internal assertion, or NCCL's watchdog "
+               'ending a rank whose collective failed.'),
+          fix=("Read the lines that rank printed just before the abort (`what():`, the C++ message): they name the "
+               'failed call; rerun with TORCH_SHOW_CPP_STACKTRACES=1 for the C++ stack.')),
+    _code("LOG015", _CRITICAL, "explain",
+          why=('The launcher itself received SIGHUP, SIGTERM or SIGINT and stopped its workers: the terminal session '
+               'closed (an ssh logout without nohup/tmux), Ctrl-C, or the scheduler or a supervisor ended it. The '
+               'workers were stopped, they did not fail.'),
+          fix=('Run long jobs detached from the terminal (tmux, screen, nohup, a batch job); if the scheduler sent '
+               "it, see its accounting (`sacct -j JOB`, `kubectl describe pod`) for why (time limit, preemption).")),
+    _code("LOG016", _CRITICAL, "explain",
+          why=('The scheduler ended the job: Slurm reached its time limit, cancelled it, preempted it or lost a node '
+               '(NODE_FAIL); Kubernetes killed the container for exceeding its memory limit (OOMKilled) or evicted '
+               'the pod. The ranks\' errors after it are fallout.'),
+          fix=('Time limit: ask for more (--time) and checkpoint to resume. Preemption or a lost node: requeue '
+               '(--requeue, a restartPolicy) and resume from a checkpoint. OOMKilled: raise the container\'s memory '
+               'limit or use less host memory per rank. Evicted: the node ran short of memory or disk; ask for '
+               'resources that match what the job uses.')),
     _code("RUN001", _CRITICAL, "run",
           per_case=("check words it from what the missing ranks printed (why_not_arrived: refused, no answer, an "
                     "unresolved name) and whether whole nodes are gone; explain from the store's count or torchrun's "

@@ -9,35 +9,52 @@ from typing import Any, Optional
 
 from ddpdoctor.explain.events import (
     agent_root_cause, cite, fill, nodes_of, order_key, task_list, victims_evidence, where_text)
-from ddpdoctor.explain.texts import CAUSES, EXIT_CRASH, SIGNAL_CRASH, CauseText
+from ddpdoctor.explain.launchers import EXIT_RECORDS, exit_signal
+from ddpdoctor.explain.texts import CAUSES, EXIT_CRASH, SIGNAL_CAUSES, SIGNAL_CRASH, CauseText
 from ddpdoctor.core.findings import Finding, rank_ranges
 from ddpdoctor.explain.scan import Event
 
 PROBE = "explain"
+_FATAL_WORDS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                "Floating point exception": "SIGFPE"}
 
 
 def _cause_text(e: Event) -> CauseText:
-    if e.sig == "elastic_block":
-        return SIGNAL_CRASH if e.fields.get("signal") or str(e.fields.get("exitcode")) == "-9" else EXIT_CRASH
-    if e.sig == "srun_task":
-        what = str(e.fields.get("what", ""))
-        return EXIT_CRASH if what.startswith("Exited") else SIGNAL_CRASH
+    if e.sig in EXIT_RECORDS or e.sig == "rank_fatal_signal":
+        signal = _signal_of(e)
+        if signal in SIGNAL_CAUSES:
+            return SIGNAL_CAUSES[signal]
+        return SIGNAL_CRASH if signal != "?" else EXIT_CRASH
     return CAUSES[e.sig]
+
+
+def _first_own(evs: list[Event]) -> Event:
+    """A rank's first cause: its own error beats the launcher's summary of it, and a known error
+    the generic exception line that carries it (`DistBackendError: NCCL error ... invalid usage`
+    then `Duplicate GPU detected`); among summaries, the one that says the most (torchrun's block)."""
+    own = [e for e in evs if e.sig not in EXIT_RECORDS]
+    known = [e for e in own if e.sig != "python_exception"]
+    if known or own:
+        return known[0] if known else own[0]
+    return _best_exit(evs)
+
+
+def _best_exit(evs: list[Event]) -> Event:
+    with_signal = [e for e in evs if _signal_of(e) != "?"]
+    blocks = [e for e in with_signal or evs if e.sig == "elastic_block"]
+    return (blocks or with_signal or evs)[0]
 
 
 def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], waits: dict[int, Event],
             hosts: dict[int, str], events: list[Event]) -> list[Finding]:
     """One finding per kind of first cause, the ranks that share it together, earliest first."""
-    firsts: list[Event] = []
-    for rank, evs in causes.items():
-        # The rank's own error beats the launcher's summary of it; a known error beats the generic
-        # exception line that carries it (`DistBackendError: NCCL error ... invalid usage` then
-        # `Duplicate GPU detected`).
-        own = [e for e in evs if e.sig not in ("srun_task", "elastic_block")]
-        known = [e for e in own if e.sig != "python_exception"]
-        firsts.append(known[0] if known else own[0] if own else evs[0])
+    firsts = [_first_own(evs) for evs in causes.values()]
     seen = {e.sig for e in firsts}
-    firsts += [e for e in unattributed if e.sig not in seen and e.sig not in ("srun_task", "elastic_block")]
+    firsts += [e for e in unattributed if e.sig not in seen and e.sig not in EXIT_RECORDS]
+    if not firsts and unattributed:
+        # Only launchers' summaries that name no rank (the DeepSpeed launcher, pdsh, subprocess):
+        # the worker's end is still the cause, on whichever rank or node it was.
+        firsts = [_best_exit(unattributed)]
     if not firsts:
         return []
     groups: dict[tuple[str, str], list[Event]] = {}
@@ -192,11 +209,12 @@ def _share(count: int, events: list[Event]) -> str:
 
 
 def _signal_of(e: Event) -> str:
-    if e.fields.get("signal"):
-        return str(e.fields["signal"])
-    if e.sig == "srun_task":
-        return str(e.fields.get("what", "?"))
-    return "?"
+    if e.sig == "rank_fatal_signal":
+        return str(e.fields.get("signal") or _FATAL_WORDS.get(str(e.fields.get("what")), "?"))
+    if e.sig == "launcher_signal":
+        return exit_signal({"signal": e.fields.get("signal") or e.fields.get("signame") or e.fields.get("signum")},
+                           e.sig) or "?"
+    return exit_signal(e.fields, e.sig) or "?"
 
 
 def _exit_info(ranks: list[int], events: list[Event]) -> dict[str, str]:

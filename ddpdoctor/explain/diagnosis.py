@@ -16,6 +16,7 @@ from typing import Iterable, Optional
 from ddpdoctor.explain.causes import cause_findings
 from ddpdoctor.explain.collectives import (
     detail_desync, flight_recorder_findings, gloo_size_mismatch, silent_suspects, watchdog_timeouts)
+from ddpdoctor.explain.launchers import EXIT_RECORDS
 from ddpdoctor.explain.events import RankStory, attribute, is_failure, is_wait, order_key
 from ddpdoctor.core.codes import finding
 from ddpdoctor.core.findings import Finding
@@ -84,9 +85,9 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
         if is_failure(e) and not is_wait(e) and e.sig not in ("detail_mismatch", "gloo_size_mismatch"):
             if e.sig == "python_exception" and e.rank in waits and order_key(e) > order_key(waits[e.rank]):
                 continue  # the exception its own wait raised, further up the stack
-            if e.sig in ("elastic_block", "srun_task") and e.rank in mismatch_detectors:
+            if e.sig in EXIT_RECORDS and e.rank in mismatch_detectors:
                 continue  # the rank that noticed the mismatch raised and ended: RUN009 explains it
-            if e.sig in ("elastic_block", "srun_task") and e.rank in waits:
+            if e.sig in EXIT_RECORDS and e.rank in waits:
                 continue  # NCCL's watchdog aborts (SIGABRT) the rank that timed out: its end, not a cause
             if e.rank is None:
                 unattributed.append(e)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from ddpdoctor.core.findings import rank_ranges
+from ddpdoctor.explain.launchers import EXIT_RECORDS, JOB_LEVEL, ended_badly
 from ddpdoctor.explain.scan import Event
 from ddpdoctor.explain.signatures import CAUSE, WAIT
 
@@ -43,6 +44,8 @@ def is_failure(e: Event) -> bool:
     if e.sig == "srun_task":  # a kill, or the task's own non-zero exit (like torchrun's exit code)
         what = str(e.fields.get("what"))
         return what in _SRUN_KILLS or (what.startswith("Exited") and str(e.fields.get("code")) != "0")
+    if e.sig in EXIT_RECORDS and e.sig != "elastic_block":
+        return ended_badly(e.fields, e.sig)
     return e.role in (CAUSE, WAIT) or (e.sig == "elastic_block" and _self_inflicted(e))
 
 
@@ -108,10 +111,12 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
         if e.host is None and e.task in task_host:
             e.host = task_host[e.task]
     single_host = len(set(hosts.values())) <= 1
+    _agent_one_liners(events, by_pid, local_to_rank, single_host)
     aborted = {e.rank for e in events if e.sig == "elastic_block" and e.fields.get("signal") == "SIGABRT"}
     failed_alone = {e.rank for e in events if e.sig == "elastic_block"
                     and e.fields.get("signal") not in ("SIGTERM", None) or (e.sig == "elastic_block" and
-                    e.fields.get("signal") is None and str(e.fields.get("exitcode")) not in ("0", "-15", "143"))}
+                    e.fields.get("signal") is None and str(e.fields.get("exitcode")) not in ("0", "-15", "143"))
+                    or (e.sig == "elastic_failed" and e.rank is not None and ended_badly(e.fields, e.sig))}
     oom_tasks = [(r, str(e.fields["host"])) for e in events if e.sig == "srun_task"
                  and e.fields.get("what") == "Out Of Memory" for r in task_list(str(e.fields.get("tasks", "")))]
     for e in events:
@@ -119,7 +124,8 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
             e.rank, e.host = oom_tasks[0]  # srun says which task the cgroup killed
         if e.rank is None and e.sig in _ABORT_MESSAGES and len(aborted) == 1:
             e.rank = next(iter(aborted))  # C++ terminate prints unprefixed, then aborts its own rank
-        elif e.rank is None and e.role == CAUSE and len(failed_alone) == 1 and e.task is None:
+        elif e.rank is None and e.role == CAUSE and len(failed_alone) == 1 and e.task is None \
+                and e.sig not in JOB_LEVEL:
             # No prefix (torchrun without --tee, a worker process's own stderr), and the agent says
             # only one rank failed by itself: the error is that rank's.
             e.rank = next(iter(failed_alone))
@@ -129,8 +135,6 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
                 e.rank = by_pid[pid]
         if e.rank is None and e.local_rank is not None and single_host:
             e.rank = next((r for (h, lr), r in local_to_rank.items() if lr == e.local_rank), None)
-        if e.rank is None and e.sig == "elastic_failed" and single_host:
-            e.rank = next((r for (h, lr), r in local_to_rank.items() if lr == int(e.fields["local_rank"])), None)
         if e.rank is not None and e.host is None and e.rank in hosts:
             e.host = hosts[e.rank]
     seen = [e.rank for e in events if e.rank is not None]
@@ -147,6 +151,20 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
         for r in range(world_size):
             hosts.setdefault(r, next(iter(names)))
     return hosts, world_size
+
+
+def _agent_one_liners(events: list[Event], by_pid: dict[int, int],
+                      local_to_rank: dict[tuple[Optional[str], int], int], single_host: bool) -> None:
+    """torchrun's `failed (exitcode: -9) local_rank: 2 (pid: ...)` names a local rank: the rank
+    of the failure block with that pid or local rank, or, on a one-node job, the local rank itself."""
+    one_node = single_host and not any(e.rank is not None and e.local_rank is not None and e.rank != e.local_rank
+                                       for e in events)
+    for e in events:
+        if e.rank is None and e.sig == "elastic_failed" and int(e.fields["pid"]) in by_pid:
+            e.rank = by_pid[int(e.fields["pid"])]
+        if e.rank is None and e.sig == "elastic_failed" and single_host:
+            local = int(e.fields["local_rank"])
+            e.rank = next((r for (h, lr), r in local_to_rank.items() if lr == local), local if one_node else None)
 
 
 def task_list(text: str) -> list[int]:

@@ -13,7 +13,13 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-_LAUNCHER_PREFIX = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<num>\d+)\]:")
+from ddpdoctor.explain.collectors import LineStyle, pdsh_hosts, strip_collectors
+
+# torchrun's `[rank3]:` / `[default0]:`, Lightning's `[rank: 3] `, OpenMPI --tag-output's `[1,3]<stderr>:`.
+_LAUNCHER_PREFIX = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<num>\d+)\]:|\[(?P<lightning>rank): (?P<lnum>\d+)\] |"
+                              r"\[\d+,(?P<mpi>\d+)\]<std(?:out|err|diag)>: ?")
+_MPI_RANK = re.compile(r"\[(?P<rank>\d{1,6})\] ")
+_MPI_LAUNCH = re.compile(r"mpirun|mpiexec|prterun|\[proxy:|HYDRA|BAD TERMINATION")
 _SRUN_LABEL = re.compile(r"\s{0,6}(?P<task>\d{1,6}): ")
 # `host:pid:tid [dev] NCCL WARN ...`; newer NCCL puts the source file between: `[1] transport/net_ib.cc:1295 NCCL`.
 _NCCL_LINE = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: [\w./-]+:\d+)? NCCL ")
@@ -52,6 +58,12 @@ def srun_runs_launchers(text: str) -> bool:
     return any(a != b for a, b in _LABELLED_RANK.findall(text))
 
 
+def detect_style(text: str) -> LineStyle:
+    """What the prefixes of a file mean, from its first chunk."""
+    return LineStyle(srun_label_is_rank=not srun_runs_launchers(text), pdsh_hosts=pdsh_hosts(text),
+                     mpi_rank_brackets=bool(_MPI_LAUNCH.search(text)))
+
+
 def _seconds(m: "re.Match[str]") -> float:
     """Seconds since the start of a year of 31-day months: glog has no year, so neither may ISO.
 
@@ -62,31 +74,40 @@ def _seconds(m: "re.Match[str]") -> float:
             + int(m.group("mi")) * 60 + int(m.group("s")) + frac)
 
 
-def line_time(message: str) -> Optional[float]:
-    """The line's own timestamp, if it carries one near its start."""
-    head = message[:64]
-    m = _GLOG_TIME.match(head) or _ISO_TIME.search(head)
-    return _seconds(m) if m else None
+def line_time(message: str, line: str = "") -> Optional[float]:
+    """The line's own timestamp, if it carries one near its start: the message's, else the
+    one a collector put in front of the whole line."""
+    for text in (message, line):
+        head = text[:64]
+        m = _GLOG_TIME.match(head) or _ISO_TIME.search(head)
+        if m:
+            return _seconds(m)
+    return None
 
 
-def split_prefixes(line: str, srun_label_is_rank: bool = True) -> tuple[Origin, str]:
-    """(who printed it, the message without launcher prefixes)."""
+def split_prefixes(line: str, style: LineStyle = LineStyle()) -> tuple[Origin, str]:
+    """(who printed it, the message without collectors' and launchers' prefixes)."""
     rank = local_rank = task = None
-    host = None
     pid = None
+    host, line = strip_collectors(line, style)
     pos = 0
     label = _SRUN_LABEL.match(line)
+    mpi = _MPI_RANK.match(line) if style.mpi_rank_brackets else None
     if label:
-        if srun_label_is_rank:
+        if style.srun_label_is_rank:
             rank = int(label.group("task"))
         else:
             task = int(label.group("task"))
         pos = label.end()
+    elif mpi:
+        rank, pos = int(mpi.group("rank")), mpi.end()
     while True:
         m = _LAUNCHER_PREFIX.match(line, pos)
         if not m:
             break
-        if m.group("role").lower() == "rank":
+        if m.group("lightning") or m.group("mpi"):
+            rank = int(m.group("lnum") or m.group("mpi"))
+        elif m.group("role").lower() == "rank":
             rank = int(m.group("num"))
         else:
             local_rank = int(m.group("num"))
@@ -96,7 +117,8 @@ def split_prefixes(line: str, srun_label_is_rank: bool = True) -> tuple[Origin, 
     message = line[pos:]
     nccl = _NCCL_LINE.match(message)
     if nccl:
-        host, pid = nccl.group("host"), int(nccl.group("pid"))
+        host = host or nccl.group("host")
+        pid = int(nccl.group("pid"))
     if rank is None:
         named = _MESSAGE_RANK.search(message)
         # A subgroup's `Rank N` is its rank within that group, not the job's.

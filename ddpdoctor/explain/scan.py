@@ -13,7 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from ddpdoctor.explain.prefixes import Origin, line_time, split_prefixes, srun_runs_launchers
+from ddpdoctor.explain.collectors import LineStyle
+from ddpdoctor.explain.launchers import HOST_FIELD, LAUNCHER_LINES, RANK_FIELD, read_block
+from ddpdoctor.explain.prefixes import Origin, detect_style, line_time, split_prefixes
 from ddpdoctor.explain.read import LogFile, read_chunks
 from ddpdoctor.explain.signatures import BY_ID, REPORTING_EXCEPTIONS, match_line, trigger_words
 
@@ -81,10 +83,10 @@ class _Scanner:
         self.result.files.append(log.label)
         lineno = 1
         last_t: Optional[float] = None
-        self.nested: Optional[bool] = None
+        self.style: Optional[LineStyle] = None
         for chunk in read_chunks(log, self.result.problems):
-            if self.nested is None:
-                self.nested = srun_runs_launchers(chunk)
+            if self.style is None:
+                self.style = detect_style(chunk)
             self.result.bytes += len(chunk)
             pos = 0  # lineno is the number of the line that starts at pos
             for start in _hit_lines(chunk, self.words):
@@ -101,8 +103,9 @@ class _Scanner:
     def _line(self, log: LogFile, chunk: str, start: int, end: int, lineno: int,
               last_t: Optional[float]) -> Optional[float]:
         line = chunk[start:end].rstrip("\r")
-        origin, message = split_prefixes(line, srun_label_is_rank=not self.nested)
-        t = line_time(message)
+        assert self.style is not None  # set by scan() before any line
+        origin, message = split_prefixes(line, self.style)
+        t = line_time(message, line)
         matched = match_line(message)
         if matched is None:
             return t
@@ -111,7 +114,7 @@ class _Scanner:
         if sig.id == "python_exception" and fields.get("type", "").rsplit(".", 1)[-1] in REPORTING_EXCEPTIONS:
             return t
         if sig.id == "elastic_block":
-            fields.update(_elastic_block(chunk, start, end))
+            fields.update(_elastic_block(chunk, start, end, self.style))
             origin = Origin(int(fields["rank"]), int(fields["local_rank"]), fields.get("host"), origin.pid, origin.task)
             signal = f" ({fields['signal']})" if fields.get("signal") else ""
             message = (f"torchrun {'root cause' if fields.get('root_cause') else 'failure'}: rank {fields['rank']} "
@@ -119,10 +122,22 @@ class _Scanner:
                        f"{fields.get('exitcode', '?')}{signal}, pid {fields.get('pid', '?')}")
         elif sig.id == "srun_task" and origin.host is None:
             origin = Origin(origin.rank, origin.local_rank, fields.get("host"), origin.pid, origin.task)
-        if origin.rank is None and log.rank_hint is not None and origin.local_rank is None:
+        else:
+            origin = self._launcher_origin(sig.id, fields, chunk, end, origin)
+        if origin.rank is None and log.rank_hint is not None and origin.local_rank is None \
+                and sig.id not in LAUNCHER_LINES:  # a launcher's line in a rank's file is not that rank's
             origin = Origin(log.rank_hint, None, origin.host, origin.pid, origin.task)
         self._add(sig.id, origin, t if t is not None else last_t, f"{log.label}:{lineno}", message, fields)
         return t
+
+    @staticmethod
+    def _launcher_origin(sig: str, fields: dict[str, Any], chunk: str, end: int, origin: Origin) -> Origin:
+        """Another launcher's exit report: the rank and host it names, not the prefix's."""
+        if sig in ("mpi_exit", "hydra_exit"):
+            fields.update(read_block(sig, chunk, end))
+        rank = int(fields["rank"]) if sig in RANK_FIELD and fields.get("rank") else origin.rank
+        host = fields.get("host") if sig in HOST_FIELD and fields.get("host") else origin.host
+        return Origin(rank, origin.local_rank, host, origin.pid, origin.task)
 
     def _add(self, sig: str, origin: Origin, t: Optional[float], where: str, message: str,
              fields: dict[str, Any]) -> None:
@@ -164,13 +179,13 @@ def _hit_lines(chunk: str, words: tuple[str, ...]) -> list[int]:
     return sorted(starts)
 
 
-def _elastic_block(chunk: str, start: int, end: int) -> dict[str, Any]:
+def _elastic_block(chunk: str, start: int, end: int, style: LineStyle) -> dict[str, Any]:
     """The agent's failure block: `time`/`host` above the rank line, `exitcode`/`traceback` below."""
     before = chunk[max(0, chunk.rfind("\n", 0, max(0, start - 400)) + 1):start].splitlines()[-3:]
     after = chunk[end + 1:end + 1200].splitlines()[:4]
     out: dict[str, Any] = {}
     for line in before + after:
-        _, message = split_prefixes(line)
+        _, message = split_prefixes(line, style)
         m = _ELASTIC_FIELD.match(message)
         if not m or m.group(1) == "rank":
             continue

@@ -147,4 +147,4 @@ def test_srun_tasks_over_torchrun_are_nodes_even_without_labels(tmp_path: Path) 
         "  traceback : Signal 9 (SIGKILL) received by PID 5151\n"
         "srun: error: node02: task 1: Exited with exit code 1\n")
     findings = explain([str(log)]).explanation.findings
-    assert [(f.code, f.ranks) for f in findings] == [("RUN002", (5,))], [(f.code, f.title) for f in findings]
+    assert [(f.code, f.ranks) for f in findings] == [("LOG012", (5,))], [(f.code, f.title) for f in findings]

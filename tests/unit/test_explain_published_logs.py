@@ -23,7 +23,7 @@ CODE_FOR_STORY = {
     "illegal_memory_access": "LOG009", "device_assert": "LOG009", "gpu_ecc": "LOG009",
     "cuda_oom": "LOG001", "dataloader_shm": "LOG002", "dataloader_timeout": "LOG002",
     "dataloader_worker_killed": "LOG002", "driver_too_old": "GPU008", "no_gpu": "GPU008",
-    "sigkill": "RUN002", "host_oom_kill": "RUN002", "invalid_device_ordinal": "GPU005",
+    "sigkill": "LOG012", "host_oom_kill": "RUN002", "invalid_device_ordinal": "GPU005",
     "duplicate_gpu": "GPU003", "watchdog_stuck": "LOG010", "network_interface": "LOG007",
     "network_link": "LOG007", "desync": "RUN009", "straggler": "RUN004",
     "rendezvous_unreachable": "LOG006", "store_unreachable": "RUN001", "time_limit": "LOG008",

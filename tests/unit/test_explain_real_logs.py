@@ -25,7 +25,7 @@ SCENARIOS: dict[str, dict[str, Any]] = json.loads((REAL / "scenarios.json").read
 #   "none": the failure is not tied to a rank (the launcher's store, the rendezvous)
 EXPECTED: dict[str, tuple[str, str]] = {
     "exception": ("RUN003", "exact"),
-    "sigkill": ("RUN002", "exact"),
+    "sigkill": ("LOG012", "exact"),
     "hang": ("RUN004", "exact"),
     "desync": ("RUN009", "exact"),
     "dtype_mismatch": ("RUN009", "includes"),
