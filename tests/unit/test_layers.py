@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "explain": {"core", "judge", "explain"},
     "history": {"core", "judge", "history"},  # the run store: sqlite3, the report JSON, busbw formulas
     "callback": {"core", "measure", "judge", "runtime", "probes", "history", "callback"},
-    "render": {"core", "judge", "probes", "explain", "render"},
+    "render": {"core", "judge", "probes", "explain", "history", "render"},
     "ingest": {"core", "judge", "probes", "ingest"},  # other tools' outputs into the probes' facts
     "session": {"core", "measure", "judge", "runtime", "probes", "render", "session"},
 }
