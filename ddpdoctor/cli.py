@@ -118,6 +118,12 @@ def _add_force_arg(parser: argparse.ArgumentParser, top_level: bool = False) -> 
                              "existing file is an error, checked before anything runs")
 
 
+def _add_history_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--history", default=None, metavar="PATH",
+                        help="also append this run to the history store PATH, a SQLite file many nodes may share "
+                             "(also DDPDOCTOR_HISTORY; see docs/fleet.md)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ddpdoctor",
                      description="Diagnose PyTorch DDP jobs: what is wrong, on which rank and node, and the fix.")
@@ -128,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Run the probes on every rank. With no rank variables in the environment, "
                                        "spawns --nproc local ranks; under torchrun or srun, each process is one rank.")
     _add_run_args(check)
+    _add_history_arg(check)
     check.add_argument("--probes", default=None, help="comma-separated probe names, 'all' or 'default' (see `ddpdoctor probes`)")
     check.add_argument("--steps", type=_positive_int, default=None,
                        help="measured DDP training steps (default 5; stragglers: as many as --straggler-seconds allow)")
@@ -162,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "result checked, and a ring of rank pairs to find a slow link. Runs standalone, "
                                        "under torchrun or under srun, like `check`.")
     _add_run_args(bench)
+    _add_history_arg(bench)
     from ddpdoctor.judge.busbw import OPS
 
     bench.add_argument("--op", choices=OPS, default="all_reduce", help="the collective (default all_reduce)")
@@ -193,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--out", metavar="FILE", help="where to write it (default ddpdoctor-snapshot-HOST.json)")
     snap.add_argument("--no-measure", action="store_true", help="read facts only, skip the matmul measurement")
     _add_force_arg(snap)
+    _add_history_arg(snap)
     diag = sub.add_parser("diagnose", help="diagnose snapshots (one per node) or earlier JSON reports",
                           description="Judge snapshot files from several nodes, or `check --json` reports, as if "
                                       "their ranks were one job: ranks are numbered file by file.")
@@ -363,6 +372,7 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
         # report checks its outputs. That is our launcher, or under torchrun/srun every rank
         # (any may become the reporter). The ranks our launcher spawns write nothing.
         _refuse_existing(outputs, args.force)
+    recording = _begin_recording(args)
     cfg = _config(args)
     env = launch_env.detect(os.environ)
     launch_env.check_thread_vars(os.environ)
@@ -370,10 +380,10 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     if env is None:
         from ddpdoctor.session.launcher import run_standalone
 
-        return run_standalone(cfg, argv, command)
+        return _finish_recording(recording, run_standalone(cfg, argv, command))
     from ddpdoctor.session.rank import run_rank
 
-    code = run_rank(cfg, env, command)
+    code = _finish_recording(recording, run_rank(cfg, env, command))
     # Everything this rank knows is published and flushed; interpreter teardown with torch
     # loaded costs about a second per rank and can itself hang on a broken backend.
     sys.stdout.flush()
@@ -381,7 +391,31 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     hard_exit(code)
 
 
+def _begin_recording(args: argparse.Namespace) -> Any:
+    """--history (or DDPDOCTOR_HISTORY) on the process that may report: the report goes to a
+    private file, and from it to --json and the store once the run is over (history/recording.py)."""
+    from ddpdoctor.history.recording import begin, store_path
+    from ddpdoctor.runtime.launch_env import LAUNCHER_PID_VAR
+
+    store = store_path(getattr(args, "history", None), os.environ) if hasattr(args, "history") else None
+    if store is None or LAUNCHER_PID_VAR in os.environ:
+        return None
+    recording = begin(store, args.json_path, args.force)
+    args.json_path = recording.report_path
+    return recording
+
+
+def _finish_recording(recording: Any, code: int) -> int:
+    """The run's exit code, or 3 with one line when the store refused the run (its report is written)."""
+    problem = recording.finish() if recording is not None else None
+    if problem:
+        sys.stderr.write(f"ddpdoctor: error: {one_line(problem)}\n")
+        return EXIT_UNKNOWN
+    return code
+
+
 def _snapshot(args: argparse.Namespace) -> int:
+    from ddpdoctor.history.recording import store_path
     from ddpdoctor.snapshot import default_snapshot_path, take_snapshot, write_snapshot
 
     out = args.out if args.out is not None else default_snapshot_path()
@@ -392,6 +426,21 @@ def _snapshot(args: argparse.Namespace) -> int:
     devices = snapshot["probes"]["homogeneity"]
     print(f"ddpdoctor: wrote {path}: {len(devices)} device{'s' if len(devices) != 1 else ''} on {snapshot['host']} "
           f"({', '.join(sorted({d['device'] for d in devices}))}); secrets in the environment are redacted")
+    return _record_snapshot(snapshot, store_path(args.history, os.environ))
+
+
+def _record_snapshot(snapshot: dict[str, Any], store: Optional[str]) -> int:
+    """--history on a snapshot: 0, or 3 with one line when the store refused it (the file is written)."""
+    from ddpdoctor.history.record import from_snapshot
+    from ddpdoctor.history.store import HistoryError, append
+
+    if store is None:
+        return 0
+    try:
+        append(store, from_snapshot(snapshot))
+    except HistoryError as exc:
+        sys.stderr.write(f"ddpdoctor: error: {one_line(str(exc))} (the snapshot file is written)\n")
+        return EXIT_UNKNOWN
     return 0
 
 
