@@ -124,6 +124,12 @@ def _add_history_arg(parser: argparse.ArgumentParser) -> None:
                              "(also DDPDOCTOR_HISTORY; see docs/fleet.md)")
 
 
+def _add_prom_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prom", dest="prom_path", metavar="PATH",
+                        help="also write the verdict, findings and measured speeds as Prometheus metrics for "
+                             "node_exporter's textfile collector (replaced on every run; see docs/fleet.md)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ddpdoctor",
                      description="Diagnose PyTorch DDP jobs: what is wrong, on which rank and node, and the fix.")
@@ -135,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "spawns --nproc local ranks; under torchrun or srun, each process is one rank.")
     _add_run_args(check)
     _add_history_arg(check)
+    _add_prom_arg(check)
     check.add_argument("--probes", default=None, help="comma-separated probe names, 'all' or 'default' (see `ddpdoctor probes`)")
     check.add_argument("--steps", type=_positive_int, default=None,
                        help="measured DDP training steps (default 5; stragglers: as many as --straggler-seconds allow)")
@@ -170,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "under torchrun or under srun, like `check`.")
     _add_run_args(bench)
     _add_history_arg(bench)
+    _add_prom_arg(bench)
     from ddpdoctor.judge.busbw import OPS
 
     bench.add_argument("--op", choices=OPS, default="all_reduce", help="the collective (default all_reduce)")
@@ -285,7 +293,7 @@ def _config(args: argparse.Namespace):
     common = dict(nproc=args.nproc, backend=args.backend, device=args.device,
                   timeout_s=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
                   json_path=args.json_path, force=args.force, inject=parse_faults(spec), port=args.port,
-                  live=not args.no_live)
+                  live=not args.no_live, prom_path=getattr(args, "prom_path", None))
     if args.command == "allreduce-bench":
         # topology first: it is quick, and its links give the bandwidth the sweep is measured against.
         return CheckConfig(probes=("topology", "allreduce"), command="allreduce-bench", bench=_bench_config(args),
@@ -365,7 +373,7 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
 
     outputs = [("--json", args.json_path), ("--csv", getattr(args, "csv_path", None)),
                ("--plot", getattr(args, "plot_path", None))]
-    for flag, path in outputs:
+    for flag, path in outputs + [("--prom", getattr(args, "prom_path", None))]:  # --prom is rewritten each run
         _check_output_path(flag, path)
     if launch_env.LAUNCHER_PID_VAR not in os.environ:
         # First of all (before --model is built and tried): the process that may write the

@@ -57,6 +57,7 @@ class CheckConfig:
     # check whose stages take a second each can afford to give up after 30 s.
     timeout_s: float = DEFAULT_TIMEOUT_S
     json_path: Optional[str] = None
+    prom_path: Optional[str] = None  # --prom: the verdict and measurements for node_exporter, rewritten each run
     # --force: replace existing output files (--json, --csv, --plot). Without it the CLI
     # refuses them before any rank starts, and a file that appears during the run is not
     # replaced: the report goes to a free sibling name (report.1.json).

@@ -32,6 +32,16 @@ def build_report(record: RunRecord, backend: str = "", device: str = "",
                   fates=rank_fates(record))
 
 
+def _write_prom(report: Report, path: str) -> None:
+    """--prom: a textfile the collector may be reading right now, so replaced whole, every run."""
+    from ddpdoctor.render.prom import write_prom
+
+    try:
+        write_prom(report.to_json(), path)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"ddpdoctor: could not write --prom {path}: {type(exc).__name__}: {exc}\n")
+
+
 def write_outputs(report: Report, cfg: Any) -> None:
     """The report's JSON, then what the probes write besides (the bench's CSV and plot).
 
@@ -42,6 +52,8 @@ def write_outputs(report: Report, cfg: Any) -> None:
     """
     if cfg.json_path:
         write_json(report, cfg.json_path, overwrite=bool(getattr(cfg, "force", False)))
+    if getattr(cfg, "prom_path", None):
+        _write_prom(report, cfg.prom_path)
     for section in report.probes:
         extra = getattr(get_probe(section.name), "write_outputs", None)
         if extra is None or not section.facts:
