@@ -10,11 +10,11 @@ on a broken backend) once everything it knows is published and flushed.
 |---|---|
 | 0, 1, 2, 3 | the verdict, Nagios plugin convention: OK, WARNING, CRITICAL, UNKNOWN |
 | 86 | a rank crashed on purpose (`--inject crash`) |
-| 93 | `explain --exit-code requeue`: do not retry, the failure is deterministic (nvidia-resiliency-ext's no-restart code; 1-127 is permanent under Kubeflow's `restartPolicy: ExitCode`) |
-| 94 | `explain --exit-code requeue`: unknown whether a retry helps (permanent under Kubeflow: no unbounded retries of a failure nobody understood) |
+| 93 | `explain --exit-code requeue`: do not retry (nvidia-resiliency-ext's no-restart code; permanent under Kubeflow) |
+| 94 | `explain --exit-code requeue`: unknown whether a retry helps (permanent under Kubeflow) |
 | 124 | a stage deadline fired (as coreutils' timeout(1)) |
 | 125 | a rank outlived its launcher or lost the out-of-band store |
-| 200 | `explain --exit-code requeue`: retry, the failure is transient (128-255 is retryable under Kubeflow; above 192 so no signal death, 128+N, reads as it) |
+| 200 | `explain --exit-code requeue`: retry (128-255 is retryable under Kubeflow; above every 128+signal) |
 """
 
 from __future__ import annotations

@@ -54,7 +54,10 @@ class Requeue:
         return {"verdict": self.verdict, "reason": self.reason, "code": self.code, "exit_code": self.exit_code}
 
 
-_SCHEDULER_STOP = r"TIME ?LIMIT|[Tt]ime limit|PREEMPT|[Pp]reempt|NODE.?FAIL|[Nn]ode fail|[Ee]vict|SIGTERM|SIGHUP"
+_SCHEDULER_STOP = r"PREEMPT|[Pp]reempt|NODE.?FAIL|[Nn]ode fail|[Ee]vict|JOB REQUEUE"
+_TIME_LIMIT = r"TIME ?LIMIT|[Tt]ime limit"
+_OOM = r"OOMKilled|(?i:\boom[-_ ]?kill|out.of.memory)"
+_UNRESOLVED = r"Name or service not known|Temporary failure in name resolution|gaierror"
 _TRANSIENT_EXCEPTION = r"failed: (?:[\w.]+\.)?(?:Connection(?:Reset|Refused|Aborted)Error|DistNetworkError)\b"
 
 RULES: tuple[Rule, ...] = (
@@ -78,9 +81,15 @@ RULES: tuple[Rule, ...] = (
     Rule("RUN002", NO_RETRY, "the kernel's out-of-memory killer ended a rank: the same host memory use is killed again",
          sig="slurm_oom"),
     Rule("LOG012", NO_RETRY, "a rank killed (SIGKILL) with out-of-memory evidence is killed again at the same use",
-         when=r"(?i)out.of.memory|oom"),
+         when=_OOM),
+    Rule("LOG016", NO_RETRY, "the container hit its memory limit (OOMKilled): the same use is killed again",
+         when=_OOM),
     Rule("RUN003", RETRY, "the rank's connection was reset or refused: a network or peer fault, not the code",
          sig="python_exception", when=_TRANSIENT_EXCEPTION),
+    Rule("RUN003", RETRY, "the rendezvous host's name did not resolve: its pod or node was not up yet",
+         sig="python_exception", when=_UNRESOLVED),
+    Rule("RUN003", UNKNOWN, "the launcher's report of a rank that died of a signal or exited non-zero: the rank's own "
+                            "error is not in the log", sig="python_exception", when=r"CalledProcessError"),
     Rule("RUN003", UNKNOWN, "the rank was interrupted (SIGINT): by a person or a launcher, the log does not say",
          sig="python_exception", when=r"failed: KeyboardInterrupt"),
     Rule("RUN003", NO_RETRY, "an exception in the program (a bug, a missing file, a config error) raises again"),
@@ -90,16 +99,21 @@ RULES: tuple[Rule, ...] = (
     Rule("RUN001", RETRY, "the rendezvous timed out before every rank arrived: a node started late or was lost"),
     Rule("LOG007", RETRY, "an InfiniBand/RoCE transport error is a link fault: requeue, and check the named link",
          sig="nccl_ib_error"),
-    Rule("LOG008", RETRY, "the scheduler stopped the job (time limit, preemption, node failure), not the job itself",
+    Rule("LOG008", RETRY, "the scheduler preempted or requeued the job, or lost its node: not the job's fault",
          when=_SCHEDULER_STOP),
-    Rule("LOG016", RETRY, "the scheduler ended the job (time limit, preemption, node failure, eviction)",
+    Rule("LOG016", RETRY, "the scheduler preempted or evicted the job, or lost its node: not the job's fault",
          when=_SCHEDULER_STOP),
-    Rule("LOG015", UNKNOWN, "the launcher was interrupted (SIGINT): by a person, the log does not say why",
-         when=r"SIGINT"),
-    Rule("LOG015", RETRY, "the launcher was ended by SIGTERM/SIGHUP: the scheduler or session stopped it, not a fault"),
+    Rule("LOG015", RETRY, "the launcher got SIGHUP: its terminal session closed, nothing failed",
+         when=r"SIGHUP|[Rr]eceived 1 death signal"),
     # -- unknown: the log shows how the job ended, not whether it would end so again ----------
+    Rule("LOG008", UNKNOWN, "the job reached its time limit: a rerun gets further only if it resumes from a checkpoint",
+         when=_TIME_LIMIT),
     Rule("LOG008", UNKNOWN, "someone cancelled the job: whether to run it again is their call"),
+    Rule("LOG016", UNKNOWN, "the job reached its time limit: a rerun gets further only if it resumes from a checkpoint",
+         when=_TIME_LIMIT),
     Rule("LOG016", UNKNOWN, "the job was cancelled: whether to run it again is the canceller's call"),
+    Rule("LOG015", UNKNOWN, "the launcher was stopped from outside (SIGTERM, SIGINT): a scheduler, a platform or a "
+                            "person, the log does not say which"),
     Rule("LOG012", UNKNOWN, "a rank was killed (SIGKILL) with no out-of-memory evidence: a scheduler, a person or "
                             "the OOM killer"),
     Rule("LOG013", UNKNOWN, "a segfault: a bug in native code recurs, a bad node or library build does not"),
