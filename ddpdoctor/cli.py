@@ -130,6 +130,31 @@ def _add_prom_arg(parser: argparse.ArgumentParser) -> None:
                              "node_exporter's textfile collector (replaced on every run; see docs/fleet.md)")
 
 
+def _date(text: str) -> float:
+    """--since: an ISO date or date-time (UTC unless it says otherwise), as unix seconds."""
+    import datetime
+
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date: give YYYY-MM-DD or YYYY-MM-DDTHH:MM") from None
+    return (when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)).timestamp()
+
+
+def _add_history_command(sub: Any) -> None:
+    hist = sub.add_parser("history", help="judge a history store: nodes that drift, lemon nodes, rising GPU counters",
+                          description="Read the runs recorded with --history and say, per node, how its measured "
+                                      "speed compares with the fleet's median of the same model over time, which "
+                                      "node got slower (and since when), which fails more often than its peers, and "
+                                      "which GPU's memory error counters keep rising. Exit code as check's.")
+    hist.add_argument("store", metavar="PATH", help="the history store (a SQLite file written by --history)")
+    hist.add_argument("--json", dest="json_path", metavar="PATH", help="also write the verdicts as JSON to PATH")
+    hist.add_argument("--since", type=_date, default=None, metavar="DATE", help="only runs from DATE on (YYYY-MM-DD)")
+    hist.add_argument("--node", default=None, metavar="NODE", help="show one node (judged against the whole fleet)")
+    hist.add_argument("--plot", dest="plot_path", metavar="PNG", help="also plot each node against its fleet (matplotlib)")
+    _add_force_arg(hist)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ddpdoctor",
                      description="Diagnose PyTorch DDP jobs: what is wrong, on which rank and node, and the fix.")
@@ -210,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--no-measure", action="store_true", help="read facts only, skip the matmul measurement")
     _add_force_arg(snap)
     _add_history_arg(snap)
+    _add_history_command(sub)
     diag = sub.add_parser("diagnose", help="diagnose snapshots (one per node) or earlier JSON reports",
                           description="Judge snapshot files from several nodes, or `check --json` reports, as if "
                                       "their ranks were one job: ranks are numbered file by file.")
@@ -487,6 +513,44 @@ def _explain(args: argparse.Namespace) -> int:
     return run.requeue.exit_code if requeue else run.exit_code
 
 
+def _history(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from ddpdoctor.core.files import atomic_write_json
+    from ddpdoctor.history.schema import SCHEMA_VERSION
+    from ddpdoctor.history.store import HistoryError, read_history
+    from ddpdoctor.history.verdicts import for_node, judge, since
+    from ddpdoctor.render.console import make_console
+    from ddpdoctor.render.history import render_history, write_plot
+
+    outputs = [("--json", args.json_path), ("--plot", args.plot_path)]
+    for flag, path in outputs:
+        _check_output_path(flag, path)
+    _refuse_existing(outputs, args.force)
+    if args.plot_path and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(f"--plot {args.plot_path} needs matplotlib (pip install 'ddpdoctor[plot]')")
+    try:
+        history = read_history(args.store)
+    except HistoryError as exc:
+        raise UsageError(str(exc)) from None
+    if history.schema_version > SCHEMA_VERSION:
+        raise UsageError(f"history store {args.store} has schema version {history.schema_version}, newer than this "
+                         f"ddpdoctor knows ({SCHEMA_VERSION}): upgrade ddpdoctor to judge it")
+    verdicts = judge(since(history, args.since) if args.since is not None else history)
+    if args.node is not None:
+        known = sorted(s.node for s in verdicts.summaries)
+        if args.node not in known:
+            raise UsageError(f"--node {args.node}: no such node in {args.store} "
+                             f"(it has {', '.join(known[:8]) or 'none'}{', ...' if len(known) > 8 else ''})")
+        verdicts = for_node(verdicts, args.node)
+    if args.json_path:
+        atomic_write_json({"store": args.store, **verdicts.to_json()}, args.json_path, overwrite=args.force)
+    if args.plot_path:
+        write_plot(verdicts, args.plot_path, overwrite=args.force)
+    render_history(verdicts, make_console())
+    return verdicts.exit_code
+
+
 def _list_probes() -> int:
     from ddpdoctor.probes import DEFAULT_PROBES, all_probes
 
@@ -533,6 +597,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _snapshot(args)
         if args.command == "diagnose":
             return _diagnose(args)
+        if args.command == "history":
+            return _history(args)
         if args.command == "explain":
             return _explain(args)
         build_parser().print_help()

@@ -145,6 +145,12 @@ def since(history: History, start: float) -> History:
                    findings=[f for f in history.findings if f.run_id in kept])
 
 
+def for_node(verdicts: Verdicts, node: str) -> Verdicts:
+    """One node's row and verdicts (judged against the whole fleet first: its median needs the others)."""
+    return Verdicts([s for s in verdicts.summaries if s.node == node],
+                    [f for f in verdicts.findings if node in f.nodes], verdicts.runs, verdicts.first, verdicts.last)
+
+
 def judge(history: History, rules: Rules = Rules()) -> Verdicts:
     """Every verdict the history supports, with a summary per node (sorted worst first, then by name)."""
     runs = {r.run_id: r for r in history.runs}

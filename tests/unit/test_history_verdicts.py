@@ -169,3 +169,61 @@ def test_50_nodes_by_100_runs_is_judged_in_seconds():
     took = time.perf_counter() - began
     assert [f.nodes for f in verdicts.findings] == [("node07",)]
     assert took < 30, took  # 15 000 measurements; about 0.3 s on one core
+
+
+# -- `ddpdoctor history` on a real store -------------------------------------------------
+def _store(tmp_path, history: History) -> str:
+    from ddpdoctor.history.store import RunRows, append
+
+    path = str(tmp_path / "history.db")
+    for run in history.runs:
+        append(path, RunRows(run, [n for n in history.nodes if n.run_id == run.run_id],
+                             [m for m in history.measurements if m.run_id == run.run_id],
+                             [f for f in history.findings if f.run_id == run.run_id]))
+    return path
+
+
+def test_the_command_names_the_drifting_node_in_json_and_exit_code(tmp_path, capsys):
+    import json
+
+    from ddpdoctor.cli import main
+
+    store = _store(tmp_path, _fleet(3, 20, seed=1, slow={"node01": (10, 0.8)}))
+    out = tmp_path / "verdicts.json"
+    assert main(["history", store, "--json", str(out)]) == 1
+    data = json.loads(out.read_text())
+    assert [(f["code"], f["nodes"]) for f in data["findings"]] == [("HIS001", ["node01"])]
+    assert data["runs"] == 20 and data["nodes"][0]["node"] == "node01" and data["nodes"][0]["trend_pct"] < -10
+    assert "node01" in capsys.readouterr().out
+    assert main(["history", store, "--node", "node00"]) == 0  # judged against the fleet, shown alone
+    assert main(["history", store, "--since", "2023-11-30"]) == 0  # 4 runs left, all after the change: no drift
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "newer", "unknown-node", "bad-date", "plot"])
+def test_bad_input_is_one_line_and_exit_3(tmp_path, capsys, case):
+    import importlib.util
+    import sqlite3
+
+    from ddpdoctor.cli import main
+
+    store = _store(tmp_path, _fleet(3, 2, seed=1))
+    args = ["history", store]
+    if case == "missing":
+        args = ["history", str(tmp_path / "nope.db")]
+    elif case == "corrupt":
+        (tmp_path / "bad.db").write_bytes(b"not a database" * 100)
+        args = ["history", str(tmp_path / "bad.db")]
+    elif case == "newer":
+        with sqlite3.connect(store) as conn:
+            conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    elif case == "unknown-node":
+        args += ["--node", "node99"]
+    elif case == "bad-date":
+        args += ["--since", "last tuesday"]
+    elif case == "plot":
+        if importlib.util.find_spec("matplotlib") is not None:
+            pytest.skip("matplotlib is installed: --plot works")
+        args += ["--plot", str(tmp_path / "h.png")]
+    assert main(args) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ddpdoctor: error: "), err
