@@ -15,12 +15,10 @@ from ddpdoctor.core.findings import Finding, rank_ranges
 from ddpdoctor.explain.scan import Event
 
 PROBE = "explain"
-_FATAL_WORDS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
-                "Floating point exception": "SIGFPE"}
 
 
 def _cause_text(e: Event) -> CauseText:
-    if e.sig in EXIT_RECORDS or e.sig == "rank_fatal_signal":
+    if e.sig in EXIT_RECORDS:
         signal = _signal_of(e)
         if signal in SIGNAL_CAUSES:
             return SIGNAL_CAUSES[signal]
@@ -69,6 +67,7 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
         first = group[0]
         text = _cause_text(first)
         ranks = sorted({e.rank for e in group if e.rank is not None}
+                       | {int(r) for e in group for r in e.fields.get("task_ranks", ())}
                        | {int(e.fields[k]) for e in group for k in ("rank_a", "rank_b") if k in e.fields
                           and e.sig == "duplicate_gpu"})
         where = where_text(ranks, hosts, unattributed=not ranks, events=group)
@@ -209,8 +208,6 @@ def _share(count: int, events: list[Event]) -> str:
 
 
 def _signal_of(e: Event) -> str:
-    if e.sig == "rank_fatal_signal":
-        return str(e.fields.get("signal") or _FATAL_WORDS.get(str(e.fields.get("what")), "?"))
     if e.sig == "launcher_signal":
         return exit_signal({"signal": e.fields.get("signal") or e.fields.get("signame") or e.fields.get("signum")},
                            e.sig) or "?"

@@ -25,7 +25,9 @@ _HYDRA = re.compile(r"\[proxy:[\d:]+@(?P<host>[\w.-]+)\] ")
 _PDSH = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]*): ")
 _PDSH_LINE = re.compile(r"(?m)^([A-Za-z0-9][\w.-]*): ")
 _PDSH_NOT_HOSTS = re.compile(r"(?:Error|Exception|Warning|Interrupt|Exit)$|^(?:srun|slurmstepd|pdsh|\d+)$")
-_OUTER = (_CRI, _KUBECTL_PREFIX, _STAMP, _HYDRA, _POD_BAR)
+# `accelerate test` and other subprocess wrappers: `stderr: ` in front of the child's lines.
+_STREAM = re.compile(r"std(?:out|err): ")
+_OUTER = (_CRI, _KUBECTL_PREFIX, _STAMP, _HYDRA, _POD_BAR, _STREAM)
 
 
 @dataclass(frozen=True)

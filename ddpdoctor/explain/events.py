@@ -86,6 +86,8 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
                 hosts.setdefault(r, str(e.fields["host"]))
             if e.rank is None and len(tasks) == 1 and not launchers:
                 e.rank = tasks[0]  # srun started the ranks themselves: task N is SLURM_PROCID N, rank N
+            elif e.rank is None and not launchers:
+                e.fields["task_ranks"] = tasks  # `tasks 2-7`: every one of them, ranks 2 to 7
         elif e.sig == "nccl_comm_init":
             sizes.append(int(e.fields["nranks"]))
         elif e.sig == "elastic_world":

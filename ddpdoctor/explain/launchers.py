@@ -1,6 +1,6 @@
 """Launchers' summaries of a worker's end: who ended, how, and what a signal usually means.
 
-torchrun, srun, mpirun, mpiexec, the DeepSpeed launcher, pdsh and `subprocess` (the old
+torchrun, srun, mpirun, mpiexec, the DeepSpeed launcher and `subprocess` (the old
 `torch.distributed.launch`, `accelerate launch`) each report a worker's end in their own
 words. They are exit records: a rank's own error, when it printed one, says more and wins;
 without one, the signal is the cause (SIGKILL: the OOM killer or a scheduler; SIGSEGV: a
@@ -14,14 +14,14 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-EXIT_RECORDS = frozenset({"elastic_block", "elastic_failed", "srun_task", "deepspeed_exit", "pdsh_exit",
-                          "called_process", "mpi_signal", "mpi_exit", "mpi_abort", "hydra_exit"})
+EXIT_RECORDS = frozenset({"elastic_block", "elastic_failed", "srun_task", "deepspeed_exit", "called_process",
+                          "mpi_signal", "mpi_exit", "hydra_exit"})
 # Exit records that name the rank (MPI ranks are the job's ranks) or the host in their own words.
-RANK_FIELD = frozenset({"mpi_signal", "mpi_exit", "mpi_abort", "hydra_exit"})
+RANK_FIELD = frozenset({"mpi_signal", "mpi_exit", "hydra_exit"})
 # Causes that end the whole job, never one rank's: not given to "the only rank that failed".
-JOB_LEVEL = frozenset({"launcher_signal", "node_fail", "k8s_killed"})
+JOB_LEVEL = frozenset({"launcher_signal"})
 LAUNCHER_LINES = (EXIT_RECORDS | JOB_LEVEL) - {"elastic_block"}
-HOST_FIELD = frozenset({"mpi_signal", "hydra_exit", "pdsh_exit", "node_fail"})
+HOST_FIELD = frozenset({"mpi_signal", "hydra_exit", "slurm_cancelled"})
 
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV",
             15: "SIGTERM"}
@@ -33,6 +33,7 @@ STOPPED = ("SIGTERM", "SIGHUP", "SIGINT")
 _HYDRA_FIELD = re.compile(r"=\s+(?:RANK (?P<rank>\d+) )?PID (?P<pid>\d+) RUNNING AT (?P<host>\S+)|"
                           r"=\s+EXIT CODE: (?P<exitcode>-?\d+)|KILLED BY SIGNAL: (?P<signum>\d+)|"
                           r"EXIT STRING: .*\(signal (?P<strsig>\d+)\)")
+_CMD_LOCAL_RANK = re.compile(r"--local[_-]rank['=, ]+(?P<local>\d+)")
 _MPI_EXIT_CODE = re.compile(r"Exit code:\s+(?P<exitcode>-?\d+)")
 
 
@@ -74,6 +75,15 @@ def ended_badly(fields: dict[str, Any], sig: str) -> bool:
         return signal not in STOPPED
     code = str(fields.get("exitcode", fields.get("code")))
     return code not in ("0", "None", "143", "-15")
+
+
+def command_rank(fields: dict[str, Any], host: Optional[str]) -> Optional[int]:
+    """The rank behind the DeepSpeed launcher's command line. It prints the last worker it
+    started, which is the failed one only when it is the only one: `--local_rank=0` on a
+    one-node job (no pdsh host) is rank 0. (The old `torch.distributed.launch` printed its
+    loop variable or the failed worker's, by version: its command line is never read.)"""
+    m = _CMD_LOCAL_RANK.search(str(fields.get("cmd", "")))
+    return 0 if m and m.group("local") == "0" and host is None else None
 
 
 def read_block(sig: str, chunk: str, end: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from ddpdoctor.explain.collectors import LineStyle
-from ddpdoctor.explain.launchers import HOST_FIELD, LAUNCHER_LINES, RANK_FIELD, read_block
+from ddpdoctor.explain.launchers import HOST_FIELD, LAUNCHER_LINES, RANK_FIELD, command_rank, read_block
 from ddpdoctor.explain.prefixes import Origin, detect_style, line_time, split_prefixes
 from ddpdoctor.explain.read import LogFile, read_chunks
 from ddpdoctor.explain.signatures import BY_ID, REPORTING_EXCEPTIONS, match_line, trigger_words
@@ -137,6 +137,8 @@ class _Scanner:
             fields.update(read_block(sig, chunk, end))
         rank = int(fields["rank"]) if sig in RANK_FIELD and fields.get("rank") else origin.rank
         host = fields.get("host") if sig in HOST_FIELD and fields.get("host") else origin.host
+        if rank is None and sig == "deepspeed_exit":
+            rank = command_rank(fields, host)
         return Origin(rank, origin.local_rank, host, origin.pid, origin.task)
 
     def _add(self, sig: str, origin: Origin, t: Optional[float], where: str, message: str,

@@ -174,34 +174,19 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("deepspeed_exit", CONTEXT, ("exits with return code",),
          r"(?P<cmd>\[.*\]) exits with return code = (?P<exitcode>-?\d+)",
          "DeepSpeed launcher: a worker exited with {exitcode}", "DeepSpeed launcher"),
-    _sig("pdsh_exit", CONTEXT, ("ssh exited with exit code",),
-         r"pdsh@[\w.-]+: (?P<host>[\w.-]+): ssh exited with exit code (?P<exitcode>\d+)",
-         "pdsh: {host} exited with {exitcode}", "pdsh (deepspeed runner)"),
     _sig("called_process", CONTEXT, ("CalledProcessError: Command",),
-         r"CalledProcessError: Command '(?P<cmd>.*?)' (?:returned non-zero exit status (?P<exitcode>-?\d+)|"
+         r"CalledProcessError: Command (?P<cmd>'.*?'|.*?) (?:returned non-zero exit status (?P<exitcode>-?\d+)|"
          r"died with <Signals\.(?P<signal>SIG\w+): \d+>)",
          "a launcher's worker process exited with {exitcode}{signal}", "torch.distributed.launch, accelerate"),
     _sig("mpi_signal", CONTEXT, ("noticed that process rank",),
-         r"noticed that process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node (?P<host>\S+?) exited on signal "
+         r"noticed that process rank (?P<rank>\d+) with PID (?P<mpi_pid>\S+) on node (?P<host>\S+?) exited on signal "
          r"(?P<signum>\d+)(?: \((?P<what>[^)]+)\))?",
          "mpirun: rank {rank} died of signal {signum}", "OpenMPI"),
     _sig("mpi_exit", CONTEXT, ("Process name: [[",),
          r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]", "mpirun: rank {rank} exited with {exitcode}", "OpenMPI"),
-    _sig("mpi_abort", CONTEXT, ("MPI_ABORT was invoked",),
-         r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator (?P<comm>\S+)\s+with errorcode (?P<exitcode>\d+)",
-         "rank {rank} called MPI_ABORT ({exitcode})", "MPI"),
     _sig("hydra_exit", CONTEXT, ("BAD TERMINATION",),
          r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES",
          "mpiexec: a process ended badly ({exitcode}{signal})", "MPICH / Intel MPI"),
-    _sig("rank_fatal_signal", CAUSE, ("Fatal Python error: ", ") received by PID"),
-         r"(?:Fatal Python error: (?P<what>Segmentation fault|Aborted|Bus error|Floating point exception)|"
-         r"\*\*\* (?P<signal>SIG[A-Z]+) \(@0x[0-9a-f]+\) received by PID (?P<pid>\d+))",
-         "the process died: {what}{signal}", "Python faulthandler, glog"),
-    _sig("node_fail", CAUSE, ("Node failure on",),
-         r"Node failure on (?P<host>[\w.-]+)", "Slurm: node {host} failed", "Slurm"),
-    _sig("k8s_killed", CAUSE, ("OOMKilled", "Evicted", "low on resource"),
-         r"(?:(?:^|[Rr]eason:?\s*\"?|\s)(?P<reason>OOMKilled|Evicted)\b|The node was low on resource: (?P<resource>\w+))",
-         "Kubernetes: {reason}{resource}", "Kubernetes"),
     _sig("srun_task", CONTEXT, ("srun: error:",),
          r"srun: error: (?P<host>[\w.-]+): tasks? (?P<tasks>[\d,\- ]+): (?P<what>Killed|Out Of Memory|"
          r"Exited with exit code (?P<code>\d+)|Segmentation fault|Aborted|Terminated|Bus error)",
@@ -237,7 +222,7 @@ SIGNATURES: tuple[Signature, ...] = (
          "DDP: the model differs across ranks", "torch DDP"),
     # -- generic: the last line of a Python traceback ----------------------------------------
     _sig("python_exception", CAUSE, ("Error", "Exception", "Interrupt"),
-         r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt))(?:: ?(?P<msg>.*))?$",
+         r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Interrupt)|Exception))(?:: ?(?P<msg>.*))?$",
          "{type}", "Python"),
 )
 

@@ -144,8 +144,6 @@ CAUSES: dict[str, CauseText] = {
     "ddp_unused_params": _catalogued("LOG003", "DDP found parameters without gradients{on}"),
     "ddp_model_mismatch": _catalogued("LOG004", "The model differs across ranks{on}"),
     "launcher_signal": _catalogued("LOG015", "The launcher received {signal} and stopped its workers{on}"),
-    "node_fail": _catalogued("LOG016", "Slurm lost node {host}: the job ended with a node failure"),
-    "k8s_killed": _catalogued("LOG016", "Kubernetes ended the pod{on} ({reason}{resource})"),
 }
 
 # A worker's end by a signal, by what the signal usually means (ddpdoctor/explain/launchers.py).

@@ -51,9 +51,9 @@ def _false_blame(findings: list[Finding], truth: dict[str, Any]) -> str:
     for f in findings:
         if f.severity != Severity.CRITICAL:
             continue
-        if ranks and set(f.ranks) - ranks:
+        if set(f.ranks) - ranks:
             return f"{f.code} blames rank {sorted(set(f.ranks) - ranks)}"
-        if nodes and set(f.nodes) - nodes:
+        if set(f.nodes) - nodes:
             return f"{f.code} blames node {sorted(set(f.nodes) - nodes)}"
     return ""
 
