@@ -40,6 +40,7 @@ from ddpdoctor.callback.online_checks import (PROBE, DataParallelGpu, History, R
 from ddpdoctor.callback.row import GatheredRow, pack, packed_length, unpack
 from ddpdoctor.callback.step_clock import StepClock
 from ddpdoctor.core.findings import Finding, Severity
+from ddpdoctor.history import recording
 from ddpdoctor.runtime.liveness import main_thread_frame
 from ddpdoctor.runtime.workload import tensor_bytes
 
@@ -223,7 +224,8 @@ class Doctor:
     def __init__(self, model: Any, optimizer: Any = None, loader: Any = None, sampler: Any = None, *,
                  every: int = 50, step_deadline_s: float = 600.0, json_path: Optional[str] = None,
                  on_finding: Optional[Callable[[Finding], None]] = None, raise_on_finding: bool = False,
-                 on_hang: str = "report", measure_comm: bool = True, batch_size: Optional[int] = None) -> None:
+                 on_hang: str = "report", measure_comm: bool = True, batch_size: Optional[int] = None,
+                 history: Optional[str] = None) -> None:
         import torch
         import torch.distributed as dist
 
@@ -240,6 +242,9 @@ class Doctor:
         self.on_finding = on_finding
         self.raise_on_finding = raise_on_finding
         self.on_hang = on_hang
+        # --history's store (or DDPDOCTOR_HISTORY): rank 0 appends the run at close (docs/fleet.md).
+        self.history = recording.store_path(history, os.environ)
+        self._started_at = time.time()
         self.loader = loader
         self.optimizer = optimizer
         self.batch_size = int(batch_size) if batch_size else None
@@ -422,6 +427,9 @@ class Doctor:
         atexit.unregister(self.close)
         if not self._dp_done and self._steps:
             self._data_parallel_judge()
+        if self.rank == 0 and self.history:
+            recording.record_callback(self.history, self._history.windows, self.findings,
+                                      world_size=self.world_size, started_at=self._started_at)
         if self.rank != 0 and not self.findings:
             return
         worst = max((f.severity for f in self.findings), default=Severity.OK)

@@ -12,14 +12,16 @@ history entry, never the report.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from ddpdoctor.core.files import atomic_write_json
-from ddpdoctor.history.record import from_report
+from ddpdoctor.core.findings import Finding
+from ddpdoctor.history.record import RankTimes, from_callback, from_report
 from ddpdoctor.history.store import ENV_VAR, HistoryError, append
 
 
@@ -59,3 +61,22 @@ class Recording:
 
 def begin(store: str, user_json: Optional[str], force: bool) -> Recording:
     return Recording(store, user_json, force, tempfile.mkdtemp(prefix="ddpdoctor-history-"))
+
+
+# At the end of training a lock held this long is another writer stuck: the job's exit matters more.
+CALLBACK_DEADLINE_S = 10.0
+
+
+def record_callback(store: str, windows: Sequence[Mapping[int, RankTimes]], findings: Sequence[Finding], *,
+                    world_size: int, started_at: float) -> bool:
+    """The callback's run into the store (rank 0, at close); a refusal is a warning: training goes on."""
+    try:
+        append(store, from_callback(windows, findings, world_size=world_size, started_at=started_at),
+               deadline_s=CALLBACK_DEADLINE_S)
+        return True
+    except HistoryError as exc:
+        logging.getLogger("ddpdoctor").warning("ddpdoctor: this run is not in the history: %s", exc)
+    except Exception as exc:  # a bug of ours must not end the user's job
+        logging.getLogger("ddpdoctor").warning("ddpdoctor: recording the history failed: %s: %s",
+                                               type(exc).__name__, exc)
+    return False
