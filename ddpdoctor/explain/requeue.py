@@ -97,8 +97,8 @@ RULES: tuple[Rule, ...] = (
     Rule("LOG005", RETRY, "the rendezvous port was taken by another process: a port clash"),
     Rule("LOG006", RETRY, "the rendezvous store could not be reached: its host started late or the network dropped"),
     Rule("RUN001", RETRY, "the rendezvous timed out before every rank arrived: a node started late or was lost"),
-    Rule("LOG007", RETRY, "an InfiniBand/RoCE transport error is a link fault: requeue, and check the named link",
-         sig="nccl_ib_error"),
+    Rule("LOG007", RETRY, "every failing InfiniBand/RoCE pair shares one end: a bad link or node, requeue without it",
+         sig="nccl_ib_error", when=r"every failing pair has"),
     Rule("LOG008", RETRY, "the scheduler preempted or requeued the job, or lost its node: not the job's fault",
          when=_SCHEDULER_STOP),
     Rule("LOG016", RETRY, "the scheduler preempted or evicted the job, or lost its node: not the job's fault",
@@ -125,6 +125,8 @@ RULES: tuple[Rule, ...] = (
     Rule("RUN002", UNKNOWN, "a rank ended with no error of its own in the log: its reason is in another file"),
     Rule("LOG002", UNKNOWN, "a DataLoader worker died or stalled (a kill, a crash, slow storage): the log does not say "
                             "whether it recurs"),
+    Rule("LOG007", UNKNOWN, "an InfiniBand/RoCE error on one link: the peer died or the link flapped, the log does not "
+                            "tell which", sig="nccl_ib_error"),
     Rule("LOG007", UNKNOWN, "NCCL's sockets failed: a network flap or a wrong interface, the log does not tell which"),
     Rule("LOG010", UNKNOWN, "NCCL's watchdog thread got stuck in the driver: a hung GPU, or a deadlock in the program"),
     Rule("RUN004", UNKNOWN, "a rank hung with no first cause in the log: a stall in the program or a stuck node"),
