@@ -238,3 +238,34 @@ def test_snapshot_command_records_or_says_why(tmp_path: Path, capsys: pytest.Cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a readable SQLite store" in err and "the snapshot file is written" in err
     assert json.loads((tmp_path / "s2.json").read_text())["host"]
+
+
+def test_callback_records_at_close_and_a_bad_store_only_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from ddpdoctor.callback.doctor import Doctor
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "fs"), 1), rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+
+        def train(store: Path, steps: int) -> None:
+            doctor = Doctor(model, history=str(store), every=2)
+            for _ in range(steps):
+                doctor.step_begin()
+                model(torch.ones(4, 2)).sum().backward()
+                doctor.step_end()
+            doctor.close()
+
+        train(tmp_path / "h.db", 6)
+        history = read_history(str(tmp_path / "h.db"))
+        assert [r.command for r in history.runs] == ["callback"] and history.runs[0].world_size == 1
+        assert {m.metric for m in history.measurements} == {"step_ms", "wait_ms"}
+        assert all(m.value > 0 and m.rank == 0 for m in history.measurements)
+        bad = tmp_path / "bad.db"
+        bad.write_bytes(b"z" * 2048)
+        train(bad, 4)  # no exception: training goes on
+        assert "this run is not in the history" in caplog.text and bad.read_bytes() == b"z" * 2048
+    finally:
+        dist.destroy_process_group()
