@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -34,9 +35,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
 from ddpdoctor.core import codes, keys
-from ddpdoctor.core.exits import STAGE_TIMEOUT_EXIT, hard_exit
+from ddpdoctor.core.exits import PEER_HUNG_EXIT, STAGE_TIMEOUT_EXIT, hard_exit
+from ddpdoctor.callback import hang
 from ddpdoctor.callback.online_checks import (PROBE, DataParallelGpu, History, RankWindow, batch_scaling_finding,
                                               data_findings, data_parallel_finding, memory_growth, setup_findings)
+from ddpdoctor.callback.metrics import MetricsSink
 from ddpdoctor.callback.row import GatheredRow, pack, packed_length, unpack
 from ddpdoctor.callback.step_clock import StepClock
 from ddpdoctor.core.findings import Finding, Severity
@@ -142,8 +145,9 @@ def _wait_hook(state, bucket):
     buffer.div_(state.size)
 
     def done(fut: Any) -> Any:
+        value = fut.value()[0]  # raises if the all-reduce failed: still pending, for the hang's record
         state.last_done = time.perf_counter()
-        return fut.value()[0]
+        return value
 
     return dist.all_reduce(buffer, group=state.group, async_op=True).get_future().then(done)
 
@@ -225,7 +229,8 @@ class Doctor:
                  every: int = 50, step_deadline_s: float = 600.0, json_path: Optional[str] = None,
                  on_finding: Optional[Callable[[Finding], None]] = None, raise_on_finding: bool = False,
                  on_hang: str = "report", measure_comm: bool = True, batch_size: Optional[int] = None,
-                 history: Optional[str] = None) -> None:
+                 history: Optional[str] = None, on_metrics: Optional[Callable[[dict[str, Any]], Any]] = None,
+                 tensorboard: Any = None) -> None:
         import torch
         import torch.distributed as dist
 
@@ -242,6 +247,7 @@ class Doctor:
         self.on_finding = on_finding
         self.raise_on_finding = raise_on_finding
         self.on_hang = on_hang
+        self._metrics = MetricsSink(on_metrics, tensorboard)  # each check's numbers out (docs/fleet.md)
         # --history's store (or DDPDOCTOR_HISTORY): rank 0 appends the run at close (docs/fleet.md).
         self.history = recording.store_path(history, os.environ)
         self._started_at = time.time()
@@ -284,6 +290,11 @@ class Doctor:
         if self._store is not None:
             # The node names travel through the job's own store, not a collective.
             self._store.set(keys.callback_host(self.rank), self.host)
+            # So a peer can tell this rank dead or frozen when a hang finds it silent.
+            self._store.set(keys.callback_pid(self.rank), json.dumps({"pid": os.getpid(), "host": self.host}))
+        self._hangs = 0  # hang episodes this rank took part in (each has its own store keys)
+        self._hanging = False  # a hang's exchange runs: the main thread's error is part of it
+        self._hang_over = threading.Event()  # set when it is over (on_hang="report")
         self._watchdog = threading.Thread(target=self._watch, name="ddpdoctor-step-watchdog", daemon=True)
         self._stop = threading.Event()
         self._watchdog.start()
@@ -344,11 +355,13 @@ class Doctor:
         self.step_begin(batch, slow)
         try:
             yield
-        except BaseException:
+        except BaseException as exc:
             # The loop's own error ends the step: no check (a collective other ranks may not
-            # reach), and no hang report for a step that is over.
-            self._began = 0.0
+            # reach), and no hang report for a step that is over, unless a collective failed
+            # because a peer is gone (gloo's "Connection closed by peer"): that is a hang's verdict.
+            began, self._began = self._began, 0.0
             self._slow = ""
+            self._after_collective_failure(exc, began)
             raise
         self.step_end()
 
@@ -425,6 +438,7 @@ class Doctor:
         self._closed = True
         self._stop.set()
         atexit.unregister(self.close)
+        self._publish_left()
         if not self._dp_done and self._steps:
             self._data_parallel_judge()
         if self.rank == 0 and self.history:
@@ -451,10 +465,13 @@ class Doctor:
             for key in self._columns:
                 self._columns[key] = []
         try:
-            found = self._judge(self._rows(gathered))
+            rows = self._rows(gathered)
+            found = self._judge(rows)
         except Exception as exc:  # a bug of ours must not end the user's job
             log.warning("ddpdoctor: judging failed on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
             return
+        if self.rank == 0 and self._metrics.wanted:
+            self._metrics.publish_window(self._steps, rows, self._history)
         self._take_new(found)
 
     def _window_row(self) -> GatheredRow:
@@ -688,13 +705,33 @@ class Doctor:
         while not self._stop.wait(min(WATCH_TICK_S, self.deadline_s / 4)):
             began = self._began
             if not began or began == reported or time.perf_counter() - began < self._allowance:
+                self._answer_peers(began)
                 continue
             reported = began
             # Read while the main thread is stuck in the step, so the clock is not being fed.
             self.hang_deadline = dict(self._clock.describe(slow=bool(self._slow)), marked_slow_as=self._slow)
             self._emit_hang(time.perf_counter() - began)
 
-    def _emit_hang(self, elapsed_s: float) -> None:
+    def _answer_peers(self, began: float) -> None:
+        """A peer's step hung: answer its exchange from here, between steps (a data loader stuck)
+        or inside a step not yet past its allowance. The store is read only once this rank has
+        itself gone half its allowance without finishing a step: a healthy job never reads it here."""
+        since = began or self._last_end
+        if (self._store is None or self.world_size < 2 or not since or self._hanging
+                or time.perf_counter() - since < self._allowance / 2):
+            return
+        try:
+            started = hang.Exchange(self._store, self.rank, self.world_size, self._hangs + 1, self.host).started()
+        except Exception:  # the store went away with its host
+            return
+        if started:
+            self.hang_deadline = dict(self._clock.describe(slow=bool(self._slow)), marked_slow_as=self._slow)
+            self._emit_hang(time.perf_counter() - since)
+
+    def _emit_hang(self, elapsed_s: float, error: Optional[BaseException] = None) -> None:
+        if self._store is not None and self.world_size > 1:
+            self._cross_rank_hang(error)
+            return
         main = main_thread_frame()
         stack = traceback.format_stack(main) if main is not None else []
         where = stack[-1].strip().splitlines()[0] if stack else "unknown"
@@ -716,28 +753,105 @@ class Doctor:
             # The first peer to leave resets this rank's connections, and its main thread may die of
             # that error before this thread exits: the exit status stays "hung", not the error's 1.
             atexit.register(hard_exit, STAGE_TIMEOUT_EXIT)
-            self._wait_for_peers_reports()
             hard_exit(STAGE_TIMEOUT_EXIT)
 
-    def _wait_for_peers_reports(self) -> None:
-        """Before leaving, give the other ranks' watchdogs the time to report their own stacks.
-
-        The ranks' deadlines pass within one watchdog tick of each other; the first to exit
-        would reset the others' connections, and a rank failing on that error (exit 1, no
-        report) would hide where it was. Bounded: a peer that never reports costs the grace."""
-        if self._store is None or self.world_size < 2:
-            return
-        grace = max(2.0, min(10.0, self.deadline_s / 2))
-        # A store call can itself block past the grace (TCPStore serialises its clients): the exit
-        # must not wait on it. This timer ends the process if the calls below do not return.
-        backstop = threading.Timer(grace + 2.0, hard_exit, (STAGE_TIMEOUT_EXIT,))
-        backstop.daemon = True
-        backstop.start()
-        hang_keys = [keys.callback_hang(r) for r in range(self.world_size)]
+    def _cross_rank_hang(self, error: Optional[BaseException]) -> None:
+        """One verdict on every rank (callback/hang.py): trade records through the job's store,
+        the lowest answering rank judges, every rank reports the same finding; with
+        on_hang="exit", the culprit leaves first."""
+        self._hanging = True
+        self._hang_over.clear()
+        self._hangs += 1
+        exchange = hang.Exchange(self._store, self.rank, self.world_size, self._hangs, self.host)
+        if self.on_hang == "exit":
+            # A store call can block past every wait (TCPStore serialises its clients): the exit
+            # must not wait on it. This timer ends the process if the calls below do not return.
+            backstop = threading.Timer(3 * hang.COLLECT_S + hang.CULPRIT_EXIT_GRACE_S + 4.0, hard_exit,
+                                       (STAGE_TIMEOUT_EXIT,))
+            backstop.daemon = True
+            backstop.start()
+        record = self._hang_record(error)
         try:
-            self._store.set(hang_keys[self.rank], "1")
-            end = time.monotonic() + grace
-            while time.monotonic() < end and not self._store.check(hang_keys):
-                time.sleep(0.1)
+            exchange.publish(record)
+            verdict = exchange.decide(*exchange.collect())
+        except Exception:  # the store went away with its host: judged on what this rank knows
+            verdict = hang.judge({self.rank: record}, {r: hang.Absent(r, "silent") for r in range(self.world_size)
+                                                       if r != self.rank}, self.rank)
+        finding = hang.verdict_finding(verdict)
+        sys.stderr.write(f"ddpdoctor: rank {self.rank}: {finding.code} {finding.title}\n")
+        sys.stderr.flush()
+        self._emit(finding, may_raise=False)  # the watchdog thread cannot raise into the loop
+        with contextlib.suppress(Exception):
+            exchange.reported()
+        if self.on_hang == "exit":
+            self._leave_after_hang(exchange, verdict)
+        self._hanging = False
+        self._hang_over.set()
+
+    def _hang_record(self, error: Optional[BaseException]) -> hang.RankRecord:
+        """Where this rank is: in which collective (DDP's all-reduce pending in our comm hook, or one
+        the main thread called), at which line of the user's code, and its stack. `error`: the
+        collective's failure, whose traceback holds the user's line (this is the main thread)."""
+        pairs = [(f, f.f_lineno) for f in hang.frames_of(main_thread_frame() if error is None else sys._getframe())]
+        if error is not None:
+            pairs += list(traceback.walk_tb(error.__traceback__))
+        frames = [f for f, _ in pairs]
+        pending = self._timer is not None and self._timer.last_launch > self._timer.last_done
+        collective = hang.DDP_ALLREDUCE if pending else hang.user_collective(frames)
+        if not collective and self._timer is None and hang.untimed_backward(frames):
+            collective = "backward (its gradient collectives, not timed)"
+        where, stack = hang.describe(pairs)
+        in_step = (bool(self._began) or error is not None) and not self._closed
+        return hang.RankRecord(self.rank, self._steps + int(in_step), os.getpid(), self.host, collective, where, stack,
+                               error=f"{type(error).__name__}: {error}"[:300] if error is not None else "",
+                               left=self._closed, deadline=self.hang_deadline)
+
+    def _leave_after_hang(self, exchange: hang.Exchange, verdict: hang.Verdict) -> None:
+        """The culprit leaves first, once its victims have written the verdict down, so the launcher's
+        first failure (torchrun's "Root Cause") is it; a victim leaves after it, or after a grace
+        where the culprit cannot leave (dead, frozen). Exit codes: core/exits.py."""
+        culprit = self.rank in verdict.culprits
+        code = STAGE_TIMEOUT_EXIT if culprit else PEER_HUNG_EXIT
+        # The culprit's leaving resets this rank's connections, and its main thread may die of that
+        # error before this thread exits: the exit status stays this one, not the error's 1.
+        atexit.register(hard_exit, code)
+        try:
+            if culprit:
+                exchange.wait_reported([r for r in verdict.records if r != self.rank], hang.COLLECT_S)
+                exchange.leaving()
+            else:
+                exchange.wait_gone(verdict)
         except Exception:  # the store went away with its host: nobody is left to wait for
             pass
+        hard_exit(code)
+
+    def _after_collective_failure(self, exc: BaseException, began: float) -> None:
+        """A step's collective failed because a peer went away (gloo closes a dead or departed
+        rank's connections at once, where NCCL would hang): the hang's verdict, from this thread."""
+        if self._hanging:
+            # The watchdog is judging (the culprit's leaving caused this error): wait for it, so
+            # the culprit stays the first to exit; with on_hang="exit" the watchdog ends the process.
+            self._hang_over.wait(3 * hang.COLLECT_S + hang.CULPRIT_EXIT_GRACE_S + 4.0)
+        elif began and self._store is not None and self.world_size > 1 and hang.peer_gone(exc):
+            self._emit_hang(time.perf_counter() - began, error=exc)
+
+    def _publish_left(self) -> None:
+        """Tell the peers this rank's loop is over (a hang that follows is blamed on its leaving)
+        and, with on_hang="exit", keep answering their hang so that, named, it leaves first."""
+        if self._store is None or self.world_size < 2:
+            return
+        try:
+            self._store.set(keys.callback_left(self.rank), str(self._steps))
+        except Exception:  # the store went away with its host: the job is over
+            return
+        if self.on_hang == "exit":
+            threading.Thread(target=self._answer_after_leaving, name="ddpdoctor-left-watch", daemon=True).start()
+
+    def _answer_after_leaving(self) -> None:
+        exchange = hang.Exchange(self._store, self.rank, self.world_size, self._hangs + 1, self.host)
+        try:
+            while not exchange.started():
+                time.sleep(2 * WATCH_TICK_S)
+        except Exception:  # the store went away with the job: nothing left to answer
+            return
+        self._emit_hang(0.0)

@@ -12,7 +12,8 @@ on a broken backend) once everything it knows is published and flushed.
 | 86 | a rank crashed on purpose (`--inject crash`) |
 | 93 | `explain --exit-code requeue`: do not retry (nvidia-resiliency-ext's no-restart code; permanent under Kubeflow) |
 | 94 | `explain --exit-code requeue`: unknown whether a retry helps (permanent under Kubeflow) |
-| 124 | a stage deadline fired (as coreutils' timeout(1)) |
+| 123 | `Doctor(on_hang="exit")`: a step hung and this rank only waited for the rank named as its cause (docs/callback.md) |
+| 124 | a stage deadline fired (as coreutils' timeout(1)); `Doctor(on_hang="exit")`: this rank caused a hang, it leaves first |
 | 125 | a rank outlived its launcher or lost the out-of-band store |
 | 200 | `explain --exit-code requeue`: retry (128-255 is retryable under Kubeflow; above every 128+signal) |
 """
@@ -27,6 +28,7 @@ EXIT_WARNING = 1
 EXIT_CRITICAL = 2
 EXIT_UNKNOWN = 3
 INJECTED_CRASH_EXIT = 86
+PEER_HUNG_EXIT = 123
 STAGE_TIMEOUT_EXIT = 124
 ORPHANED_EXIT = 125
 # `ddpdoctor explain --exit-code requeue`: what a job script or an operator acts on (docs/explain.md).

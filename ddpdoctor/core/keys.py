@@ -120,6 +120,36 @@ def callback_host(rank: int) -> str:
     return f"ddpdoctor/host/{rank}"
 
 
-def callback_hang(rank: int) -> str:
-    """`Doctor`: this rank's step outlived its deadline and it has said so."""
-    return f"ddpdoctor/hang/{rank}"
+def callback_pid(rank: int) -> str:
+    """`Doctor`: this rank's pid and host (JSON), so a peer can tell it dead or frozen when it is silent."""
+    return f"ddpdoctor/pid/{rank}"
+
+
+def callback_left(rank: int) -> str:
+    """`Doctor`: this rank's loop ended (close() ran), after the step written here."""
+    return f"ddpdoctor/left/{rank}"
+
+
+def callback_hang(episode: int, rank: int) -> str:
+    """`Doctor`: this rank's record of the hang (callback/hang.py's RankRecord, JSON)."""
+    return f"ddpdoctor/hang/{episode}/{rank}"
+
+
+def callback_hang_started(episode: int) -> str:
+    """`Doctor`: some rank began the hang's exchange; a rank between steps answers too."""
+    return f"ddpdoctor/hang/{episode}/started"
+
+
+def callback_hang_verdict(episode: int) -> str:
+    """`Doctor`: the lowest answering rank's verdict (callback/hang.py's Verdict, JSON)."""
+    return f"ddpdoctor/hang/{episode}/verdict"
+
+
+def callback_hang_reported(episode: int, rank: int) -> str:
+    """`Doctor`: this rank has written the verdict down; the culprit may leave."""
+    return f"ddpdoctor/hang/{episode}/reported/{rank}"
+
+
+def callback_hang_leaving(episode: int, rank: int) -> str:
+    """`Doctor`: this culprit is leaving now; its victims, on other hosts, leave after it."""
+    return f"ddpdoctor/hang/{episode}/leaving/{rank}"
