@@ -76,6 +76,7 @@ def write_plot(verdicts: Verdicts, path: str, *, overwrite: bool) -> str:
     axes.set_title("ddpdoctor history: nodes against their fleet")
     if flagged:
         axes.legend()
+    figure.autofmt_xdate()
     buffer = io.BytesIO()
     FigureCanvasAgg(figure).print_png(buffer)
     return atomic_write_bytes(buffer.getvalue(), path, overwrite=overwrite)
