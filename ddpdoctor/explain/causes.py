@@ -87,6 +87,11 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
                 # Each end reports the same link: one line per pair of nodes, not per direction.
                 evidence["failing_pairs"] = sorted({" <-> ".join(sorted((a, b))) for a, b in pairs})
             culprit = _common_end(pairs)
+            if not culprit:
+                # One end of a link reported it: the other end (a peer that died, its port) may be the fault.
+                evidence["reported_by"] = sorted({e.host for e in group if e.host})
+                title_extra = f", reported by {', '.join(evidence['reported_by'])}" if evidence["reported_by"] else ""
+                group = group[:0]
             if culprit:
                 node, said = culprit
                 ranks = sorted(r for r, h in hosts.items() if h == node)
@@ -120,9 +125,19 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
                                                    "which only waited for a peer: it exited first, it did not fail first")
         findings.append(Finding(
             code=text.code, severity=text.severity, probe=PROBE, title=title, ranks=tuple(ranks),
-            nodes=nodes_of(ranks, hosts, () if first.sig == "clients_joined" else group), evidence=evidence,
+            nodes=nodes_of(ranks, hosts, _where_it_hit(first, group, events)), evidence=evidence,
             why=text.why, fix=text.fix))
     return findings
+
+def _where_it_hit(first: Event, group: list[Event], events: list[Event]) -> list[Event]:
+    """The lines whose hosts the finding names: a cancelled job is every node srun reports
+    (slurmstepd prints the cancel on one of them), a missing rank none of those that came."""
+    if first.sig == "clients_joined":
+        return []
+    if first.sig == "slurm_cancelled":
+        return group + [e for e in events if e.sig == "srun_task"]
+    return group
+
 
 # `OOB eth0:10.20.0.1<0>`, `[0]ens9:192.168.100.11<0>`: the interface's IPv4 address after its name.
 _IP = re.compile(r"(?<=:)(?P<ip>\d{1,3}(?:\.\d{1,3}){3})(?=<)")

@@ -28,6 +28,13 @@ _PDSH_NOT_HOSTS = re.compile(r"(?:Error|Exception|Warning|Interrupt|Exit)$|^(?:s
 # `accelerate test` and other subprocess wrappers: `stderr: ` in front of the child's lines.
 _STREAM = re.compile(r"std(?:out|err): ")
 _OUTER = (_CRI, _KUBECTL_PREFIX, _STAMP, _HYDRA, _POD_BAR, _STREAM)
+# What users type over a host name before pasting: `xxxxxxxx`, `...`, `***`, `SERVER_NAME`, `<hostname>`.
+_REDACTED = re.compile(r"[xX*.#?_-]+|<[^>]*>|[A-Z]+(?:_[A-Z]+)+|HOST(?:NAME)?|NODE(?:NAME)?")
+
+
+def redacted(name: str) -> bool:
+    """A placeholder a user put where a host name was: naming it as a culprit node names nothing."""
+    return bool(_REDACTED.fullmatch(name))
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
                 local_to_rank[(e.host, e.local_rank)] = e.rank
         elif e.sig == "srun_task" and not nested:
             tasks = task_list(str(e.fields.get("tasks", "")))
-            for r in tasks:
+            for r in tasks if e.fields.get("host") else ():
                 hosts.setdefault(r, str(e.fields["host"]))
             if e.rank is None and len(tasks) == 1 and not launchers:
                 e.rank = tasks[0]  # srun started the ranks themselves: task N is SLURM_PROCID N, rank N
@@ -119,7 +119,7 @@ def attribute(events: list[Event], world_size: Optional[int] = None) -> tuple[di
                     and e.fields.get("signal") not in ("SIGTERM", None) or (e.sig == "elastic_block" and
                     e.fields.get("signal") is None and str(e.fields.get("exitcode")) not in ("0", "-15", "143"))
                     or (e.sig == "elastic_failed" and e.rank is not None and ended_badly(e.fields, e.sig))}
-    oom_tasks = [(r, str(e.fields["host"])) for e in events if e.sig == "srun_task"
+    oom_tasks = [(r, e.fields.get("host")) for e in events if e.sig == "srun_task"
                  and e.fields.get("what") == "Out Of Memory" for r in task_list(str(e.fields.get("tasks", "")))]
     for e in events:
         if e.rank is None and e.sig == "slurm_oom" and oom_tasks:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from ddpdoctor.explain.collectors import LineStyle
+from ddpdoctor.explain.collectors import LineStyle, redacted
 from ddpdoctor.explain.launchers import HOST_FIELD, LAUNCHER_LINES, RANK_FIELD, command_rank, read_block
 from ddpdoctor.explain.prefixes import Origin, detect_style, line_time, split_prefixes
 from ddpdoctor.explain.read import LogFile, read_chunks
@@ -144,6 +144,10 @@ class _Scanner:
     def _add(self, sig: str, origin: Origin, t: Optional[float], where: str, message: str,
              fields: dict[str, Any]) -> None:
         text = message.strip()[:TEXT_CHARS]
+        if origin.host is not None and redacted(origin.host):
+            origin = Origin(origin.rank, origin.local_rank, None, origin.pid, origin.task)
+        if redacted(str(fields.get("host", "x"))):
+            fields.pop("host", None)
         # The same fact printed again in another wording (NCCL's watchdog line, then the same words inside
         # `what():` and `terminate called ...`) is one event: keyed by what it says, not how.
         said = sorted((k, _DIGITS.sub("#", str(v))[:120] if k in _FREE_TEXT else str(v)[:120])

@@ -3,8 +3,10 @@
 tests/fixtures/explain/public/<launcher>/ holds them verbatim, each with its source and the
 truth (truth.json: launcher, healthy, culprit_ranks, culprit_nodes, cause_codes). A failure
 log is right when the headline (the first finding of the highest severity) has one of the
-truth's codes and, where the truth names them, exactly its culprit ranks and at least its
-culprit nodes. False blame is a critical finding naming a rank or node outside the culprits,
+truth's codes and at least the truth's culprit nodes, and, where the truth names culprit
+ranks, the ranks the explanation blames are exactly those: the union of the ranks of its
+critical findings, the headline's among them (a CUDA OOM on rank 2 and rank 1 ending on its
+own with no error pasted are both ranks a user must look at). False blame is a critical finding naming a rank or node outside the culprits,
 or any warn/critical finding on a healthy log. The score is printed in docs/explain.md.
 """
 
@@ -61,12 +63,14 @@ def _false_blame(findings: list[Finding], truth: dict[str, Any]) -> str:
 def score(path: Path, truth: dict[str, Any]) -> Score:
     findings = explain([str(path)]).explanation.findings
     top = headline(findings)
+    blamed = {r for f in findings if f.severity == Severity.CRITICAL for r in f.ranks}
     got = f"{top.code} {top.severity.label} ranks={list(top.ranks)} nodes={list(top.nodes)}: {top.title[:90]}"
     if truth["healthy"]:
         right = top.severity < Severity.WARN
     else:
         right = (top.code in truth["cause_codes"]
-                 and (not truth["culprit_ranks"] or sorted(top.ranks) == sorted(truth["culprit_ranks"]))
+                 and (not truth["culprit_ranks"] or (blamed == set(truth["culprit_ranks"])
+                                                     and set(top.ranks) <= blamed and bool(top.ranks)))
                  and set(truth.get("culprit_nodes") or []) <= set(top.nodes))
     return Score(path.parent.name + "/" + path.name, truth["launcher"], right, _false_blame(findings, truth), got)
 
