@@ -279,7 +279,8 @@ def verdict_finding(v: Verdict) -> Finding:
         "state_by_rank": {str(r): rec.collective or ("left the loop" if rec.left else "own code")
                           for r, rec in v.records.items()} | {str(r): a.how for r, a in v.absent.items()},
         "step_by_rank": {str(r): rec.step for r, rec in v.records.items()},
-        "deadline_by_rank": {str(r): rec.deadline for r, rec in v.records.items() if rec.deadline},
+        "deadline_by_rank": {str(r): {k: rec.deadline.get(k) for k in ("allowance_s", "rule")}
+                             for r, rec in v.records.items() if rec.deadline},
         "pid_by_rank": {str(r): rec.pid for r, rec in v.records.items()}
                        | {str(r): a.pid for r, a in v.absent.items() if a.pid is not None},
         **{f"python_stack_rank_{r}": rec.stack for r, rec in v.records.items()},

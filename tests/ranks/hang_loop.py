@@ -3,16 +3,17 @@
 Started once per rank (torchrun, or RANK/WORLD_SIZE/MASTER_* set by hand as srun would), or
 with `--spawn N --port P` (torch.multiprocessing.spawn, the tutorial pattern). `--case`:
 - own: rank 1 blocks on a lock it already holds, inside step STEP (stuck in its own code);
-- dead, frozen: rank 1 writes its pid to JSON.pid and waits inside step STEP for the test to
-  SIGKILL or SIGSTOP it from outside;
+- dead, frozen: rank 1 waits inside step STEP for the test to SIGKILL or SIGSTOP it from outside;
 - desync: rank 1 calls an extra all_reduce of another shape inside step STEP;
 - uneven: rank 1's shard is shorter: it leaves the loop after STEP - 1 steps, closes its Doctor
   and waits in the final barrier while rank 0 waits in the next step's all-reduce.
+Rank 1 writes its pid and the time it starts to misbehave to JSON.culprit, for the test.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import threading
 import time
@@ -39,17 +40,21 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def mark(json_path: str) -> None:
+    with open(f"{json_path}.culprit", "w") as f:
+        json.dump({"pid": os.getpid(), "t": time.time()}, f)
+
+
 def misbehave(case: str, rank: int, step: int, json_path: str) -> None:
     """What rank 1 does at step STEP, inside the step."""
     if rank != 1 or step != STEP:
         return
+    mark(json_path)
     if case == "own":
         lock = threading.Lock()
         lock.acquire()
         lock.acquire()  # a deadlock in the user's own code: never returns
     elif case in ("dead", "frozen"):
-        with open(f"{json_path}.pid", "w") as f:
-            f.write(str(os.getpid()))
         time.sleep(3600)  # the test kills or stops this process from outside
     elif case == "desync":
         dist.all_reduce(torch.ones(3))  # rank 0 is in DDP's gradient all-reduce instead
@@ -79,6 +84,8 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+    if steps < STEPS:
+        mark(args.json)
     doctor.close()
     dist.barrier()  # the usual end of a loop: nobody leaves while another still needs the store
     dist.destroy_process_group()

@@ -1,0 +1,174 @@
+"""A step that hangs in a real DDP loop (tests/ranks/hang_loop.py, 2 CPU ranks on gloo): one
+verdict on every rank naming the rank that caused it, and, with on_hang="exit", that rank
+leaving first so torchrun's "Root Cause (first observed failure)" names it.
+
+Launched as users do: torchrun (python -m torch.distributed.run), mp.spawn, and one process per
+rank with the variables set by hand (srun, or ranks on other nodes: no local agent that stops
+the others when one dies). The hang's start is when rank 1 begins to misbehave (it writes the
+time); the verdict's time is when the last rank's findings file was written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import psutil
+import pytest
+
+from .harness import _env, free_port, tagged_processes
+
+pytestmark = pytest.mark.ranks
+LOOP = Path(__file__).with_name("hang_loop.py")
+DEADLINE_S = 3.0
+VERDICT_WITHIN_S = DEADLINE_S + 5.0
+ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?rank\s*:\s*(\d+)", re.DOTALL)
+
+
+def _commands(how: str, report: Path, case: str, port: int) -> list[tuple[list[str], dict[str, str]]]:
+    args = [str(LOOP), "--case", case, "--json", str(report), "--deadline", str(DEADLINE_S)]
+    if how == "torchrun":
+        return [([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+                  *args], {})]
+    if how == "spawn":
+        return [([sys.executable, *args, "--spawn", "2", "--port", str(port)], {})]
+    return [([sys.executable, *args], {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for r in range(2)]
+
+
+def _culprit(report: Path, until: float) -> Optional[dict[str, Any]]:
+    path = Path(f"{report}.culprit")
+    while time.monotonic() < until:
+        if path.exists() and path.stat().st_size:
+            return json.loads(path.read_text())
+        time.sleep(0.05)
+    return None
+
+
+def _doc007(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        found = json.loads(path.read_text())["findings"]
+    except (OSError, ValueError):
+        return None
+    return next((f for f in found if f["code"] == "DOC007"), None)
+
+
+def _misbehave_from_outside(report: Path, case: str, until: float) -> None:
+    """dead: SIGKILL rank 1 once it is inside its step; frozen: SIGSTOP it, then, once rank 0 has
+    given its verdict, SIGKILL it (a stopped process outlives everything else otherwise)."""
+    culprit = _culprit(report, until)
+    if culprit is None:
+        return
+    pid = int(culprit["pid"])
+    os.kill(pid, signal.SIGKILL if case == "dead" else signal.SIGSTOP)
+    if case == "frozen":
+        while time.monotonic() < until and _doc007(report) is None:
+            time.sleep(0.1)
+        time.sleep(2.0)  # rank 0 leaves first
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def run_hang(tmp_path: Path, how: str, case: str, timeout_s: float = 60) -> dict[str, Any]:
+    tag, port = uuid.uuid4().hex, free_port()
+    report = tmp_path / f"{how}-{case}.json"
+    procs = [subprocess.Popen(cmd, env=_env(tag, extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for cmd, extra in _commands(how, report, case, port)]
+    until = time.monotonic() + timeout_s
+    outside = threading.Thread(target=_misbehave_from_outside, args=(report, case, until), daemon=True)
+    if case in ("dead", "frozen"):
+        outside.start()
+    try:
+        outputs = [p.communicate(timeout=max(1.0, until - time.monotonic())) for p in procs]
+    finally:
+        for p in tagged_processes(tag):  # whatever is left fails the test below; never left running
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+    left = tagged_processes(tag)
+    assert not left, f"processes left behind: {[p.pid for p in left]}"
+    files = {0: report, 1: Path(f"{report}.rank1")}
+    verdicts = {r: _doc007(p) for r, p in files.items() if _doc007(p) is not None}
+    stderr = "\n".join(err for _, err in outputs)
+    culprit = json.loads(Path(f"{report}.culprit").read_text())
+    written = max(p.stat().st_mtime for r, p in files.items() if r in verdicts) if verdicts else None
+    return {"exit": [p.returncode for p in procs], "stderr": stderr, "verdicts": verdicts,
+            "latency_s": written - culprit["t"] if written is not None else None,
+            "root_cause": (lambda m: int(m.group(1)) if m else None)(ROOT_CAUSE.search(stderr))}
+
+
+def assert_verdict(result: dict[str, Any], cause: str, ranks: tuple[int, ...] = (0, 1)) -> dict[str, Any]:
+    """Rank 1 named as the cause, rank 0 as its victim, the same finding in every rank's file, in time."""
+    assert set(result["verdicts"]) == set(ranks), result["stderr"][-4000:]
+    first = result["verdicts"][ranks[0]]
+    for r in ranks:
+        assert result["verdicts"][r] == first  # one verdict, word for word, on every rank
+    assert first["ranks"] == [1] and first["evidence"]["cause_by_rank"] == {"1": cause}, first
+    assert list(first["evidence"]["affected_ranks"]) == ["0"], first
+    assert "waiting in DDP's gradient all-reduce" in first["evidence"]["affected_ranks"]["0"], first
+    assert "hang_loop.py" in first["evidence"]["user_frame_by_rank"]["0"]
+    assert "rank 0 waited for it" in first["title"] and "rank 0 (" not in first["title"], first["title"]
+    assert result["latency_s"] is not None and result["latency_s"] <= VERDICT_WITHIN_S, result["latency_s"]
+    print(f"verdict {result['latency_s']:.1f} s after the hang began (deadline {DEADLINE_S:g} s)")
+    return first
+
+
+@pytest.mark.parametrize("how", ["torchrun", pytest.param("spawn", marks=pytest.mark.slow)])
+def test_a_rank_stuck_in_its_own_code_is_named_and_leaves_first(tmp_path, how):
+    result = run_hang(tmp_path, how, "own")
+    first = assert_verdict(result, "own code")
+    assert re.search(r"hang_loop\.py:\d+ in misbehave", first["evidence"]["user_frame_by_rank"]["1"])
+    assert "lock.acquire()" in "\n".join(first["evidence"]["python_stack_rank_1"])
+    if how == "torchrun":
+        assert result["root_cause"] == 1 and result["exit"] == [1], result["stderr"][-3000:]
+        # The culprit's own code; the victim left after it with 123, or torchrun stopped it first (SIGTERM).
+        assert "exitcode  : 124" in result["stderr"].split("Root Cause")[1], result["stderr"][-3000:]
+
+
+@pytest.mark.parametrize("how", [pytest.param("torchrun", marks=pytest.mark.slow), "spawn"])
+def test_a_rank_that_left_the_loop_early_is_named(tmp_path, how):
+    result = run_hang(tmp_path, how, "uneven")
+    first = assert_verdict(result, "left")
+    assert "left the training loop after step 5" in first["title"]
+    if how == "torchrun":
+        assert result["root_cause"] == 1, result["stderr"][-3000:]
+
+
+@pytest.mark.parametrize("how", [pytest.param("torchrun", marks=pytest.mark.slow), "hand"])
+def test_a_rank_killed_from_outside_is_named_dead(tmp_path, how):
+    result = run_hang(tmp_path, how, "dead")
+    first = assert_verdict(result, "dead", ranks=(0,))
+    assert "died (process" in first["title"]
+
+
+@pytest.mark.parametrize("how", [pytest.param("torchrun", marks=pytest.mark.slow), "hand"])
+def test_a_frozen_rank_is_named_frozen(tmp_path, how):
+    result = run_hang(tmp_path, how, "frozen")
+    first = assert_verdict(result, "frozen", ranks=(0,))
+    assert "is frozen" in first["title"]
+
+
+@pytest.mark.parametrize("how", ["torchrun", pytest.param("hand", marks=pytest.mark.slow)])
+def test_a_desync_names_the_rank_in_the_other_collective(tmp_path, how):
+    # gloo checks sizes: rank 1's extra 3-float all_reduce receives rank 0's gradient bucket and
+    # gloo aborts it ("Received data size doesn't match expected size"); rank 0's all-reduce then fails.
+    # (Under mp.spawn the launcher stops rank 0 the moment rank 1 dies, before any verdict: its own
+    # "process 1 terminated with signal SIGABRT" names the cause there.)
+    result = run_hang(tmp_path, how, "desync")
+    first = assert_verdict(result, "dead", ranks=(0,))
+    assert "Connection closed by peer" in first["evidence"]["affected_ranks"]["0"] or \
+        "failed" in first["evidence"]["affected_ranks"]["0"]
+    if how == "torchrun":
+        assert result["root_cause"] == 1, result["stderr"][-3000:]
