@@ -92,7 +92,7 @@ def gloo_size_mismatch(events: list[Event], hosts: dict[int, str]) -> list[Findi
 
 
 def watchdog_timeouts(events: list[Event], hosts: dict[int, str], waits: dict[int, Event],
-              causes: dict[int, list[Event]], world: Optional[int]) -> list[Finding]:
+              causes: dict[int, list[Event]], world: Optional[int], world_given: bool = False) -> list[Finding]:
     """NCCL's watchdog says which collective (op, sequence number) each rank timed out in."""
     calls: dict[int, tuple[str, int]] = {}
     cites: dict[int, Event] = {}
@@ -140,8 +140,11 @@ def watchdog_timeouts(events: list[Event], hosts: dict[int, str], waits: dict[in
     _, seq = next(iter(calls.values()))
     behind = sorted(r for r, p in progress.items() if p["enqueued"] < seq)
     known = set(range(world or 0)) | {e.rank for e in events if e.rank is not None}
-    silent = sorted(known - set(calls))
-    suspects = silent or behind
+    silent = sorted(known - set(calls) - set(waits))
+    suspects = (silent if whole_world(silent, events, world, world_given) else []) or behind
+    if not suspects and (silent or set(waits) - set(calls)):
+        # Who never came printed nothing here, or a rank ended waiting in a collective the log does not name.
+        return [undetermined(op_seq, sorted(calls), silent, evidence, waits)]
     if suspects:
         return [finding(
             "RUN004", PROBE,
@@ -161,6 +164,37 @@ def watchdog_timeouts(events: list[Event], hosts: dict[int, str], waits: dict[in
              "(NCCL_SOCKET_IFNAME), firewalls between nodes, and `nvidia-smi` / `dmesg | grep -i xid` on each node; "
              "`ddpdoctor allreduce-bench` localises a slow or broken link."),
     )]
+
+
+def whole_world(silent: list[int], events: list[Event], world: Optional[int], world_given: bool) -> bool:
+    """Whether a rank's silence is evidence: the user gave the world size, every silent rank printed
+    lines of its own in this log, or torchrun's agent accounted for every worker of the world (by
+    pid: those that failed and those it stopped). A rank absent from a partial paste was not seen stuck."""
+    seen = {e.rank for e in events if e.rank is not None}
+    workers = {e.fields["pid"] for e in events if e.sig in ("elastic_block", "elastic_failed", "elastic_sigterm")
+               and e.fields.get("pid") is not None}
+    return world_given or set(silent) <= seen or (world is not None and len(workers) >= world)
+
+
+def undetermined(call: str, timed_out: list[int], silent: list[int], evidence: dict[str, Any],
+                 waits: dict[int, Event]) -> Finding:
+    """Ranks waited and the log does not show who they waited for: no rank is blamed."""
+    others = sorted(set(waits) - set(timed_out))
+    also = f", rank {rank_ranges(others)} ended waiting ({waits[others[0]].label})" if others else ""
+    absent = f" (rank {rank_ranges(silent)} printed nothing here)" if silent else ""
+    return finding(
+        "RUN008", PROBE,
+        title=(f"rank {rank_ranges(timed_out)} timed out waiting in {call}{also}: who never came is not in "
+               f"this log{absent}"),
+        ranks=(), nodes=(),
+        evidence={**evidence, "waiting": victims_evidence(waits), "not_in_log": rank_ranges(silent) or "none"},
+        why=("These ranks timed out (or were aborted by NCCL's watchdog) waiting for peers, and the ranks they "
+             "waited for printed nothing in this log: it does not hold every rank's output, so it cannot say which "
+             "rank stopped issuing collectives or why."),
+        fix=("Give `ddpdoctor explain` every rank's output (every node's file, the whole log), or pass "
+             "--world-size when the log is complete; the Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000) "
+             "dumps name the rank that never issued the collective."),
+    )
 
 
 def flight_recorder_findings(mismatches: list[Mismatch], agreements: list[Agreement],
@@ -208,11 +242,16 @@ def flight_recorder_findings(mismatches: list[Mismatch], agreements: list[Agreem
 
 
 def silent_suspects(stories: list[RankStory], waits: dict[int, Event], hosts: dict[int, str],
-                     events: list[Event]) -> list[Finding]:
-    """Only waits: the ranks that did not complain are where the job was stuck."""
+                    events: list[Event], world: Optional[int], world_given: bool = False) -> list[Finding]:
+    """Only waits: the ranks that did not complain are where the job was stuck, when the log
+    shows them (see whole_world); otherwise who was waited for is not in this log."""
     if not waits:
         return []
     silent = sorted(s.rank for s in stories if s.rank not in waits)
+    closed = all(e.sig in _CLOSED for e in waits.values())
+    if silent and not closed and not whole_world(silent, events, world, world_given):
+        # A timeout only says a peer did not come; a closed connection (below) says its process ended.
+        return [undetermined("a collective", sorted(waits), silent, {}, waits)]
     stopped = {str(e.rank): f"stopped by {e.fields.get('signal', 'the launcher')} ({e.where})"
                for e in events if e.sig == "elastic_block" and e.rank in silent}
     evidence: dict[str, Any] = {"waiting": victims_evidence(waits)}
@@ -223,7 +262,7 @@ def silent_suspects(stories: list[RankStory], waits: dict[int, Event], hosts: di
         if root is not None and root in waits:
             evidence["torchrun_root_cause"] = (f"torchrun's 'Root Cause (first observed failure)' names rank {root}, "
                                                "which only timed out waiting: it exited first, it did not fail first")
-        if all(e.sig in _CLOSED for e in waits.values()) and not stopped:
+        if closed and not stopped:
             # A hung peer makes its partners time out; a closed connection means its process ended.
             return [finding(
                 "RUN002", PROBE,

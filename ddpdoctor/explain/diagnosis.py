@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 from ddpdoctor.explain.causes import cause_findings
 from ddpdoctor.explain.collectives import (
     detail_desync, flight_recorder_findings, gloo_size_mismatch, silent_suspects, watchdog_timeouts)
-from ddpdoctor.explain.launchers import EXIT_RECORDS
+from ddpdoctor.explain.launchers import EXIT_RECORDS, exit_signal
 from ddpdoctor.explain.events import RankStory, attribute, is_failure, is_wait, order_key
 from ddpdoctor.core.codes import finding
 from ddpdoctor.core.findings import Finding
@@ -77,6 +77,7 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
     findings: list[Finding] = []
 
     waits = {s.rank: s.first for s in stories if s.first is not None and is_wait(s.first)}
+    waits.update(watchdog_aborts(events, waits))
     # Ranks that raised a mismatch error (gloo's size check, DETAIL's fingerprint check): their exit is RUN009's.
     mismatch_detectors = {e.rank for e in events if e.sig in ("gloo_size_mismatch", "detail_mismatch")}
     causes_by_rank: dict[int, list[Event]] = {}
@@ -106,14 +107,29 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
 
     findings += detail_desync(events, hosts)
     findings += gloo_size_mismatch(events, hosts)
-    findings += watchdog_timeouts(events, hosts, waits, causes_by_rank, world)
+    findings += watchdog_timeouts(events, hosts, waits, causes_by_rank, world, world_given=world_size is not None)
     findings += flight_recorder_findings(list(mismatches), list(agreements), hosts)
     findings += cause_findings(causes_by_rank, unattributed, waits, hosts, events)
     if not findings:
-        findings += silent_suspects(stories, waits, hosts, events)
+        findings += silent_suspects(stories, waits, hosts, events, world, world_given=world_size is not None)
     if not findings:
         findings.append(_nothing_known(events))
     return Explanation(findings, stories, timeline, world, hosts, node_stories(events, hosts))
+
+
+def watchdog_aborts(events: list[Event], waits: dict[int, Event]) -> dict[int, Event]:
+    """Ranks aborted (SIGABRT) with no error of their own in a log where NCCL's watchdog timed a
+    collective out: the watchdog ends a rank that timed out with std::abort, so their exit is
+    that timeout's end (its lines not pasted), a wait, not a cause."""
+    if not any(e.sig == "nccl_watchdog_timeout" for e in events):
+        return {}
+    own = {e.rank for e in events if is_failure(e) and not is_wait(e) and e.sig not in EXIT_RECORDS}
+    aborted: dict[int, Event] = {}
+    for e in sorted(events, key=order_key):
+        if e.sig in EXIT_RECORDS and e.rank is not None and e.rank not in waits and e.rank not in own \
+                and exit_signal(e.fields, e.sig) == "SIGABRT":
+            aborted.setdefault(e.rank, e)
+    return aborted
 
 
 def _nothing_known(events: list[Event]) -> Finding:
