@@ -766,8 +766,7 @@ class Doctor:
         if self.on_hang == "exit":
             # A store call can block past every wait (TCPStore serialises its clients): the exit
             # must not wait on it. This timer ends the process if the calls below do not return.
-            backstop = threading.Timer(3 * hang.COLLECT_S + hang.CULPRIT_EXIT_GRACE_S + 4.0, hard_exit,
-                                       (STAGE_TIMEOUT_EXIT,))
+            backstop = threading.Timer(hang.leave_within_s() + 2.0, hard_exit, (STAGE_TIMEOUT_EXIT,))
             backstop.daemon = True
             backstop.start()
         record = self._hang_record(error)
@@ -831,7 +830,7 @@ class Doctor:
         if self._hanging:
             # The watchdog is judging (the culprit's leaving caused this error): wait for it, so
             # the culprit stays the first to exit; with on_hang="exit" the watchdog ends the process.
-            self._hang_over.wait(3 * hang.COLLECT_S + hang.CULPRIT_EXIT_GRACE_S + 4.0)
+            self._hang_over.wait(hang.leave_within_s() + 2.0)
         elif began and self._store is not None and self.world_size > 1 and hang.peer_gone(exc):
             self._emit_hang(time.perf_counter() - began, error=exc)
 

@@ -39,6 +39,15 @@ CULPRIT_EXIT_GRACE_S = 8.0
 # After the culprit is gone, a victim stays this long so the launcher sees the culprit exit first
 # (torchrun polls its workers every 0.1 s).
 AFTER_CULPRIT_S = 1.0
+
+
+def leave_within_s() -> float:
+    """The longest a rank's part in a hang may take, every wait at its deadline: collecting the
+    records, waiting for the verdict, a victim's grace for the culprit to leave and a little more.
+    Past it (plus a margin) a backstop ends the process: a store call can block past every wait."""
+    return COLLECT_S + (COLLECT_S + 2.0) + CULPRIT_EXIT_GRACE_S + AFTER_CULPRIT_S
+
+
 # A culprit that can exit: stuck in its own code, in another collective (desync), gone from the loop.
 CAN_EXIT = ("own code", "desync", "left")
 

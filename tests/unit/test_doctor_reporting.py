@@ -111,24 +111,27 @@ def test_other_data_parallel_wrappers_are_not_called_unwrapped():
 
 STUCK_STORE = """
 import threading, time
+from torch import nn
+from ddpdoctor.callback import hang
 from ddpdoctor.callback.doctor import Doctor
 class Stuck:  # a store whose calls never return, as a TCPStore held by another client can
     def set(self, *args): threading.Event().wait()
     def check(self, *args): threading.Event().wait()
-doctor = Doctor.__new__(Doctor)
-doctor._store, doctor.world_size, doctor.rank, doctor.deadline_s = Stuck(), 2, 0, 1.0
-doctor._wait_for_peers_reports()
+hang.COLLECT_S, hang.CULPRIT_EXIT_GRACE_S = 0.5, 0.5  # every wait of the hang's exchange: 4.5 s
+doctor = Doctor(nn.Linear(2, 2), on_hang="exit")
+doctor._store, doctor.world_size = Stuck(), 2
+doctor._cross_rank_hang(None)
 print("returned", flush=True)
 """
 
 
 def test_leaving_after_a_hang_does_not_wait_on_a_store_that_never_answers():
-    # The grace is 2 s here; the backstop ends the process 2 s after it, with the "hung" status.
+    # Every wait of the exchange adds up to 4.5 s here; the backstop ends the process 2 s after, "hung".
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", STUCK_STORE], capture_output=True, text=True, timeout=60)
     took = time.monotonic() - started
     assert proc.returncode == 124 and "returned" not in proc.stdout, proc.stderr
-    assert 3.5 <= took < 20, took
+    assert 6.5 <= took < 25, took
 
 
 def test_a_step_whose_check_raised_is_over_not_hung(monkeypatch):
