@@ -91,17 +91,20 @@ def _tensor_text(value: Any) -> str:
 
 
 def user_collective(frames: list[FrameType]) -> str:
-    """The collective the user's code called, with its tensor's shape ("all_reduce of a float32[3]
-    tensor"), from the first torch.distributed frame under the user's (or ddpdoctor's) own; '' if none."""
-    for frame in frames:
-        code = frame.f_code
-        if _torch_distributed(code.co_filename) and not code.co_name.startswith("_") and code.co_name != "wrapper":
-            try:
-                tensor = frame.f_locals.get("tensor", frame.f_locals.get("output_tensor"))
-            except Exception:  # a frame's locals can be unreadable mid-call
-                tensor = None
-            return code.co_name + _tensor_text(tensor)
-    return ""
+    """The collective the main thread is in, with its tensor's shape ("all_reduce of a float32[3]
+    tensor"): the outermost public call into torch.distributed's c10d (the one the user's code, FSDP
+    or ddpdoctor's check called), else the first torch.distributed frame ("forward" of FSDP); '' if none."""
+    public = [f for f in frames if _torch_distributed(f.f_code.co_filename)
+              and not f.f_code.co_name.startswith("_") and f.f_code.co_name != "wrapper"]
+    c10d = [f for f in public if f.f_code.co_filename.endswith("distributed_c10d.py")]
+    if not public:
+        return ""
+    frame = (c10d or public)[0]
+    try:
+        tensor = frame.f_locals.get("tensor", frame.f_locals.get("output_tensor"))
+    except Exception:  # a frame's locals can be unreadable mid-call
+        tensor = None
+    return frame.f_code.co_name + _tensor_text(tensor)
 
 
 def untimed_backward(frames: list[FrameType]) -> bool:
