@@ -174,9 +174,13 @@ _ENTRIES = (
           why='Steadily growing memory is usually a tensor kept across steps (a loss history kept with its graph).',
           fix='Store loss.item() (or detach()) instead of the loss tensor; look for lists that grow every step.'),
     _code("DOC007", _CRITICAL, "callback",
-          why=('A rank stuck in a collective waits for a peer that never arrives; a rank stuck elsewhere (data, I/O, a'
-               " deadlock) is the one the others wait for. Every rank's stack tells which is which."),
-          fix="Compare the ranks' stacks: the rank that is not in the collective is the cause."),
+          why=('A rank waiting in a collective waits for a peer that never arrives: the named rank is that peer. It '
+               'was stuck in its own code (data, I/O, a lock), dead, frozen, gone from the loop (uneven data), or in '
+               "another collective than the others (a desync); the ranks in affected_ranks only waited for it."),
+          fix=("Go to the named rank's line in your code (user_frame_by_rank, its python_stack): a lock, I/O or a "
+               "data loader that blocks; for a dead rank its own output and `dmesg` (out of memory); for uneven data "
+               "DistributedSampler(drop_last=True) or the Join context; for a desync the same collectives, in the "
+               "same order with the same shapes, on every rank.")),
     _code("DOC008", _INFO, "callback",
           why=('Each rank iterates the whole dataset unless the sampler shards it; DOC001 says so for sure when the '
                "ranks' batches turn out identical."),
