@@ -98,9 +98,15 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
                 group = [e for e in group if e.host == node] or group[:0]
                 where = where_text(ranks, hosts) if ranks else node
                 title_extra = f": every failing pair has {said} at one end"
+        if text.code == "LOG006":
+            # The store's endpoint is at fault, not the rank that could not reach it: it is only the reporter.
+            evidence["reported_by"] = where
+            ranks, group = [], group[:0]
         on = f" on {where}" if ranks or any(e.host for e in group) else ""
         title = fill(text.title, where=where, on=on, text=first.text[:160], **fields)
-        title = title[0].upper() + title[1:] + title_extra
+        if not (title.startswith(where) and any(e.host == where for e in events)):  # a host keeps its case
+            title = title[0].upper() + title[1:]
+        title += title_extra
         exits = _exit_info(ranks, events)
         if exits:
             evidence["exit"] = exits

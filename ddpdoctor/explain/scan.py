@@ -110,6 +110,8 @@ class _Scanner:
         if matched is None:
             return t
         sig, said = matched
+        if sig.id == "gloo_peer_closed" and _raised_in_init(chunk, start):
+            sig, said = BY_ID["store_reset_at_init"], {"err": "Connection reset by peer"}
         fields = {k: v for k, v in said.items() if v is not None}
         if sig.id == "python_exception" and fields.get("type", "").rsplit(".", 1)[-1] in REPORTING_EXCEPTIONS:
             return t
@@ -168,6 +170,16 @@ class _Scanner:
                       text, fields)
         self.index[key] = event
         self.result.events.append(event)
+
+
+_INIT_FRAMES = ("in init_process_group", "in _env_rendezvous_handler", "in _create_c10d_store")
+
+
+def _raised_in_init(chunk: str, start: int) -> bool:
+    """Whether the traceback right above this exception line is init_process_group's rendezvous:
+    a connection reset there is the store's (MASTER_ADDR), not a training peer's."""
+    above = chunk[max(0, start - 800):start].splitlines()[-4:]
+    return any(frame in line for line in above for frame in _INIT_FRAMES)
 
 
 def _hit_lines(chunk: str, words: tuple[str, ...]) -> list[int]:

@@ -81,6 +81,11 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("gloo_timeout", WAIT, ("ms for recv operation", "ms for send operation", "Timed out waiting"),
          r"Timed out waiting (?P<timeout_ms>\d+)ms for (?P<what>recv|send) operation to complete",
          "gloo timeout waiting for a peer ({what})", "gloo"),
+    # torch >= 2.1: a rank fetching NCCL's id from rank 0 through the store lost the store.
+    _sig("store_get_error", CAUSE, ("via c10d key-value store",),
+         r"retrieving ncclUniqueId from \[(?P<from_rank>\d+)\] via c10d key-value store by key '(?P<key>[^']*)', "
+         r"but store->get\('[^']*'\) got error: (?P<err>[^.]+)",
+         "lost the store while fetching NCCL's id from rank {from_rank}: {err}", "ProcessGroupNCCL"),
     _sig("gloo_peer_closed", WAIT, ("Connection closed by peer", "Connection reset by peer"),
          r"(?:Connection closed by peer|Connection reset by peer)(?: \[(?P<peer>[^\]]+)\](?::(?P<port>\d+))?)?",
          "connection closed by peer ({peer})", "gloo"),
@@ -151,6 +156,15 @@ SIGNATURES: tuple[Signature, ...] = (
          r"client socket has failed to connect to \[?(?P<addr>[^\]\s]+?)\]?:(?P<port>\d+) "
          r"\(errno: (?P<errno>\d+) - (?P<err>[^)]*)\)",
          "connect to {addr}:{port} failed: {err}", "c10d TCPStore"),
+    # torch 1.x TCPStore: the MASTER_ADDR that does not resolve (a pod's service not up yet, a typo).
+    _sig("store_host_unknown", CAUSE, ("Name or service not known", "Temporary failure in name resolution"),
+         r"(?:host not found: )?(?P<err>Name or service not known|Temporary failure in name resolution)",
+         "the store's host name does not resolve: {err}", "c10d TCPStore"),
+    # Not matched by a line alone: `RuntimeError: Connection reset by peer` raised inside init_process_group
+    # (scan.py reads the traceback above it); during training the same words are a peer's (gloo_peer_closed).
+    _sig("store_reset_at_init", CAUSE, ("Connection reset by peer",),
+         r"(?P<err>Connection reset by peer)", "the store reset the connection during init_process_group",
+         "c10d TCPStore"),
     _sig("rdzv_timeout", CAUSE, ("RendezvousTimeoutError",),
          r"RendezvousTimeoutError(?::? ?(?P<msg>.*))?", "the elastic rendezvous timed out", "torch elastic"),
     _sig("rdzv_connection", CAUSE, ("RendezvousConnectionError", "connection to the C10d store has failed"),

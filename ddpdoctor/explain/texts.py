@@ -110,6 +110,24 @@ CAUSES: dict[str, CauseText] = {
         "port differs between nodes, the store was never started (rank 0 failed) or a firewall drops the traffic.",
         "Check MASTER_ADDR/MASTER_PORT on every node (the same value everywhere, an address other nodes can "
         "route to), that rank 0 started, and `nc -zv ADDR PORT` from this node."),
+    "store_get_error": _worded(
+        "LOG006", "{where} lost the connection to the store while fetching NCCL's id from rank {from_rank} ({err})",
+        "The rank asked the c10d store (hosted with rank 0 or its launcher) for NCCL's id and the store's connection "
+        "broke: rank 0 or its node crashed first (its error is in its own log), or the network between nodes dropped.",
+        "Read rank 0's node's log for its first error (a crash there is the cause); if it shows none, check the "
+        "network between the nodes and MASTER_ADDR/MASTER_PORT."),
+    "store_host_unknown": _worded(
+        "LOG006", "{where} could not resolve the store's host name ({err})",
+        "MASTER_ADDR (or --rdzv-endpoint) names a host that does not resolve: a typo, or, on Kubernetes, the "
+        "master pod's service does not exist yet when the worker starts.",
+        "Check MASTER_ADDR on every rank; on Kubernetes let workers retry until the master's service resolves "
+        "(restartPolicy OnFailure, an init container that waits for it)."),
+    "store_reset_at_init": _worded(
+        "LOG006", "{where} lost the connection to the store during init_process_group ({err})",
+        "init_process_group's rendezvous store (MASTER_ADDR:MASTER_PORT) reset the connection: the master was "
+        "restarting or not ready, another job holds that port, or a proxy or firewall cut the connection.",
+        "Check that the master's process was up and listening on MASTER_PORT when this rank started, and that "
+        "no other job uses the port."),
     "rdzv_connection": _worded(
         "LOG006", "{where} could not reach the elastic rendezvous store",
         "torchrun could not connect to --rdzv-endpoint: wrong host or port, or its host is down or firewalled.",

@@ -133,7 +133,7 @@ def test_public_logs_agree_with_their_requeue_truth_and_never_retry_a_determinis
      UNKNOWN, None),
     ("slurmstepd: error: *** STEP 608.0 ON node01 CANCELLED AT 2022-08-12T02:06:12 DUE TO JOB REQUEUE ***\n",
      RETRY, None),
-    ("[rank0]: ValueError: host not found: Name or service not known\n", RETRY, "RUN003"),
+    ("[rank0]: ValueError: host not found: Name or service not known\n", RETRY, "LOG006"),
     ("subprocess.CalledProcessError: Command '['python', 'train.py']' died with <Signals.SIGSEGV: 11>.\n",
      UNKNOWN, None),
     ("slurmstepd: error: *** JOB 77 ON node01 CANCELLED AT 2024-05-01T10:00:00 ***\n", UNKNOWN, None),
