@@ -13,8 +13,9 @@ all_gather of one small float64 tensor per rank holding those steps' timings, a
 fingerprint of the current batch, the loader's length, the sampler's epoch state and the
 peak memory. Rank 0 judges (`online_checks`, and the `stragglers` probe's scores on the
 same columns) and reports each new finding once: to the `ddpdoctor` logger, to a JSON file,
-and to `on_finding`. A step that outlives its deadline is reported by every rank's own
-watchdog thread with its Python stacks. Nothing raises into the training loop unless
+and to `on_finding`. A step that outlives its allowance is judged across ranks by the
+watchdog threads, through the job's store (callback/hang.py): one verdict on every rank
+naming the rank that caused the hang and its victims. Nothing raises into the training loop unless
 `raise_on_finding` asks for it, and then on every rank at the same step (all ranks judge
 the same gathered table), so no rank is left waiting in the next all-reduce.
 """
@@ -797,7 +798,8 @@ class Doctor:
         frames = [f for f, _ in pairs]
         pending = self._timer is not None and self._timer.last_launch > self._timer.last_done
         collective = hang.DDP_ALLREDUCE if pending else hang.user_collective(frames)
-        if not collective and self._timer is None and hang.untimed_backward(frames):
+        if not collective and hang.untimed_backward(frames):
+            # No hook of ours (FSDP, the job's own), or NCCL's, whose futures complete when queued.
             collective = "backward (its gradient collectives, not timed)"
         where, stack = hang.describe(pairs)
         in_step = (bool(self._began) or error is not None) and not self._closed

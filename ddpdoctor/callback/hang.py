@@ -108,8 +108,8 @@ def user_collective(frames: list[FrameType]) -> str:
 
 
 def untimed_backward(frames: list[FrameType]) -> bool:
-    """The main thread is inside torch's backward, below any user frame: with no comm hook of ours
-    (FSDP, the job's own hook), where the gradient collectives wait unseen."""
+    """The main thread is inside torch's backward, below any user frame: where the gradient
+    collectives wait unseen when no comm hook of ours times them (FSDP, the job's own hook, NCCL)."""
     return bool(frames) and "/torch/" in frames[-1].f_code.co_filename.replace("\\", "/") and any(
         "/torch/autograd/" in f.f_code.co_filename.replace("\\", "/") for f in frames)
 
