@@ -67,7 +67,7 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
         first = group[0]
         text = _cause_text(first)
         ranks = sorted({e.rank for e in group if e.rank is not None}
-                       | {int(r) for e in group for r in e.fields.get("task_ranks", ())}
+                       | {int(r) for e in group for k in ("task_ranks", "exit_ranks") for r in e.fields.get(k, ())}
                        | {int(e.fields[k]) for e in group for k in ("rank_a", "rank_b") if k in e.fields
                           and e.sig == "duplicate_gpu"})
         where = where_text(ranks, hosts, unattributed=not ranks, events=group)

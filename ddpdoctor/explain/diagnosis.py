@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 from ddpdoctor.explain.causes import cause_findings
 from ddpdoctor.explain.collectives import (
     detail_desync, flight_recorder_findings, gloo_size_mismatch, silent_suspects, watchdog_timeouts)
-from ddpdoctor.explain.launchers import EXIT_RECORDS, exit_signal
+from ddpdoctor.explain.launchers import EXIT_RECORDS, JOB_LEVEL, exit_signal
 from ddpdoctor.explain.events import RankStory, attribute, is_failure, is_wait, order_key
 from ddpdoctor.core.codes import finding
 from ddpdoctor.core.findings import Finding
@@ -94,16 +94,7 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
                 unattributed.append(e)
             else:
                 causes_by_rank.setdefault(e.rank, []).append(e)
-    # An exit code with no error of its own on a node whose log has errors nobody signed (older
-    # torch under srun prints no [rankN]:): those errors are that rank's, not a second cause.
-    unsigned_hosts = {e.host for e in unattributed if e.host}
-    for rank, evs in list(causes_by_rank.items()):
-        kept = [e for e in evs if not (e.sig == "elastic_block" and not e.fields.get("signal")
-                                       and e.host in unsigned_hosts)]
-        if kept:
-            causes_by_rank[rank] = kept
-        else:
-            del causes_by_rank[rank]
+    claim_unsigned(causes_by_rank, unattributed)
 
     findings += detail_desync(events, hosts)
     findings += gloo_size_mismatch(events, hosts)
@@ -115,6 +106,29 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
     if not findings:
         findings.append(_nothing_known(events))
     return Explanation(findings, stories, timeline, world, hosts, node_stories(events, hosts))
+
+
+def claim_unsigned(causes_by_rank: dict[int, list[Event]], unattributed: list[Event]) -> None:
+    """Exits with no error of their own (a plain exit code, no signal) where the log has errors
+    nobody signed (older torch under srun prints no [rankN]:, a worker's stderr has no prefix):
+    those errors are those ranks', not a second cause. Each unsigned error takes the plain exits
+    on its host (on any host when it names none) as its `exit_ranks`; the exits leave the causes."""
+    errors = [e for e in unattributed if e.sig not in EXIT_RECORDS and e.sig not in JOB_LEVEL]
+
+    def plain(e: Event) -> bool:
+        return e.sig in EXIT_RECORDS and exit_signal(e.fields, e.sig) is None
+
+    exits = {r: evs for r, evs in causes_by_rank.items() if all(plain(e) for e in evs)}
+    ranged = [e for e in unattributed if e.sig == "srun_task" and plain(e) and e.fields.get("task_ranks")]
+    claimed: set[int] = set()
+    for err in errors:
+        mine = {r for r, evs in exits.items() if err.host is None or any(e.host == err.host for e in evs)}
+        mine |= {int(t) for e in ranged if err.host is None or e.host == err.host for t in e.fields["task_ranks"]}
+        if mine:
+            err.fields["exit_ranks"] = sorted(mine)
+            claimed |= mine
+    for rank in claimed:
+        causes_by_rank.pop(rank, None)
 
 
 def watchdog_aborts(events: list[Event], waits: dict[int, Event]) -> dict[int, Event]:

@@ -19,7 +19,7 @@ EXIT_RECORDS = frozenset({"elastic_block", "elastic_failed", "srun_task", "deeps
 # Exit records that name the rank (MPI ranks are the job's ranks) or the host in their own words.
 RANK_FIELD = frozenset({"mpi_signal", "mpi_exit", "hydra_exit"})
 # Causes that end the whole job, never one rank's: not given to "the only rank that failed".
-JOB_LEVEL = frozenset({"launcher_signal"})
+JOB_LEVEL = frozenset({"launcher_signal", "slurm_cancelled"})
 LAUNCHER_LINES = (EXIT_RECORDS | JOB_LEVEL) - {"elastic_block"}
 HOST_FIELD = frozenset({"mpi_signal", "hydra_exit", "slurm_cancelled"})
 

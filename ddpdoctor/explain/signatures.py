@@ -92,6 +92,10 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("nccl_remote_error", WAIT, ("remote process exited or there was a network error", "ncclRemoteError"),
          r"(?:remote process exited or there was a network error|ncclRemoteError)",
          "NCCL: remote process exited or network error", "NCCL"),
+    # Horovod stops every rank once one rank raised or finished early: the ranks still in a collective say this.
+    _sig("horovod_shutdown", WAIT, ("Horovod has been shut down",),
+         r"Horovod has been shut down\. This was caused by an exception on one of the ranks",
+         "Horovod shut down: another rank raised or finished", "Horovod"),
     _sig("store_broken", WAIT, ("Failed to recv, got 0 bytes", "Connection was likely closed"),
          r"(?:Failed to recv, got 0 bytes|Connection was likely closed)",
          "lost the connection to the rendezvous store", "c10d TCPStore"),
