@@ -73,7 +73,7 @@ def test_a_hang_in_a_5_ms_loop_is_named_within_30_s_with_no_deadline_set(tmp_pat
 
 def test_a_healthy_run_with_irregular_steps_is_never_called_hung(tmp_path):
     tag = uuid.uuid4().hex
-    proc = torchrun(tmp_path, tag, "--case", "healthy", "--steps", "2000")
+    proc = torchrun(tmp_path, tag, "--case", "healthy", "--steps", "1500")
     try:
         out, err = proc.communicate(timeout=120)
     finally:
@@ -84,4 +84,4 @@ def test_a_healthy_run_with_irregular_steps_is_never_called_hung(tmp_path):
         clock = json.loads((tmp_path / f"clock{rank}.json").read_text())
         print(f"rank {rank}: {clock['steps_seen']} steps, typical {clock['typical_step_s'] * 1e3:.1f} ms, "
               f"allowance {clock['allowance_s']} s ({clock['rule']})")
-        assert clock["steps_seen"] == 2001 and clock["allowance_s"] == 10.0, clock
+        assert clock["steps_seen"] == 1501 and clock["allowance_s"] == 10.0, clock
