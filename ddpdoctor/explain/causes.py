@@ -15,6 +15,10 @@ from ddpdoctor.core.findings import Finding, rank_ranges
 from ddpdoctor.explain.scan import Event
 
 PROBE = "explain"
+# Generic errors that carry a specific one printed with them (NCCL's `Last error:` under ncclSystemError).
+CARRIERS = ("python_exception", "nccl_system_error")
+# Causes that are the node's environment, not a rank's: every rank there fails alike; the node is named.
+NODE_LEVEL = ("nccl_shm_error",)
 
 
 def _cause_text(e: Event) -> CauseText:
@@ -31,7 +35,7 @@ def _first_own(evs: list[Event]) -> Event:
     the generic exception line that carries it (`DistBackendError: NCCL error ... invalid usage`
     then `Duplicate GPU detected`); among summaries, the one that says the most (torchrun's block)."""
     own = [e for e in evs if e.sig not in EXIT_RECORDS]
-    known = [e for e in own if e.sig != "python_exception"]
+    known = [e for e in own if e.sig not in CARRIERS] or [e for e in own if e.sig != "python_exception"]
     if known or own:
         return known[0] if known else own[0]
     return _best_exit(evs)
@@ -49,6 +53,8 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
     firsts = [_first_own(evs) for evs in causes.values()]
     seen = {e.sig for e in firsts}
     firsts += [e for e in unattributed if e.sig not in seen and e.sig not in EXIT_RECORDS]
+    if any(e.sig.startswith("nccl_") and e.sig not in CARRIERS for e in firsts):
+        firsts = [e for e in firsts if e.sig != "nccl_system_error"]  # NCCL said what its system error was
     if not firsts and unattributed:
         # Only launchers' summaries that name no rank (the DeepSpeed launcher, pdsh, subprocess):
         # the worker's end is still the cause, on whichever rank or node it was.
@@ -98,11 +104,15 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
                 group = [e for e in group if e.host == node] or group[:0]
                 where = where_text(ranks, hosts) if ranks else node
                 title_extra = f": every failing pair has {said} at one end"
+        nodes = nodes_of(ranks, hosts, _where_it_hit(first, group, events))
+        if first.sig in NODE_LEVEL:
+            evidence["reported_by"] = where
+            ranks, group, where = [], group[:0], ", ".join(nodes) or "the node"
         if text.code == "LOG006":
             # The store's endpoint is at fault, not the rank that could not reach it: it is only the reporter.
             evidence["reported_by"] = where
             ranks, group = [], group[:0]
-        on = f" on {where}" if ranks or any(e.host for e in group) else ""
+        on = f" on {where}" if ranks or any(e.host for e in group) or (first.sig in NODE_LEVEL and nodes) else ""
         title = fill(text.title, where=where, on=on, text=first.text[:160], **fields)
         if not (title.startswith(where) and any(e.host == where for e in events)):  # a host keeps its case
             title = title[0].upper() + title[1:]
@@ -131,7 +141,7 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
                                                    "which only waited for a peer: it exited first, it did not fail first")
         findings.append(Finding(
             code=text.code, severity=text.severity, probe=PROBE, title=title, ranks=tuple(ranks),
-            nodes=nodes_of(ranks, hosts, _where_it_hit(first, group, events)), evidence=evidence,
+            nodes=() if text.code == "LOG006" else nodes, evidence=evidence,
             why=text.why, fix=text.fix))
     return findings
 

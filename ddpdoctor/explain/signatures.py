@@ -133,6 +133,10 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("nccl_ib_error", CAUSE, ("Got completion from peer",),
          r"[Gg]ot completion from peer (?P<peer>\S+) with (?:status=|error )(?P<code>\d+)",
          "InfiniBand error {code}", "NCCL"),
+    # The shared-memory transport's segment in /dev/shm (NCCL's `Last error:` under ncclSystemError): the node's.
+    _sig("nccl_shm_error", CAUSE, ("Error while creating shared memory segment",),
+         r"Error while creating shared memory segment (?P<segment>\S+)(?: \(size (?P<size>\d+)\))?",
+         "NCCL could not create its shared-memory segment {segment}", "NCCL"),
     _sig("nccl_system_error", CAUSE, ("unhandled system error", "ncclSystemError"),
          r"(?:unhandled system error|ncclSystemError)(?:.*?NCCL version (?P<nccl_version>[\d.]+\S*))?",
          "NCCL unhandled system error", "NCCL"),

@@ -80,6 +80,13 @@ CAUSES: dict[str, CauseText] = {
         "Rerun with NCCL_DEBUG=INFO and read the `NET/Socket : Using` line on each node; set NCCL_SOCKET_IFNAME to "
         "the interface that connects the nodes (e.g. NCCL_SOCKET_IFNAME=eth0, or ^docker0,lo to exclude), and "
         "open the ports between nodes."),
+    "nccl_shm_error": _worded(
+        "LOG007", "NCCL could not create its shared-memory segment in /dev/shm{on}",
+        "NCCL's shared-memory transport between the GPUs of one node could not create its segment in /dev/shm: "
+        "/dev/shm is too small or full (a container's default is 64 MB) or not writable. It is the node's (the "
+        "container's) setting, so every rank there fails the same way.",
+        "Give the container a larger /dev/shm (docker --shm-size=16g or --ipc=host; on Kubernetes an emptyDir "
+        "with medium: Memory mounted at /dev/shm), free it (`df -h /dev/shm`), or set NCCL_SHM_DISABLE=1."),
     "nccl_no_interface": _worded(
         "LOG007", "NCCL found no usable network interface{on}",
         "NCCL_SOCKET_IFNAME names an interface the node does not have, or every interface was excluded.",
