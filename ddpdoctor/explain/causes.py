@@ -48,7 +48,7 @@ def _best_exit(evs: list[Event]) -> Event:
 
 
 def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], waits: dict[int, Event],
-            hosts: dict[int, str], events: list[Event]) -> list[Finding]:
+            hosts: dict[int, str], events: list[Event], world: Optional[int] = None) -> list[Finding]:
     """One finding per kind of first cause, the ranks that share it together, earliest first."""
     firsts = [_first_own(evs) for evs in causes.values()]
     seen = {e.sig for e in firsts}
@@ -105,6 +105,12 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
                 where = where_text(ranks, hosts) if ranks else node
                 title_extra = f": every failing pair has {said} at one end"
         nodes = nodes_of(ranks, hosts, _where_it_hit(first, group, events))
+        if len(ranks) > 1 and world and set(ranks) == set(range(world)) and group \
+                and all(e.sig in EXIT_RECORDS for e in group):
+            # Every rank of the job ended the same way with no error of its own: a common end (a library's
+            # abort, the watchdog, a kill of the whole job), not one rank's fault.
+            evidence["every_rank_ended_alike"] = where
+            ranks, group, nodes, where = [], group[:0], (), f"every rank ({rank_ranges(ranks)})"
         if first.sig in NODE_LEVEL:
             evidence["reported_by"] = where
             ranks, group, where = [], group[:0], ", ".join(nodes) or "the node"

@@ -100,7 +100,7 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
     findings += gloo_size_mismatch(events, hosts)
     findings += watchdog_timeouts(events, hosts, waits, causes_by_rank, world, world_given=world_size is not None)
     findings += flight_recorder_findings(list(mismatches), list(agreements), hosts)
-    findings += cause_findings(causes_by_rank, unattributed, waits, hosts, events)
+    findings += cause_findings(causes_by_rank, unattributed, waits, hosts, events, world)
     if not findings:
         findings += silent_suspects(stories, waits, hosts, events, world, world_given=world_size is not None)
     if not findings:
