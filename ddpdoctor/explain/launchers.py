@@ -78,12 +78,18 @@ def ended_badly(fields: dict[str, Any], sig: str) -> bool:
 
 
 def command_rank(fields: dict[str, Any], host: Optional[str]) -> Optional[int]:
-    """The rank behind the DeepSpeed launcher's command line. It prints the last worker it
-    started, which is the failed one only when it is the only one: `--local_rank=0` on a
-    one-node job (no pdsh host) is rank 0. (The old `torch.distributed.launch` printed its
-    loop variable or the failed worker's, by version: its command line is never read.)"""
+    """The rank behind a launcher's command line. The DeepSpeed launcher prints the last worker
+    it started, which is the failed one only when it is the only one: `--local_rank=0` on a
+    one-node job (no pdsh host) is rank 0. The old `torch.distributed.launch` raised with its
+    loop variable (`cmd=cmd`: the last worker started, never read) or, in the versions whose
+    traceback shows `cmd=process.args` (`failed_args`), with the failed worker's own command:
+    its local rank, the rank on one node (no pdsh host)."""
     m = _CMD_LOCAL_RANK.search(str(fields.get("cmd", "")))
-    return 0 if m and m.group("local") == "0" and host is None else None
+    if not m or host is not None:
+        return None
+    if fields.get("failed_args"):
+        return int(m.group("local"))
+    return 0 if m.group("local") == "0" else None
 
 
 def read_block(sig: str, chunk: str, end: int) -> dict[str, Any]:

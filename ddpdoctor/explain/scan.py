@@ -110,6 +110,8 @@ class _Scanner:
         if matched is None:
             return t
         sig, said = matched
+        if sig.id == "called_process" and "cmd=process.args" in chunk[max(0, start - 200):start]:
+            said = {**said, "failed_args": "yes"}  # the launcher's source line, printed in its traceback
         if sig.id == "gloo_peer_closed" and _raised_in_init(chunk, start):
             sig, said = BY_ID["store_reset_at_init"], {"err": "Connection reset by peer"}
         fields = {k: v for k, v in said.items() if v is not None}
@@ -139,7 +141,7 @@ class _Scanner:
             fields.update(read_block(sig, chunk, end))
         rank = int(fields["rank"]) if sig in RANK_FIELD and fields.get("rank") else origin.rank
         host = fields.get("host") if sig in HOST_FIELD and fields.get("host") else origin.host
-        if rank is None and sig == "deepspeed_exit":
+        if rank is None and (sig == "deepspeed_exit" or (sig == "called_process" and fields.get("failed_args"))):
             rank = command_rank(fields, host)
         return Origin(rank, origin.local_rank, host, origin.pid, origin.task)
 
