@@ -6,8 +6,9 @@ log is right when the headline (the first finding of the highest severity) has o
 truth's codes and at least the truth's culprit nodes, and, where the truth names culprit
 ranks, the ranks the explanation blames are exactly those: the union of the ranks of its
 critical findings, the headline's among them (a CUDA OOM on rank 2 and rank 1 ending on its
-own with no error pasted are both ranks a user must look at). False blame is a critical finding naming a rank or node outside the culprits,
-or any warn/critical finding on a healthy log. The score is printed in docs/explain.md.
+own with no error pasted are both ranks a user must look at). False blame is a critical
+finding naming a rank or node outside the culprits, or any warn/critical finding on a
+healthy log. The score is printed in docs/explain.md.
 """
 
 from __future__ import annotations
