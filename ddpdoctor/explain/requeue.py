@@ -71,6 +71,8 @@ RULES: tuple[Rule, ...] = (
     Rule("GPU008", NO_RETRY, "the node's driver or GPU allocation does not fit this torch; the request must change",),
     Rule("LOG002", NO_RETRY, "/dev/shm is too small for the DataLoader: the container's setting fails again",
          sig="dataloader_shm"),
+    Rule("LOG007", NO_RETRY, "NCCL's shared-memory segment does not fit the node's or pod's /dev/shm: the same spec "
+         "fails again (enlarge /dev/shm or set NCCL_SHM_DISABLE=1 first)", sig="nccl_shm_error"),
     Rule("LOG007", NO_RETRY, "NCCL found no usable network interface: NCCL_SOCKET_IFNAME names one that is not there",
          sig="nccl_no_interface"),
     Rule("LOG007", NO_RETRY, "NCCL's sockets failed over the interface NCCL_SOCKET_IFNAME forces: the setting fails again",
