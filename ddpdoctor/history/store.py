@@ -1,10 +1,13 @@
 """The history store: append one run in one transaction, read every run back, typed.
 
 SQLite, because a fleet's prologs need a store with no server: one file, on a node's disk or
-shared by many nodes' prologs. Concurrent writers are safe: the store is in WAL mode (readers
-never block the writer), each writer waits for the lock (busy timeout) and retries until a
-deadline, and a run's rows go in one `BEGIN IMMEDIATE` transaction, so a run is stored whole or
-not at all. Nothing already stored is ever lost: a store this code cannot write (a newer schema,
+shared by many nodes' prologs. Concurrent writers are safe: each writer waits for the lock (busy
+timeout) and retries until a deadline, and a run's rows go in one `BEGIN IMMEDIATE` transaction,
+so a run is stored whole or not at all. On a local disk the store is in WAL mode (readers never
+block the writer). WAL's index is shared memory, which hosts cannot share: on a network
+filesystem (NFS, Lustre, GPFS, ...) the store keeps SQLite's rollback journal, whose locks are
+the filesystem's own (sqlite.org/wal.html, "WAL does not work over a network filesystem").
+Nothing already stored is ever lost: a store this code cannot write (a newer schema,
 a corrupt file, a lock held past the deadline, a read-only path) is left exactly as it was, and
 the caller gets a `HistoryError` with one line saying why.
 """
@@ -169,6 +172,34 @@ def _why(path: str, exc: sqlite3.Error) -> str:
     return f"history store {path}: {type(exc).__name__}: {text}"
 
 
+# Filesystems whose files other hosts write too (as /proc/mounts names them).
+NETWORK_FILESYSTEMS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "ceph",
+                                 "glusterfs", "fuse.glusterfs", "fuse.sshfs", "afs", "9p", "panfs", "wekafs",
+                                 "fuse.juicefs", "fuse.s3fs"})
+
+
+def on_network_filesystem(path: str, mounts: Optional[str] = None) -> bool:
+    """Whether `path`'s folder is on a filesystem other hosts share (by the longest mount point
+    above it in /proc/mounts; False where that cannot be read)."""
+    if mounts is None:
+        try:
+            with open("/proc/mounts", encoding="utf-8", errors="replace") as f:
+                mounts = f.read()
+        except OSError:
+            return False
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    best, kind = "", ""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = folder == point or folder.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind in NETWORK_FILESYSTEMS
+
+
 def _version(conn: sqlite3.Connection, path: str) -> int:
     """The store's schema version; 0 for a new (empty) file."""
     if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
@@ -195,8 +226,10 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
 
 
 def _append_once(conn: sqlite3.Connection, path: str, rows: RunRows) -> None:
-    # WAL once per store (it persists in the file); switching needs no transaction open.
-    conn.execute("PRAGMA journal_mode = WAL")
+    # WAL persists in the file: set on first use, a no-op after. Never switched back: on a network
+    # filesystem a store simply keeps the default rollback journal.
+    if not on_network_filesystem(path):
+        conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("BEGIN IMMEDIATE")
     try:
         _migrate(conn, path)

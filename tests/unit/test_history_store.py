@@ -269,3 +269,32 @@ def test_callback_records_at_close_and_a_bad_store_only_warns(tmp_path: Path, ca
         assert "this run is not in the history" in caplog.text and bad.read_bytes() == b"z" * 2048
     finally:
         dist.destroy_process_group()
+
+
+MOUNTS = """/dev/sda1 / ext4 rw 0 0
+server:/export /shared nfs4 rw 0 0
+/dev/sdb /shared/scratch ext4 rw 0 0
+mds@tcp:/fs /lustre lustre rw 0 0
+srv:/x /mnt/my\\040dir nfs rw 0 0
+"""
+
+
+def test_network_filesystems_are_told_apart() -> None:
+    from ddpdoctor.history.store import on_network_filesystem as shared
+
+    assert shared("/shared/h.db", MOUNTS) and shared("/lustre/a/b/h.db", MOUNTS) and shared("/mnt/my dir/h.db", MOUNTS)
+    assert not shared("/shared/scratch/h.db", MOUNTS)  # the deeper mount point decides
+    assert not shared("/sharedx/h.db", MOUNTS) and not shared("/tmp/h.db", MOUNTS)
+
+
+def test_a_store_on_a_network_filesystem_keeps_the_rollback_journal(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpdoctor.history import store as store_module
+
+    monkeypatch.setattr(store_module, "on_network_filesystem", lambda path, mounts=None: True)
+    path = str(tmp_path / "h.db")
+    append(path, _rows("r1"))
+    append(path, _rows("r2"))
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert [r.run_id for r in read_history(path).runs] == ["r1", "r2"]
