@@ -296,6 +296,7 @@ class Doctor:
         self._hangs = 0  # hang episodes this rank took part in (each has its own store keys)
         self._hanging = False  # a hang's exchange runs: the main thread's error is part of it
         self._hang_over = threading.Event()  # set when it is over (on_hang="report")
+        self._hang_lock = threading.Lock()  # one thread judges: the watchdog, the loop's, or the left one
         self._watchdog = threading.Thread(target=self._watch, name="ddpdoctor-step-watchdog", daemon=True)
         self._stop = threading.Event()
         self._watchdog.start()
@@ -760,10 +761,20 @@ class Doctor:
         """One verdict on every rank (callback/hang.py): trade records through the job's store,
         the lowest answering rank judges, every rank reports the same finding; with
         on_hang="exit", the culprit leaves first."""
+        if not self._hang_lock.acquire(blocking=False):  # another thread of this rank is judging it
+            self._hang_over.wait(hang.leave_within_s() + 2.0)
+            return
         self._hanging = True
         self._hang_over.clear()
         self._hangs += 1
-        exchange = hang.Exchange(self._store, self.rank, self.world_size, self._hangs, self.host)
+        try:
+            self._judge_hang(hang.Exchange(self._store, self.rank, self.world_size, self._hangs, self.host), error)
+        finally:
+            self._hanging = False
+            self._hang_over.set()
+            self._hang_lock.release()
+
+    def _judge_hang(self, exchange: hang.Exchange, error: Optional[BaseException]) -> None:
         if self.on_hang == "exit":
             # A store call can block past every wait (TCPStore serialises its clients): the exit
             # must not wait on it. This timer ends the process if the calls below do not return.
@@ -785,8 +796,6 @@ class Doctor:
             exchange.reported()
         if self.on_hang == "exit":
             self._leave_after_hang(exchange, verdict)
-        self._hanging = False
-        self._hang_over.set()
 
     def _hang_record(self, error: Optional[BaseException]) -> hang.RankRecord:
         """Where this rank is: in which collective (DDP's all-reduce pending in our comm hook, or one
@@ -846,7 +855,8 @@ class Doctor:
         except Exception:  # the store went away with its host: the job is over
             return
         if self.on_hang == "exit":
-            threading.Thread(target=self._answer_after_leaving, name="ddpdoctor-left-watch", daemon=True).start()
+            with contextlib.suppress(RuntimeError):  # close() at interpreter exit: no new thread then
+                threading.Thread(target=self._answer_after_leaving, name="ddpdoctor-left-watch", daemon=True).start()
 
     def _answer_after_leaving(self) -> None:
         exchange = hang.Exchange(self._store, self.rank, self.world_size, self._hangs + 1, self.host)
