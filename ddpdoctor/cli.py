@@ -429,12 +429,16 @@ def _begin_recording(args: argparse.Namespace) -> Any:
     """--history (or DDPDOCTOR_HISTORY) on the process that may report: the report goes to a
     private file, and from it to --json and the store once the run is over (history/recording.py)."""
     from ddpdoctor.history.recording import begin, store_path
+    from ddpdoctor.history.store import HistoryError
     from ddpdoctor.runtime.launch_env import LAUNCHER_PID_VAR
 
     store = store_path(getattr(args, "history", None), os.environ) if hasattr(args, "history") else None
     if store is None or LAUNCHER_PID_VAR in os.environ:
         return None
-    recording = begin(store, args.json_path, args.force)
+    try:
+        recording = begin(store, args.json_path, args.force)
+    except HistoryError as exc:  # a path that cannot be a store: refused before anything runs
+        raise UsageError(str(exc)) from None
     args.json_path = recording.report_path
     return recording
 
@@ -450,17 +454,24 @@ def _finish_recording(recording: Any, code: int) -> int:
 
 def _snapshot(args: argparse.Namespace) -> int:
     from ddpdoctor.history.recording import store_path
+    from ddpdoctor.history.store import HistoryError, check_path
     from ddpdoctor.snapshot import default_snapshot_path, take_snapshot, write_snapshot
 
     out = args.out if args.out is not None else default_snapshot_path()
     _check_output_path("--out", out)
     _refuse_existing([("--out", out)], args.force)
+    store = store_path(args.history, os.environ)
+    if store is not None:
+        try:
+            check_path(store)
+        except HistoryError as exc:
+            raise UsageError(str(exc)) from None
     snapshot = take_snapshot(measure=not args.no_measure)
     path = write_snapshot(snapshot, out, overwrite=args.force)
     devices = snapshot["probes"]["homogeneity"]
     print(f"ddpdoctor: wrote {path}: {len(devices)} device{'s' if len(devices) != 1 else ''} on {snapshot['host']} "
           f"({', '.join(sorted({d['device'] for d in devices}))}); secrets in the environment are redacted")
-    return _record_snapshot(snapshot, store_path(args.history, os.environ))
+    return _record_snapshot(snapshot, store)
 
 
 def _record_snapshot(snapshot: dict[str, Any], store: Optional[str]) -> int:

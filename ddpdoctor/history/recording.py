@@ -11,6 +11,7 @@ history entry, never the report.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from typing import Mapping, Optional, Sequence
 from ddpdoctor.core.files import atomic_write_json
 from ddpdoctor.core.findings import Finding
 from ddpdoctor.history.record import RankTimes, from_callback, from_report
-from ddpdoctor.history.store import ENV_VAR, HistoryError, append
+from ddpdoctor.history.store import ENV_VAR, HistoryError, append, check_path
 
 
 def store_path(flag: Optional[str], environ: Mapping[str, str]) -> Optional[str]:
@@ -60,7 +61,12 @@ class Recording:
 
 
 def begin(store: str, user_json: Optional[str], force: bool) -> Recording:
-    return Recording(store, user_json, force, tempfile.mkdtemp(prefix="ddpdoctor-history-"))
+    """Before the run: a store path that cannot be one is refused now (HistoryError), and the
+    private folder (0700) is made; `finish` removes it, or interpreter exit if the run never ends."""
+    check_path(store)
+    folder = tempfile.mkdtemp(prefix="ddpdoctor-history-")
+    atexit.register(shutil.rmtree, folder, True)
+    return Recording(store, user_json, force, folder)
 
 
 # At the end of training a lock held this long is another writer stuck: the job's exit matters more.

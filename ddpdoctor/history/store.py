@@ -100,17 +100,19 @@ class History:
 
 def append(path: str, rows: RunRows, *, deadline_s: float = DEFAULT_DEADLINE_S) -> None:
     """Store one run (creating and migrating the store as needed), or raise HistoryError."""
-    _check_path(path, must_exist=False)
+    check_path(path)
     _with_retries(path, deadline_s, lambda conn: _append_once(conn, path, rows), create=True)
 
 
 def read_history(path: str, *, deadline_s: float = DEFAULT_DEADLINE_S) -> History:
     """Every run in the store at `path`, typed, from one consistent snapshot (writers may go on)."""
-    _check_path(path, must_exist=True)
+    check_path(path, must_exist=True)
     return _with_retries(path, deadline_s, lambda conn: _read_once(conn, path), create=False)
 
 
-def _check_path(path: str, *, must_exist: bool) -> None:
+def check_path(path: str, *, must_exist: bool = False) -> None:
+    """What is wrong with `path` as a store, seen without opening it (HistoryError), so a command
+    refuses a mistyped --history before it measures anything."""
     if not path.strip():
         raise HistoryError("history store path is empty: give a file path")
     if os.path.isdir(path):

@@ -298,3 +298,17 @@ def test_a_store_on_a_network_filesystem_keeps_the_rollback_journal(tmp_path: Pa
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     assert [r.run_id for r in read_history(path).runs] == ["r1", "r2"]
+
+
+def test_a_path_that_cannot_be_a_store_is_refused_before_anything_runs(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from ddpdoctor.cli import main
+
+    began = time.monotonic()
+    for argv in (["check", "--history", str(tmp_path / "no" / "h.db")], ["allreduce-bench", "--history", ""],
+                 ["snapshot", "--out", str(tmp_path / "s.json"), "--history", str(tmp_path)]):
+        capsys.readouterr()
+        assert main(argv) == 3
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "history store" in err, err
+    assert time.monotonic() - began < 5 and not (tmp_path / "s.json").exists()  # nothing was measured
