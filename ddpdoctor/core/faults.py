@@ -52,7 +52,14 @@ _KEYS = {
     "slowdata": {"rank": True, "ms": True},  # the rank's data loader stalls this long for every batch
     # The rank gets `factor` times its peers' batch: more work, not slower hardware (an uneven split).
     "bigbatch": {"rank": True, "factor": True},
+    # Made from outside the rank by a separate process (runtime/outside_faults.py); False: optional.
+    "hog": {"rank": True, "pct": False},  # a busy process on the rank's CPUs, spinning pct% (100)
+    "quota": {"rank": True, "pct": True},  # a cgroup CPU quota of pct% of one CPU on the rank
+    "preempt": {"rank": True, "pct": True},  # the rank SIGSTOPped pct% of every 100 ms
+    "mempressure": {"rank": True, "mb": True},  # a process holding and touching mb MiB
 }
+# The faults a separate process makes: they act from the rank's start to its end.
+OUTSIDE = ("hog", "quota", "preempt", "mempressure")
 # RFC 6761 reserves .invalid: no resolver anywhere answers for it.
 BAD_ADDR = "ddpdoctor-injected-badaddr.invalid"
 # A slow link carries this much: about a PCIe Gen1 x1 lane, far below any real interconnect.
@@ -63,7 +70,8 @@ _HELP = (
     "hang:rank=1:stage=collective, kill:rank=1:stage=ddp, oom:rank=1:stage=probe:topology, "
     "sigint:rank=0:stage=train, sigterm:rank=1:stage=init, diverge:rank=1, corrupt:rank=1, "
     "slowlink:ranks=1,2, blip:ranks=1,2, desync:rank=1, "
-    "noshow:rank=1, badport:rank=1, badaddr:rank=1, dtype:rank=1, slowdata:rank=1:ms=20 or bigbatch:rank=1:factor=2; "
+    "noshow:rank=1, badport:rank=1, badaddr:rank=1, dtype:rank=1, slowdata:rank=1:ms=20, bigbatch:rank=1:factor=2, "
+    "hog:rank=1[:pct=100], quota:rank=1:pct=30, preempt:rank=1:pct=30 or mempressure:rank=1:mb=2048; "
     "stages: "
     + ", ".join(FAULT_STAGES) + " or probe:NAME"
 )
@@ -79,6 +87,8 @@ class Fault:
     factor: Optional[float] = None
     peer: Optional[int] = None  # slowlink: the other end of the link
     ms: Optional[float] = None  # slowdata: the stall per batch
+    pct: Optional[float] = None  # hog, quota, preempt: the strength, in percent
+    mb: Optional[float] = None  # mempressure: MiB held
 
     def describe(self) -> str:
         parts = [self.kind, f"rank={self.rank}" if self.peer is None else f"ranks={self.rank},{self.peer}"]
@@ -86,6 +96,10 @@ class Fault:
             parts.append(f"stage={self.stage}")
         if self.ms is not None:
             parts.append(f"ms={self.ms:g}")
+        if self.pct is not None:
+            parts.append(f"pct={self.pct:g}")
+        if self.mb is not None:
+            parts.append(f"mb={self.mb:g}")
         if self.factor is not None:
             short = f"{self.factor:g}"
             parts.append(f"factor={short if float(short) == self.factor else repr(self.factor)}")
@@ -124,7 +138,7 @@ def _parse_one(item: str) -> Fault:
         if key in values:
             raise UsageError(f"{key!r} given twice for fault {kind!r} in --inject {item!r}")
         values[key] = value.strip()
-    missing = [k for k in _KEYS[kind] if k not in values]
+    missing = [k for k, needed in _KEYS[kind].items() if needed and k not in values]
     if missing:
         raise UsageError(f"fault {kind!r} needs {', '.join(missing)} in --inject {item!r}: {_HELP}")
     peer = None
@@ -161,7 +175,21 @@ def _parse_one(item: str) -> Fault:
             raise UsageError(f"ms must be a number of milliseconds in --inject {item!r}") from None
         if not 0.0 <= ms <= 60000.0:
             raise UsageError(f"ms must be between 0 and 60000 in --inject {item!r}")
-    return Fault(kind=kind, rank=rank, stage=stage, factor=factor, peer=peer, ms=ms)
+    pct = _number(values, "pct", item, 1.0, 100.0)
+    mb = _number(values, "mb", item, 1.0, 1 << 20)
+    return Fault(kind=kind, rank=rank, stage=stage, factor=factor, peer=peer, ms=ms, pct=pct, mb=mb)
+
+
+def _number(values: dict[str, str], key: str, item: str, low: float, high: float) -> Optional[float]:
+    if key not in values:
+        return None
+    try:
+        value = float(values[key])
+    except ValueError:
+        raise UsageError(f"{key} must be a number in --inject {item!r}") from None
+    if not low <= value <= high:
+        raise UsageError(f"{key} must be between {low:g} and {high:g} in --inject {item!r}")
+    return value
 
 
 def _rejoin_probe_stage(parts: list[str]) -> list[str]:

@@ -13,7 +13,7 @@ import time
 from typing import Any, Optional
 
 from ddpdoctor.core.exits import INJECTED_CRASH_EXIT, hard_exit
-from ddpdoctor.core.faults import BAD_ADDR, LAUNCHER_SIGNALS, SLOW_LINK_BYTES_PER_S, Fault
+from ddpdoctor.core.faults import BAD_ADDR, LAUNCHER_SIGNALS, OUTSIDE, SLOW_LINK_BYTES_PER_S, Fault
 
 
 class Injector:
@@ -26,6 +26,8 @@ class Injector:
         self._blipped: set[Fault] = set()  # blips already spent
 
     def at_stage(self, stage: str) -> None:
+        if stage == "launch":
+            self._start_outside()
         for fault in self.faults:
             if fault.stage != stage:
                 continue
@@ -42,6 +44,22 @@ class Injector:
                 run_out_of_memory()
             if fault.kind in LAUNCHER_SIGNALS:
                 _signal_launcher(self.rank, stage, LAUNCHER_SIGNALS[fault.kind])
+
+    def _start_outside(self) -> None:
+        """The faults a separate process makes on this rank, from now to the rank's end (the
+        helper watches this process and undoes its fault when it is gone, however it ends)."""
+        from ddpdoctor.runtime import outside_faults
+
+        for fault in self.faults:
+            if fault.kind not in OUTSIDE:
+                continue
+            try:
+                made = outside_faults.start(fault.kind, os.getpid(), pct=fault.pct or 100.0,
+                                            mb=fault.mb or 512.0, cpu=self.rank)
+            except (outside_faults.OutsideFaultError, OSError) as exc:
+                _say(f"injected {fault.describe()} could not be made: {exc}")
+                continue
+            _say(f"injected {fault.describe()} from outside (helper pid {made.pid}): {made.note}")
 
     def slow_factor(self) -> float:
         factors = [f.factor for f in self.faults if f.kind == "slow" and f.factor]

@@ -1,0 +1,298 @@
+"""Whether a rank got the CPU it asked for: run delay, involuntary switches, steal, CPU quota
+throttling, the CPU it got against the wall time, and who else ran on its CPUs.
+
+Why: a rank that shares its core with another process, sits in a throttled cgroup or is
+stopped from outside computes as fast as ever *when it runs*; the best-case timings the
+probes compare (a best round, a low quantile) discard exactly the time it loses. The kernel
+counts that time: /proc/thread-self/schedstat's run delay is the time the thread was runnable
+but not running (a neighbour had the core, or its cgroup's quota was spent); CPU time against
+wall time shows the rest (a stopped process runs nothing and is not runnable either).
+
+Reading only: `Window` takes the counters at its start and end on the thread that does the
+rank's work; what they mean is judged in `lost_cpu` and by the probes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ddpdoctor.core.facts import Facts
+
+# Processes named as running on the rank's CPUs: the busiest few that used at least this share.
+TOP = 3
+MIN_CORUNNER_PCT = 5.0
+# A window that lost this share of its time to others is worth naming who they were.
+MIN_LOST_PCT = 15.0
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Cumulative counters of the calling thread and its CPUs at one moment."""
+
+    wall_s: float
+    cpu_s: Optional[float]  # this thread's time on a CPU
+    run_delay_s: Optional[float]  # this thread's time runnable but waiting for a CPU
+    nonvoluntary: Optional[int]  # involuntary context switches of this thread
+    steal_s: Optional[float]  # steal time of the CPUs it may run on, summed
+    ticks_s: Optional[float]  # every /proc/stat tick of those CPUs, summed (the steal's denominator)
+    throttled_s: Optional[float]  # its cpu cgroup's throttled time (a quota spent)
+    throttled_periods: Optional[int]
+
+
+@dataclass
+class Corunner(Facts):
+    pid: int = 0
+    name: str = ""
+    cpu_pct: float = 0.0  # of one CPU, over the window, the share that fell on the rank's CPUs
+
+
+@dataclass
+class ContentionFacts(Facts):
+    """What one rank lost to others over a window; None: not readable here."""
+
+    wall_s: float = 0.0
+    cpu_pct: Optional[float] = None  # CPU time got / wall time, of the working thread
+    run_delay_pct: Optional[float] = None  # runnable but not running / wall time
+    # Of the wall time, how much of its own work (compute: time it never waits on purpose) it spent
+    # off a CPU: run delay, a spent quota, or stopped from outside (which no other counter sees).
+    off_cpu_pct: Optional[float] = None
+    nonvoluntary_per_s: Optional[float] = None
+    steal_pct: Optional[float] = None  # of its CPUs' time, taken by the hypervisor
+    throttled_pct: Optional[float] = None  # of the wall time, its cgroup was throttled
+    cpu_quota: Optional[float] = None  # CPUs' worth its cgroup may use; None: no quota or unknown
+    cpus: Optional[str] = None  # its affinity, as `taskset -c` writes it
+    corunners: list[Corunner] = field(default_factory=list)
+
+    def lost_pct(self) -> Optional[float]:
+        """Share of the wall time the rank wanted a CPU and did not have one: see `lost_cpu`."""
+        return lost_cpu(self)
+
+
+def lost_cpu(f: ContentionFacts) -> Optional[float]:
+    """Run delay, throttling or time off a CPU during its own work, whichever is largest: the
+    share of the wall time a CPU was denied to it."""
+    known = [v for v in (f.run_delay_pct, f.throttled_pct, f.off_cpu_pct) if v is not None]
+    return max(known) if known else None
+
+
+def _thread_file(name: str) -> str:
+    return f"/proc/thread-self/{name}" if os.path.exists("/proc/thread-self") else f"/proc/self/{name}"
+
+
+def _schedstat() -> tuple[Optional[float], Optional[float]]:
+    try:
+        with open(_thread_file("schedstat")) as f:
+            on_cpu, delay, _ = f.read().split()[:3]
+        return int(on_cpu) / 1e9, int(delay) / 1e9
+    except (OSError, ValueError):
+        return None, None
+
+
+def _nonvoluntary() -> Optional[int]:
+    try:
+        with open(_thread_file("status")) as f:
+            for line in f:
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def affinity() -> frozenset[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return frozenset(os.sched_getaffinity(0))
+    return frozenset(range(os.cpu_count() or 1))
+
+
+def cpu_list(cpus: frozenset[int]) -> str:
+    """`0-3,6` as taskset writes it."""
+    out: list[str] = []
+    for c in sorted(cpus):
+        if out and "-" not in out[-1] and int(out[-1]) == c - 1:
+            out[-1] = f"{out[-1]}-{c}"
+        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == c - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
+
+
+def _steal(cpus: frozenset[int]) -> tuple[Optional[float], Optional[float]]:
+    try:
+        with open("/proc/stat") as stat:
+            lines = [line.split() for line in stat if line.startswith("cpu") and line[3:4].isdigit()]
+    except OSError:
+        return None, None
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    steal = total = 0
+    for fields in lines:
+        if int(fields[0][3:]) in cpus:
+            values = [int(v) for v in fields[1:9]]
+            total += sum(values)
+            steal += values[7] if len(values) > 7 else 0
+    return steal / tick, total / tick
+
+
+def cpu_cgroup_dir(pid: str = "self") -> Optional[str]:
+    """The directory of this process's cpu cgroup (v1 `cpu` controller, else v2's unified one)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if "cpu" in controllers.split(",") and os.path.isdir(f"/sys/fs/cgroup/cpu{path}"):
+            return os.path.normpath(f"/sys/fs/cgroup/cpu{path}")
+    for hid, controllers, path in lines:
+        if hid == "0" and not controllers and os.path.exists(f"/sys/fs/cgroup{path}/cpu.stat"):
+            return os.path.normpath(f"/sys/fs/cgroup{path}")
+    return None
+
+
+def _throttled(directory: Optional[str]) -> tuple[Optional[float], Optional[int]]:
+    if directory is None:
+        return None, None
+    try:
+        with open(os.path.join(directory, "cpu.stat")) as f:
+            stat = dict(line.split() for line in f if len(line.split()) == 2)
+    except (OSError, ValueError):
+        return None, None
+    if "throttled_time" in stat:  # v1: nanoseconds
+        seconds = int(stat["throttled_time"]) / 1e9
+    elif "throttled_usec" in stat:  # v2
+        seconds = int(stat["throttled_usec"]) / 1e6
+    else:
+        return None, None
+    return seconds, int(stat.get("nr_throttled", 0))
+
+
+def cpu_quota(directory: Optional[str]) -> Optional[float]:
+    """CPUs' worth the cgroup may use per period; None: unlimited or unreadable."""
+    if directory is None:
+        return None
+    try:
+        if os.path.exists(os.path.join(directory, "cpu.max")):
+            with open(os.path.join(directory, "cpu.max")) as f:
+                quota, period = f.read().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        with open(os.path.join(directory, "cpu.cfs_quota_us")) as f:
+            quota_us = int(f.read())
+        with open(os.path.join(directory, "cpu.cfs_period_us")) as f:
+            period_us = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us < 0 else quota_us / period_us
+
+
+def read_counters(cpus: Optional[frozenset[int]] = None, cgroup: Optional[str] = None) -> Counters:
+    cpus = cpus if cpus is not None else affinity()
+    on_cpu, delay = _schedstat()
+    steal, ticks = _steal(cpus)
+    throttled, periods = _throttled(cgroup)
+    return Counters(wall_s=time.monotonic(), cpu_s=on_cpu, run_delay_s=delay, nonvoluntary=_nonvoluntary(),
+                    steal_s=steal, ticks_s=ticks, throttled_s=throttled, throttled_periods=periods)
+
+
+def _pct(part: Optional[float], before: Optional[float], whole: float) -> Optional[float]:
+    if part is None or before is None or whole <= 0:
+        return None
+    return round(100.0 * max(0.0, part - before) / whole, 1)
+
+
+class CorunnerSample:
+    """Every visible process's CPU time on our CPUs at the start; `top` names who used them since.
+
+    psutil walks every process (tens of ms on a busy host), so it is taken twice a window,
+    never per step."""
+
+    def __init__(self, cpus: frozenset[int], exclude: frozenset[int]) -> None:
+        self.cpus = cpus
+        self.exclude = exclude
+        self.t = time.monotonic()
+        self.seconds = self._read()
+
+    def _read(self) -> dict[tuple[int, float], tuple[str, float, float]]:
+        try:
+            import psutil
+        except ImportError:
+            return {}
+        out = {}
+        for proc in psutil.process_iter(["pid", "name", "cpu_times", "create_time", "cpu_affinity"]):
+            info = proc.info
+            times = info.get("cpu_times")
+            if times is None or info["pid"] in self.exclude:
+                continue
+            allowed = set(info.get("cpu_affinity") or self.cpus)
+            share = len(allowed & self.cpus) / len(allowed) if allowed else 0.0
+            if share > 0:
+                out[(info["pid"], float(info.get("create_time") or 0))] = (
+                    str(info.get("name") or "?"), share, times.user + times.system)
+        return out
+
+    def top(self, n: int = TOP) -> list[Corunner]:
+        interval = max(time.monotonic() - self.t, 1e-3)
+        now = self._read()
+        used = []
+        for key, (name, share, seconds) in now.items():
+            before = self.seconds.get(key)
+            pct = 100.0 * share * (seconds - (before[2] if before else 0.0)) / interval
+            if pct >= MIN_CORUNNER_PCT:
+                used.append(Corunner(pid=key[0], name=name, cpu_pct=round(pct, 1)))
+        return sorted(used, key=lambda c: -c.cpu_pct)[:n]
+
+
+class Window:
+    """Counters from `__init__` (or the last `take`) to `take`, on the calling thread.
+
+    `corunners`: "always" names the processes that ran on our CPUs meanwhile (two psutil walks a
+    window); "when_lost" only in a window after one that lost MIN_LOST_PCT of its time (a user's
+    job pays for the walk only when there is something to explain); "never"."""
+
+    def __init__(self, corunners: str = "always", exclude: frozenset[int] = frozenset()) -> None:
+        self.cpus = affinity()
+        self.cgroup = cpu_cgroup_dir()
+        self.exclude = exclude | {os.getpid()}
+        self.corunners = corunners
+        self._start = read_counters(self.cpus, self.cgroup)
+        self._sample = CorunnerSample(self.cpus, self.exclude) if corunners == "always" else None
+
+    def take(self, work_s: Optional[float] = None) -> ContentionFacts:
+        """`work_s`: wall time of the window this thread was working, not waiting on purpose
+        (in a collective, for a loader): the part of it without CPU time is `off_cpu_pct`."""
+        end = read_counters(self.cpus, self.cgroup)
+        start, self._start = self._start, end
+        wall = max(end.wall_s - start.wall_s, 1e-6)
+        steal = None
+        if end.steal_s is not None and start.steal_s is not None and end.ticks_s and start.ticks_s is not None:
+            steal = _pct(end.steal_s, start.steal_s, end.ticks_s - start.ticks_s)
+        switches = None
+        if end.nonvoluntary is not None and start.nonvoluntary is not None:
+            switches = round((end.nonvoluntary - start.nonvoluntary) / wall, 1)
+        off = None
+        if work_s is not None and end.cpu_s is not None and start.cpu_s is not None:
+            off = round(100.0 * max(0.0, work_s - (end.cpu_s - start.cpu_s)) / wall, 1)
+        facts = ContentionFacts(
+            wall_s=round(wall, 3), cpu_pct=_pct(end.cpu_s, start.cpu_s, wall),
+            run_delay_pct=_pct(end.run_delay_s, start.run_delay_s, wall), off_cpu_pct=off,
+            nonvoluntary_per_s=switches, steal_pct=steal,
+            throttled_pct=_pct(end.throttled_s, start.throttled_s, wall),
+            cpu_quota=cpu_quota(self.cgroup), cpus=cpu_list(self.cpus))
+        if self._sample is not None:
+            facts.corunners = self._sample.top()
+        lost = lost_cpu(facts)
+        wanted = self.corunners == "always" or (self.corunners == "when_lost" and (lost or 0.0) >= MIN_LOST_PCT)
+        self._sample = CorunnerSample(self.cpus, self.exclude) if wanted else None
+        return facts
+
+
+def summary(f: ContentionFacts) -> dict[str, Any]:
+    """The readings a finding shows, unknowns left out."""
+    out = {"cpu_got_pct_of_wall": f.cpu_pct, "run_delay_pct_of_wall": f.run_delay_pct,
+           "involuntary_switches_per_s": f.nonvoluntary_per_s, "steal_pct": f.steal_pct,
+           "cgroup_throttled_pct_of_wall": f.throttled_pct, "cgroup_cpu_quota_cpus": f.cpu_quota, "cpus": f.cpus,
+           "others_on_its_cpus": [c.to_json() for c in f.corunners] or None}
+    return {k: v for k, v in out.items() if v is not None}
