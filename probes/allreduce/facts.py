@@ -41,12 +41,18 @@ class PairTimings(Facts):
 @dataclass
 class NodeTimings(Facts):
     """Across nodes: the host of every rank, this rank's time inside its own node (keyed by
-    host), and its times of the node-leader pairs it is in (keyed "a-b" by leader rank)."""
+    host), and its times of the node-leader pairs it is in (keyed "a-b" by leader rank).
+    `nic_name`/`nic_speed_mbps`: the socket interface this rank's backend was told to use
+    (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME) and the rate it declares, where both are known."""
+
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"nic_name", "nic_speed_mbps"})
 
     size_bytes: int = 0
     node_of_rank: list[str] = field(default_factory=list)
     intra_times_s: dict[str, list[float]] = field(default_factory=dict)
     leader_times_s: dict[str, list[float]] = field(default_factory=dict)
+    nic_name: Optional[str] = None
+    nic_speed_mbps: Optional[int] = None
 
 
 @dataclass

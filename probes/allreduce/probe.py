@@ -9,7 +9,6 @@ as nccl-tests does, from the median.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -23,7 +22,8 @@ from ddpdoctor.measure.collectives import (
 from ddpdoctor.probes.allreduce.by_model import expected_from_model
 from ddpdoctor.probes.allreduce.facts import AllReduceFacts, NodeTimings, PairTimings, SizeTiming
 from ddpdoctor.probes.allreduce.localise import (
-    SLOW_LINK_RATIO, Pair, blamed_pairs, device_kind, intra_node_busbw, leader_pair_busbw, pairs_to_retime, slow_hosts)
+    FAR_BELOW, SLOW_LINK_RATIO, NodePair, NodeVerdict, Pair, blamed_pairs, crosses_nodes, device_kind,
+    intra_node_busbw, judge_nodes, leader_pair_busbw, node_pair_busbw, pairs_to_retime, ring_pair_busbw, slow_hosts)
 from ddpdoctor.probes.base import RunView
 
 if TYPE_CHECKING:
@@ -64,7 +64,8 @@ class AllReduce:
                                world_size=ctx.world_size, warmup=bench.warmup, iters=bench.iters)
         _sweep(ctx, facts, sizes, dtype, elem)
         _record_nccl_choices(ctx, facts, sizes)
-        if bench.localise == "always" and ctx.world_size >= 2 or bench.localise == "auto" and ctx.world_size >= 3:
+        if bench.localise == "always" and ctx.world_size >= 2 or bench.localise == "auto" and (
+                ctx.world_size >= 3 or len(set(_hosts(ctx))) > 1):
             _localise(ctx, facts, min(sizes[-1], PAIR_CAP_BYTES.get(ctx.device.type, sizes[-1])), dtype, elem)
         return facts.to_json()
 
@@ -153,23 +154,50 @@ def _record_nccl_choices(ctx: RankContext, facts: AllReduceFacts, sizes: Sequenc
 def _localise(ctx: RankContext, facts: AllReduceFacts, pair_size: int, dtype: torch.dtype | None,
               elem: int) -> None:
     """The ring pairs' timings, and across nodes each node's and the node leaders' timings."""
-    n = ctx.world_size
-    facts.pairs = _measure_ring_pairs(ctx, pair_size, dtype, elem)
-    # The hellos read at rendezvous: every rank re-reading N keys would be N² store calls.
-    hellos = ctx.hellos
-    hosts = [(hellos[r].host or "?") if r in hellos else "?" for r in range(n)]
-    if len(set(hosts)) > 1:
+    hosts = _hosts(ctx)
+    across = len(set(hosts)) > 1
+    facts.pairs = _measure_ring_pairs(ctx, pair_size, dtype, elem, hosts if across else [])
+    if across:
         facts.nodes = _measure_nodes(ctx, hosts, pair_size, dtype, elem)
+        facts.nodes.nic_name, facts.nodes.nic_speed_mbps = _socket_nic(ctx)
 
 
-def _measure_ring_pairs(ctx: RankContext, size: int, dtype: torch.dtype | None, elem: int) -> PairTimings:
-    """Every ring pair's own 2-rank all-reduce, disjoint pairs at the same time."""
+def _hosts(ctx: RankContext) -> list[str]:
+    """Every rank's node, from the hellos read at rendezvous (every rank re-reading N keys would
+    be N² store calls)."""
+    hellos = ctx.hellos
+    return [(hellos[r].host or "?") if r in hellos else "?" for r in range(ctx.world_size)]
+
+
+def _socket_nic(ctx: RankContext) -> tuple[str | None, int | None]:
+    """The interface this rank's backend was told to use and the rate it declares: what its node's
+    network should carry. Only an exact name counts ("eth0", "=eth0"; not a prefix or "^" list),
+    and only the socket transport's variable (NCCL over InfiniBand picks its HCA elsewhere)."""
+    import os
+
+    from ddpdoctor.measure import host_layout
+
+    var = "NCCL_SOCKET_IFNAME" if ctx.backend == "nccl" else "GLOO_SOCKET_IFNAME"
+    named = os.environ.get(var, "").split(",")[0].strip()
+    exact = named[1:] if named.startswith("=") else named
+    if not exact or exact.startswith("^"):
+        return None, None
+    cards = host_layout.nics()
+    card = next((c for c in cards if isinstance(c, dict) and c.get("name") == exact), None) \
+        if isinstance(cards, list) else None
+    return exact, (card or {}).get("speed_mbps")
+
+
+def _measure_ring_pairs(ctx: RankContext, size: int, dtype: torch.dtype | None, elem: int,
+                        hosts: Sequence[str]) -> PairTimings:
+    """Every ring pair's own 2-rank all-reduce, disjoint pairs at the same time (`hosts` across
+    nodes: pairs inside a node and pairs across nodes are judged each against their own kind)."""
     import torch.distributed as dist
 
     pairs = busbw.ring_pairs(ctx.world_size)
     groups = {pair: dist.new_group(list(pair)) for pair in pairs}  # every rank creates every group, in order
     out = PairTimings(size_bytes=size, times_s=_time_pairs(ctx, groups, size, dtype, elem, "pair_all_reduce"))
-    suspects = pairs_to_retime(_everyones_pairs(ctx, out), _rank_device_kind(ctx))
+    suspects = pairs_to_retime(_everyones_pairs(ctx, out), _rank_device_kind(ctx), hosts)
     if suspects:
         # Once more before anyone is blamed: a pair slowed by a burst of noise (another process on
         # a busy host) is fast the second time, a slow link is slow every time. The best of both
@@ -248,7 +276,11 @@ def _measure_nodes(ctx: RankContext, hosts: list[str], size: int, dtype: torch.d
     mine = hosts[ctx.rank]
     if len(members[mine]) > 1:
         out.intra_times_s[mine] = _time_own_node(ctx, members[mine], node_groups[mine], mine, size, dtype, elem)
-    out.leader_times_s = _time_pairs(ctx, pair_groups, size, dtype, elem, "leader_all_reduce")
+    # Two rounds, always: a node is blamed only on a path slow twice (its best call of both), and
+    # the leader ring is n pairs in 2-3 phases, cheap beside the sweep.
+    first = _time_pairs(ctx, pair_groups, size, dtype, elem, "leader_all_reduce")
+    again = _time_pairs(ctx, pair_groups, size, dtype, elem, "leader_all_reduce")
+    out.leader_times_s = {key: values + again.get(key, []) for key, values in first.items()}
     with ctx.collective("localise_barrier"):
         dist.barrier()
     return out
@@ -346,72 +378,141 @@ def _device_kind(facts: Mapping[int, AllReduceFacts]) -> str:
     return device_kind(f.device for f in facts.values())
 
 
+def _node_part(facts: Mapping[int, AllReduceFacts]) -> NodeTimings | None:
+    """Any rank's node timings that say which node each rank is on (None on one node)."""
+    return next((f.nodes for f in facts.values() if f.nodes is not None and f.nodes.node_of_rank), None)
+
+
 def _slow_link(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Finding]:
+    """BW003: a slow ring pair of ranks. Across nodes only the pairs inside a node: the pairs that
+    cross nodes are read by node (BW005), where a slow node is told from a slow path."""
     kind = _device_kind(facts)
-    slow, pair_bw, size = blamed_pairs({r: f.pairs for r, f in facts.items() if f.pairs is not None}, kind)
+    part = _node_part(facts)
+    hosts = part.node_of_rank if part is not None else []
+    slow, pair_bw, size = blamed_pairs({r: f.pairs for r, f in facts.items() if f.pairs is not None}, kind, hosts)
+    slow = [pair for pair in slow if not crosses_nodes(pair, hosts)]
     if not slow:
         return []
     suspects = tuple(busbw.suspect_ranks(slow))
-    hosts = {r: run.hosts.get(r, "?") for r in suspects}
-    typical = statistics.median(v for pair, v in pair_bw.items() if pair not in slow)
+    fastest = max(v for pair, v in pair_bw.items() if not crosses_nodes(pair, hosts))
     worst = slow[0]
-    where = (f"rank {suspects[0]} ({hosts[suspects[0]]})" if len(suspects) == 1 else
+    where = (f"rank {suspects[0]} ({run.hosts.get(suspects[0], '?')})" if len(suspects) == 1 else
              f"the link between rank {worst[0]} ({run.hosts.get(worst[0], '?')}) and rank {worst[1]} "
              f"({run.hosts.get(worst[1], '?')})")
     return [codes.finding(
         "BW003", NAME,
-        (f"Slow link: {where}: {pair_bw[worst]:.3g} GB/s where ring pairs typically reach {typical:.3g} GB/s"),
+        f"Slow link: {where}: {pair_bw[worst]:.3g} GB/s where the fastest ring pair reaches {fastest:.3g} GB/s",
         ranks=suspects, nodes=run.nodes_of(suspects),
         evidence={"pair_busbw_gbps": {f"{a}-{b}": round(v, 3) for (a, b), v in sorted(pair_bw.items())},
                   "slow_pairs": [f"{a}-{b}" for a, b in slow], "size": _fmt_bytes(int(size)),
-                  "threshold": f"below {SLOW_LINK_RATIO[kind]:.0%} of the median pair"})]
+                  "threshold": f"below {SLOW_LINK_RATIO[kind]:.0%} of the fastest pair"
+                               + (" inside a node" if hosts else "")})]
 
 
 def _slow_nodes(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Finding]:
-    """Across nodes: a node slow among its own ranks (BW004), a node slow to reach the others (BW005)."""
-    part = next((f.nodes for f in facts.values() if f.nodes is not None and f.nodes.node_of_rank), None)
+    """Across nodes: a node slow among its own ranks (BW004), a slow node or path between nodes (BW005)."""
+    part = _node_part(facts)
     if part is None:
         return []
-    ratio = SLOW_LINK_RATIO[_device_kind(facts)]
+    kind = _device_kind(facts)
     hosts, size = part.node_of_rank, int(part.size_bytes)
+    intra = intra_node_busbw(facts, hosts, size)
     leader_bw = leader_pair_busbw({r: f.nodes for r, f in facts.items() if f.nodes is not None})
-    return (_slow_inside_node(intra_node_busbw(facts, hosts, size), hosts, size, ratio)
-            + _slow_between_nodes(leader_bw, hosts, size, ratio))
+    ring_bw, _ = ring_pair_busbw({r: f.pairs for r, f in facts.items() if f.pairs is not None})
+    node_bw = node_pair_busbw([ring_bw, leader_bw], hosts)
+    nics = _nic_rates(facts, hosts)
+    verdict = judge_nodes(node_bw, kind, _expected_node_pairs(node_bw, nics, intra, kind))
+    return (_slow_inside_node(intra, hosts, size, SLOW_LINK_RATIO[kind])
+            + _slow_between_nodes(verdict, node_bw, leader_bw, nics, hosts, size, kind))
+
+
+def _nic_rates(facts: Mapping[int, AllReduceFacts], hosts: Sequence[str]) -> dict[str, tuple[str, int]]:
+    """Each node's socket interface and its declared rate (Mb/s), where a rank of it read both."""
+    out: dict[str, tuple[str, int]] = {}
+    for r, f in sorted(facts.items()):
+        part = f.nodes
+        if part is not None and part.nic_name and isinstance(part.nic_speed_mbps, int) and 0 <= r < len(hosts):
+            out.setdefault(hosts[r], (part.nic_name, part.nic_speed_mbps))
+    return out
+
+
+def _expected_node_pairs(node_bw: Mapping[NodePair, float], nics: Mapping[str, tuple[str, int]],
+                         intra: Mapping[str, float], kind: str) -> dict[NodePair, float]:
+    """What each node pair should carry, GB/s: the slower declared NIC rate of its ends (a 2-rank
+    all-reduce's busbw is the bytes each rank sends per second). With one node pair on CPU ranks,
+    also what the nodes' own ranks reach among themselves: the only figure to hold it against
+    there (on GPUs NVLink is far faster than any NIC, so never then). The lower figure wins."""
+    out: dict[NodePair, float] = {}
+    for pair in node_bw:
+        figures = [nics[h][1] / 8000 for h in pair if h in nics]
+        if kind == "cpu" and len(node_bw) == 1:
+            own = [intra[h] for h in pair if h in intra]
+            figures += [max(own)] if own else []
+        if figures:
+            out[pair] = min(figures)
+    return out
 
 
 def _slow_inside_node(intra: Mapping[str, float], hosts: Sequence[str], size: int, ratio: float) -> list[Finding]:
     """BW004: a node whose ranks all-reduce among themselves slower than the other nodes' do."""
-    slow, typical = slow_hosts(intra, ratio)
+    slow, fastest = slow_hosts(intra, ratio)
     if not slow:
         return []
     ranks = tuple(r for r, h in enumerate(hosts) if h in slow)
     return [codes.finding(
         "BW004", NAME,
-        (f"Slow inside node {slow[0]}: its ranks all-reduce at {intra[slow[0]]:.3g} GB/s where nodes "
-         f"typically reach {typical:.3g} GB/s"),
+        (f"Slow inside node {slow[0]}: its ranks all-reduce at {intra[slow[0]]:.3g} GB/s where the fastest "
+         f"node reaches {fastest:.3g} GB/s"),
         ranks=ranks, nodes=tuple(slow),
         evidence={"intra_node_busbw_gbps": {h: round(v, 3) for h, v in intra.items()},
-                  "size": _fmt_bytes(size), "threshold": f"below {ratio:.0%} of the median node"})]
+                  "size": _fmt_bytes(size), "threshold": f"below {ratio:.0%} of the fastest node"})]
 
 
-def _slow_between_nodes(leader_bw: Mapping[Pair, float], hosts: Sequence[str], size: int,
-                        ratio: float) -> list[Finding]:
-    """BW005: a slow node-leader pair among at least three (one or two have nothing to compare with)."""
-    slow = busbw.slowest_link(leader_bw, threshold=ratio) if len(leader_bw) >= 3 else []
-    if not slow:
-        return []
-    suspects = busbw.suspect_ranks(slow)
-    at = tuple(dict.fromkeys(hosts[r] for r in suspects))
-    typical = statistics.median(v for pair, v in leader_bw.items() if pair not in slow)
-    return [codes.finding(
-        "BW005", NAME,
-        (f"Slow network path at {'node' if len(at) == 1 else 'nodes'} {' and '.join(at)}: "
-         f"{leader_bw[slow[0]]:.3g} GB/s "
-         f"between node leaders where others reach {typical:.3g} GB/s"),
-        ranks=tuple(r for r, h in enumerate(hosts) if h in at), nodes=at,
-        evidence={"leader_pair_busbw_gbps": {f"{hosts[a]}-{hosts[b]}": round(v, 3)
-                                             for (a, b), v in sorted(leader_bw.items())},
-                  "size": _fmt_bytes(size)})]
+def _nic_said(host: str, nics: Mapping[str, tuple[str, int]]) -> str:
+    if host not in nics:
+        return "its NIC's rate is not known (no GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME named it, or it declares none)"
+    name, mbps = nics[host]
+    return f"its NIC {name} declares {mbps / 1000:g} Gb/s ({mbps / 8000:.3g} GB/s)"
+
+
+def _slow_between_nodes(verdict: NodeVerdict, node_bw: Mapping[NodePair, float], leader_bw: Mapping[Pair, float],
+                        nics: Mapping[str, tuple[str, int]], hosts: Sequence[str], size: int,
+                        kind: str) -> list[Finding]:
+    """BW005: a node whose every path to the others is slow (named alone), or a slow path between
+    two nodes that are fine elsewhere (both named: one pair cannot tell which end is slow)."""
+    evidence: dict[str, Any] = {
+        "node_pair_busbw_gbps": {f"{a}-{b}": round(v, 3) for (a, b), v in node_bw.items()},
+        "leader_pair_busbw_gbps": {f"{hosts[a]}-{hosts[b]}": round(v, 3) for (a, b), v in sorted(leader_bw.items())},
+        "nic_gbps": {h: round(mbps / 1000, 3) for h, (_, mbps) in nics.items()},
+        "size": _fmt_bytes(size),
+        "threshold": (f"below {SLOW_LINK_RATIO[kind]:.0%} of the fastest node pair, or below "
+                      f"{FAR_BELOW[kind]:.0%} of what the pair should carry"),
+    }
+    if verdict.expected_gbps:
+        evidence["expected_gbps"] = {f"{a}-{b}": round(v, 3) for (a, b), v in verdict.expected_gbps.items()}
+    out = []
+    for node in verdict.slow_nodes:
+        own = max(v for p, v in node_bw.items() if node in p)
+        peers = verdict.peers_gbps(node_bw, node)
+        out.append(codes.finding(
+            "BW005", NAME,
+            (f"Slow node {node}: its network reaches at best {own:.3g} GB/s to any other node, where its peers "
+             f"reach {peers:.3g} GB/s between themselves; {_nic_said(node, nics)}"),
+            ranks=tuple(r for r, h in enumerate(hosts) if h == node), nodes=(node,),
+            evidence={**evidence, "node_gbps": round(own, 3), "peers_gbps": round(peers or 0.0, 3)}))
+    if verdict.slow_paths:
+        a, b = verdict.slow_paths[0]
+        against = (f"where the fastest node pair reaches {verdict.fastest_gbps:.3g} GB/s" if verdict.fastest_gbps
+                   and node_bw[(a, b)] < SLOW_LINK_RATIO[kind] * verdict.fastest_gbps else
+                   f"where it should carry {verdict.expected_gbps.get((a, b), 0.0):.3g} GB/s")
+        honest = "; one pair of nodes cannot tell which end is slow" if len(node_bw) == 1 else ""
+        at = tuple(dict.fromkeys(h for p in verdict.slow_paths for h in p))
+        out.append(codes.finding(
+            "BW005", NAME,
+            (f"Slow network path between nodes {a} and {b}: {node_bw[(a, b)]:.3g} GB/s {against}{honest}"),
+            ranks=tuple(r for r, h in enumerate(hosts) if h in at), nodes=at,
+            evidence={**evidence, "slow_paths": [f"{x}-{y}" for x, y in verdict.slow_paths]}))
+    return out
 
 
 # Below this share of what the topology allows, on a bandwidth-bound size, the measurement is lost

@@ -237,11 +237,11 @@ def test_two_slow_neighbouring_pairs_name_their_shared_rank():
     slow = findings[1]
     assert slow.severity == Severity.WARN
     assert slow.ranks == (2,) and slow.nodes == ("h2",)
-    # "typically": the median of the pairs that are not slow, [4.194304, 4.194304]
-    assert slow.title == "Slow link: rank 2 (h2): 1.05 GB/s where ring pairs typically reach 4.19 GB/s"
+    # Held against the fastest pair (4.194304), never the median: a slow rank spoils 2 of its ring's pairs.
+    assert slow.title == "Slow link: rank 2 (h2): 1.05 GB/s where the fastest ring pair reaches 4.19 GB/s"
     assert slow.evidence == {"pair_busbw_gbps": {"0-1": 4.194, "1-2": 1.049, "2-3": 1.049, "3-0": 4.194},
                              "slow_pairs": ["1-2", "2-3"], "size": "4 MiB",
-                             "threshold": "below 50% of the median pair"}
+                             "threshold": "below 50% of the fastest pair"}
 
 
 def test_cpu_noise_is_not_a_slow_link_but_a_gpu_pair_that_far_behind_is():
@@ -262,8 +262,8 @@ def test_one_slow_pair_names_both_ends():
     findings = AllReduce().diagnose(_with_pairs({"0-1"}), _run(hosts=RING_HOSTS))
     slow = _one(findings, "BW003")
     assert slow.ranks == (0, 1) and slow.nodes == ("h0", "h1")
-    assert slow.title == ("Slow link: the link between rank 0 (h0) and rank 1 (h1): 1.05 GB/s where ring pairs "
-                          "typically reach 4.19 GB/s")
+    assert slow.title == ("Slow link: the link between rank 0 (h0) and rank 1 (h1): 1.05 GB/s where the fastest "
+                          "ring pair reaches 4.19 GB/s")
     assert slow.evidence["slow_pairs"] == ["0-1"]
 
 
@@ -497,7 +497,7 @@ def test_a_node_slow_among_its_own_ranks_is_bw004():
     node = findings[1]
     assert node.severity == Severity.WARN and node.nodes == ("n3",) and node.ranks == (4, 5)
     assert node.evidence["intra_node_busbw_gbps"] == {"n1": 4.194, "n2": 4.194, "n3": 1.049}
-    assert node.title == ("Slow inside node n3: its ranks all-reduce at 1.05 GB/s where nodes typically reach "
+    assert node.title == ("Slow inside node n3: its ranks all-reduce at 1.05 GB/s where the fastest node reaches "
                           "4.19 GB/s")
 
 
@@ -507,12 +507,13 @@ def test_a_slow_path_between_two_node_leaders_is_bw005():
     path = findings[1]
     assert path.nodes == ("n2", "n3") and path.ranks == (2, 3, 4, 5)
     assert path.evidence["leader_pair_busbw_gbps"] == {"n1-n2": 4.194, "n2-n3": 1.049, "n3-n1": 4.194}
-    assert path.title.startswith("Slow network path at nodes n2 and n3: 1.05 GB/s between node leaders where "
-                                 "others reach 4.19 GB/s")
+    assert path.title == "Slow network path between nodes n2 and n3: 1.05 GB/s where the fastest node pair reaches 4.19 GB/s"
 
 
-def test_two_nodes_cannot_compare_their_one_leader_pair():
-    # One leader pair has nothing to be compared with: however slow, it is not a finding.
+def test_two_nodes_hold_their_one_leader_pair_only_against_what_it_should_carry():
+    # One leader pair has no peer to be compared with: at a quarter of what the nodes' own ranks
+    # reach it is not a finding (a CPU cluster's network may well be slower than its loopback);
+    # far below it is (tests/unit/test_allreduce_localise.py).
     findings = AllReduce().diagnose(_with_nodes(slow_leader_pairs={"0-2", "2-0"}, n_nodes=2),
                                     _run(n=4, hosts={r: NODE_HOSTS[r] for r in range(4)}))
     assert "BW005" not in _codes(findings)
