@@ -36,6 +36,7 @@ class Node:
     host: str
     addr: str
     ifname: str
+    hub_port: str = ""  # the hub's end of this node's veth (none for the hub itself)
 
 
 def can_make_nodes() -> Optional[str]:
@@ -66,8 +67,8 @@ def namespace_nodes(count: int) -> Iterator[list[Node]]:
     failing = False
     tag = uuid.uuid4().hex[:5]
     subnet = 77 + int(tag, 16) % 100  # 10.<subnet>.0.0/24: unlikely to meet another run's
-    nodes = [Node(i, f"ddpd-{tag}-{i}", f"node{i}-{tag}", f"10.{subnet}.0.{i + 1}", f"dd{tag}n{i}")
-             for i in range(count)]
+    nodes = [Node(i, f"ddpd-{tag}-{i}", f"node{i}-{tag}", f"10.{subnet}.0.{i + 1}", f"dd{tag}n{i}",
+                  f"hb{tag}{i}" if i else "") for i in range(count)]
     try:
         for node in nodes:
             _ip("netns", "add", node.netns)
@@ -88,7 +89,7 @@ def namespace_nodes(count: int) -> Iterator[list[Node]]:
             _ip("-n", hub.netns, "link", "set", f"hb{tag}{node.index}", "master", f"br{tag}")
             _ip("-n", hub.netns, "link", "set", f"hb{tag}{node.index}", "up")
         # The hub's own traffic leaves through the bridge, so its interface is the bridge.
-        nodes[0] = Node(hub.index, hub.netns, hub.host, hub.addr, f"br{tag}")
+        nodes[0] = Node(hub.index, hub.netns, hub.host, hub.addr, f"br{tag}", "")
         yield nodes
     except BaseException:
         failing = True
@@ -108,6 +109,57 @@ def namespace_nodes(count: int) -> Iterator[list[Node]]:
         # Nothing of ours may outlive a run: the test found none, or this teardown says so.
         if left and not failing:
             raise AssertionError(f"processes left in the node namespaces after the run (killed): {left}")
+
+
+def can_shape_links(netem: bool = False) -> Optional[str]:
+    """Why this machine cannot slow a node's link with tc, or None if it can: a rate (tbf) always,
+    a delay or loss (netem) with `netem` (kernels built without sch_netem refuse it)."""
+    reason = can_make_nodes()
+    if reason is not None:
+        return reason
+    if shutil.which("tc") is None:
+        return "needs iproute2's tc"
+    probe = f"ddpd-tc-{uuid.uuid4().hex[:6]}"
+    wanted = [["tbf", "rate", "200mbit", "burst", "64kb", "latency", "100ms"]] + ([["netem", "delay", "1ms"]] * netem)
+    try:
+        _ip("netns", "add", probe)
+        for qdisc in wanted:
+            made = subprocess.run(["tc", "-n", probe, "qdisc", "replace", "dev", "lo", "root", *qdisc],
+                                  capture_output=True, text=True)
+            if made.returncode != 0:
+                return f"tc {qdisc[0]} refused (no sch_{qdisc[0]} in this kernel?): {made.stderr.strip()}"
+    except subprocess.CalledProcessError as exc:
+        return f"ip netns add failed: {exc.stderr.decode(errors='replace').strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def skip_without_tc(netem: bool = False) -> pytest.MarkDecorator:
+    reason = can_shape_links(netem)
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+def slow_link(hub: Node, node: Node, rate_mbit: Optional[float] = None, delay_ms: Optional[float] = None,
+              loss_pct: Optional[float] = None) -> None:
+    """Slow one node's link to the others, both ways, as a bad cable, port or NIC would: the
+    kernel shapes what leaves its end of the veth and what the hub's bridge port sends to it.
+    `rate_mbit` alone is a token bucket (tbf); a delay or loss is netem (with the rate, if any).
+    The hub's own link is the bridge and cannot be shaped both ways: pick another node. The
+    qdiscs go with the namespaces."""
+    if not node.hub_port:
+        raise ValueError("the hub node's link is its bridge: slow another node's link")
+    if delay_ms is None and loss_pct is None:
+        if rate_mbit is None:
+            raise ValueError("give a rate, a delay or a loss")
+        qdisc = ["tbf", "rate", f"{rate_mbit}mbit", "burst", "64kb", "latency", "100ms"]
+    else:
+        qdisc = ["netem", *(["delay", f"{delay_ms}ms"] if delay_ms is not None else []),
+                 *(["loss", f"{loss_pct}%"] if loss_pct is not None else []),
+                 *(["rate", f"{rate_mbit}mbit"] if rate_mbit is not None else [])]
+    for netns, dev in ((node.netns, node.ifname), (hub.netns, node.hub_port)):
+        subprocess.run(["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", *qdisc], check=True,
+                       capture_output=True)
 
 
 def on_node(node: Node, argv: list[str]) -> list[str]:

@@ -1,0 +1,107 @@
+"""Slow node localisation on namespace nodes: is the throttled node (or link) named, and no other?
+
+Each run starts N namespace nodes (tests/ranks/multinode.py: network namespaces joined by a
+bridge, one `torchrun --nnodes` per node, gloo on CPU ranks), slows the LAST node's link with
+`tc` (or not: healthy), runs `ddpdoctor allreduce-bench` across them and reads rank 0's report:
+
+- right:  the slow findings (BW003/BW004/BW005) name exactly the throttled node; at 2 nodes, where
+          one pair cannot tell its ends apart, the link between the two nodes (both named);
+- wrong:  a slow finding names any other node (or, healthy, any slow finding at all);
+- missed: no slow finding although a link was slowed (or the run gave no report).
+
+Needs root, iproute2 (ip, tc) and unshare. Usage (about 20-40 s a run on a 2-core VM):
+
+    python benchmarks/slow_node_matrix.py --runs 10 --nodes 2 3 4 --per-node 1 2 --cases tbf tbf1g healthy
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.ranks.multinode import (  # noqa: E402
+    NodesRun, can_shape_links, namespace_nodes, run_nodes, slow_link)
+
+SLOW_CODES = ("BW003", "BW004", "BW005")
+# tbf: a link at 200 Mbit/s among 15-20 Gbit/s veths (the issue's case); tbf1g: a NIC at 1 Gbit/s (a 10G
+# port that negotiated 1G); netem: 20 ms each way (kernels without sch_netem skip it).
+CASES: dict[str, Optional[dict[str, float]]] = {
+    "tbf": {"rate_mbit": 200}, "tbf1g": {"rate_mbit": 1000}, "netem": {"delay_ms": 20.0}, "healthy": None}
+BENCH_ARGS = ["--timeout", "60", "--max-bytes", "1M", "--iters", "5", "--warmup", "1"]
+
+
+@dataclass
+class Outcome:
+    verdict: str  # right / wrong / missed (a healthy run: right = quiet, wrong = any slow finding)
+    named: list[str]
+    wall_s: float
+    run: NodesRun
+
+
+def judge(run: NodesRun, hosts: list[str], case: str) -> tuple[str, list[str]]:
+    """right/wrong/missed for one run, and what its slow findings named ("BW005:node2-x", ...)."""
+    slow = [f for f in (run.report or {}).get("findings", []) if f["code"] in SLOW_CODES]
+    named = [f"{f['code']}:{','.join(f['nodes'])}" for f in slow]
+    if run.report is None:
+        return "missed", ["no report"]
+    if CASES[case] is None:
+        return ("wrong" if slow else "right"), named
+    meant = {hosts[-1]} if len(hosts) > 2 else set(hosts)
+    if any(set(f["nodes"]) - meant for f in slow):
+        return "wrong", named
+    right = any(set(f["nodes"]) == meant for f in slow)
+    return ("right" if right else "missed"), named
+
+
+def one_run(tmp: Path, nodes_n: int, per_node: int, case: str, timeout_s: float = 240) -> Outcome:
+    """One allreduce-bench over `nodes_n` namespace nodes of `per_node` ranks, the last node slowed by `case`."""
+    with namespace_nodes(nodes_n) as nodes:
+        shape = CASES[case]
+        if shape is not None:
+            slow_link(nodes[0], nodes[-1], **shape)
+        run = run_nodes(tmp, nodes, BENCH_ARGS, nproc=per_node, subcommand="allreduce-bench", timeout_s=timeout_s)
+        verdict, named = judge(run, [n.host for n in nodes], case)
+    return Outcome(verdict, named, run.wall_s, run)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--per-node", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=["tbf", "tbf1g", "healthy"])
+    parser.add_argument("--verbose", action="store_true", help="print each run's verdict and what it named")
+    args = parser.parse_args(argv)
+    reason = can_shape_links(netem="netem" in args.cases)
+    if reason is not None:
+        print(f"cannot run: {reason}", file=sys.stderr)
+        return 3
+    print("| nodes x ranks | link | runs | right | wrong | missed | s/run |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as folder:
+        for case in args.cases:
+            for nodes_n in args.nodes:
+                for per_node in args.per_node:
+                    tally = {"right": 0, "wrong": 0, "missed": 0}
+                    start = time.perf_counter()
+                    for i in range(args.runs):
+                        out = one_run(Path(folder), nodes_n, per_node, case)
+                        tally[out.verdict] += 1
+                        if args.verbose or out.verdict != "right":
+                            print(f"  {nodes_n}x{per_node} {case} run {i}: {out.verdict} {out.named} "
+                                  f"{out.wall_s:.0f}s exit {out.run.codes}", file=sys.stderr)
+                    per_run = (time.perf_counter() - start) / max(1, args.runs)
+                    print(f"| {nodes_n} x {per_node} | {case} | {args.runs} | {tally['right']} | {tally['wrong']} | "
+                          f"{tally['missed']} | {per_run:.0f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
