@@ -20,56 +20,12 @@ import argparse
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.ranks.multinode import (  # noqa: E402
-    NodesRun, can_shape_links, namespace_nodes, run_nodes, slow_link)
-
-SLOW_CODES = ("BW003", "BW004", "BW005")
-# tbf: a link at 200 Mbit/s among 15-20 Gbit/s veths (the issue's case); tbf1g: a NIC at 1 Gbit/s (a 10G
-# port that negotiated 1G); netem: 20 ms each way (kernels without sch_netem skip it).
-CASES: dict[str, Optional[dict[str, float]]] = {
-    "tbf": {"rate_mbit": 200}, "tbf1g": {"rate_mbit": 1000}, "netem": {"delay_ms": 20.0}, "healthy": None}
-BENCH_ARGS = ["--timeout", "60", "--max-bytes", "1M", "--iters", "5", "--warmup", "1"]
-
-
-@dataclass
-class Outcome:
-    verdict: str  # right / wrong / missed (a healthy run: right = quiet, wrong = any slow finding)
-    named: list[str]
-    wall_s: float
-    run: NodesRun
-
-
-def judge(run: NodesRun, hosts: list[str], case: str) -> tuple[str, list[str]]:
-    """right/wrong/missed for one run, and what its slow findings named ("BW005:node2-x", ...)."""
-    slow = [f for f in (run.report or {}).get("findings", []) if f["code"] in SLOW_CODES]
-    named = [f"{f['code']}:{','.join(f['nodes'])}" for f in slow]
-    if run.report is None:
-        return "missed", ["no report"]
-    if CASES[case] is None:
-        return ("wrong" if slow else "right"), named
-    meant = {hosts[-1]} if len(hosts) > 2 else set(hosts)
-    if any(set(f["nodes"]) - meant for f in slow):
-        return "wrong", named
-    right = any(set(f["nodes"]) == meant for f in slow)
-    return ("right" if right else "missed"), named
-
-
-def one_run(tmp: Path, nodes_n: int, per_node: int, case: str, timeout_s: float = 240) -> Outcome:
-    """One allreduce-bench over `nodes_n` namespace nodes of `per_node` ranks, the last node slowed by `case`."""
-    with namespace_nodes(nodes_n) as nodes:
-        shape = CASES[case]
-        if shape is not None:
-            slow_link(nodes[0], nodes[-1], **shape)
-        run = run_nodes(tmp, nodes, BENCH_ARGS, nproc=per_node, subcommand="allreduce-bench", timeout_s=timeout_s)
-        verdict, named = judge(run, [n.host for n in nodes], case)
-    return Outcome(verdict, named, run.wall_s, run)
-
+from tests.ranks.multinode import CASES, can_shape_links, one_run  # noqa: E402
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -113,10 +113,13 @@ _ENTRIES = (
           fix=('On that node: `nvidia-smi topo -m`, `nvidia-smi nvlink -s`, `lspci -vv` (LnkSta vs LnkCap); compare '
                'with a good node, and drain it if it differs.')),
     _code("BW005", _WARN, "allreduce",
-          why=("One rank per node ran an all-reduce with the next node's along a ring; the node in both slow pairs has"
-               ' a slow NIC or port, a single slow pair is the path between those two nodes.'),
-          fix=('Check the NIC rate and errors (`ibstat`, `ethtool -S`, `ibdiagnet`), the switch port, and that NCCL '
-               'uses the intended NIC (NCCL_DEBUG=INFO: "NET/IB" not "NET/Socket").')),
+          why=("Node pairs were timed in two rounds (the rank ring's pairs across nodes and the node leaders') and "
+               'held against the fastest node pair and, where known, the rate their NICs declare; a node whose every '
+               'pair is slow has a slow NIC, cable or port, a single slow pair is the path between those two nodes '
+               '(with two nodes, one pair cannot tell which end).'),
+          fix=("On the named node: the NIC's negotiated link speed and errors (`ethtool IFACE`, `ethtool -S`, `ibstat`,"
+               ' `ibdiagnet`), the cable and switch port, and the interface NCCL/gloo chose (NCCL_SOCKET_IFNAME, '
+               'GLOO_SOCKET_IFNAME; NCCL_DEBUG=INFO: "NET/IB" not "NET/Socket"); compare with a good node.')),
     _code("BW006", _WARN, "allreduce",
           why=('The expectation is the slowest hop of the ring the GPUs form (NVLink, PCIe, the socket link or the '
                "NIC) times NCCL's usual efficiency; falling to half of it on sizes large enough to be bandwidth-bound "
