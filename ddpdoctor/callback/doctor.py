@@ -41,10 +41,11 @@ from ddpdoctor.callback import hang
 from ddpdoctor.callback.online_checks import (PROBE, DataParallelGpu, History, RankWindow, batch_scaling_finding,
                                               data_findings, data_parallel_finding, memory_growth, setup_findings)
 from ddpdoctor.callback.metrics import MetricsSink
-from ddpdoctor.callback.row import GatheredRow, pack, packed_length, unpack
+from ddpdoctor.callback.row import GatheredRow, contention_fields, pack, packed_length, unpack
 from ddpdoctor.callback.step_clock import StepClock
 from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.history import recording
+from ddpdoctor.measure import contention
 from ddpdoctor.runtime.liveness import main_thread_frame
 from ddpdoctor.runtime.workload import tensor_bytes
 
@@ -266,6 +267,7 @@ class Doctor:
         self._lock = threading.Lock()
         self._same_batch_checks = 0  # consecutive checks where every rank had the same batch
         self._history = History(keep=max(4, -(-ONLINE_MIN_STEPS // self.every)))
+        self._cpu = contention.Window(corunners="when_lost")  # the CPU this thread gets, per window
         self._steps = 0
         self._columns: dict[str, list[float]] = {"step": [], "data": [], "wait": [], "samples": []}
         self._began = 0.0
@@ -487,7 +489,8 @@ class Doctor:
         return GatheredRow(rank=self.rank, steps_done=self._steps, loader_len_batches=loader_len,
                            stale_epoch=stale, peak_mem_bytes=peak, batch_fingerprint=fingerprint,
                            wait_measured=self._timer is not None, step_ms=cols["step"], data_ms=cols["data"],
-                           wait_ms=cols["wait"], samples=cols["samples"])
+                           wait_ms=cols["wait"], samples=cols["samples"],
+                           **contention_fields(self._cpu.take(wait_s=(sum(cols["wait"]) + sum(cols["data"])) / 1e3)))
 
     def _gather(self, row: GatheredRow) -> torch.Tensor:
         """The one collective: every rank's packed row, side by side, on the gather's device."""

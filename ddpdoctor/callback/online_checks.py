@@ -35,6 +35,8 @@ class RankWindow:
     stale_epoch: bool  # a second pass over the loader began with the sampler's epoch unchanged
     peak_mem_bytes: int
     wait_measured: bool = True
+    # The CPU the training thread got over the window (measure/contention.py); None: not read.
+    contention: Optional[dict[str, Any]] = None
 
     def to_facts(self) -> dict[str, Any]:
         """In the `stragglers` probe's shape: the in-step work is 'forward', data is apart.
@@ -46,7 +48,7 @@ class RankWindow:
         forward = [max(0.0, s - w) for s, w in zip(self.step_ms, wait)]
         zeros = [0.0] * len(self.step_ms)
         return {"rank": self.rank, "host": self.host, "device": "", "samples": self.samples,
-                "peak_mem_bytes": self.peak_mem_bytes,
+                "peak_mem_bytes": self.peak_mem_bytes, "contention": self.contention,
                 "steps": {"data_ms": self.data_ms, "forward_ms": forward, "backward_ms": zeros,
                           "comm_wait_ms": wait, "optimizer_ms": zeros,
                           "step_ms": [s + d for s, d in zip(self.step_ms, self.data_ms)]}}
@@ -73,8 +75,22 @@ class History:
                 m = merged[r]
                 m["samples"] = m["samples"] + f["samples"]
                 m["peak_mem_bytes"] = f["peak_mem_bytes"]
+                m["contention"] = merge_contention(m["contention"], f["contention"])
                 m["steps"] = {k: m["steps"][k] + f["steps"][k] for k in m["steps"]}
         return merged
+
+
+def merge_contention(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """Two windows' readings as one: shares weighted by wall time, the latest co-runners named."""
+    if a is None or b is None:
+        return a or b
+    wa, wb = float(a.get("wall_s") or 0.0), float(b.get("wall_s") or 0.0)
+    out = dict(b, wall_s=round(wa + wb, 3), corunners=b.get("corunners") or a.get("corunners") or [])
+    for key, value in b.items():
+        if key.endswith("_pct") or key == "nonvoluntary_per_s":
+            if isinstance(value, (int, float)) and isinstance(a.get(key), (int, float)) and wa + wb > 0:
+                out[key] = round((a[key] * wa + value * wb) / (wa + wb), 1)
+    return out
 
 
 def _nodes(rows: dict[int, RankWindow], ranks: Sequence[int]) -> tuple[str, ...]:

@@ -19,9 +19,10 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ddpdoctor.callback.online_checks import RankWindow
+from ddpdoctor.measure.contention import ContentionFacts, Corunner, process_name
 
 
 @dataclass
@@ -35,6 +36,15 @@ class GatheredRow:
     peak_mem_bytes: Optional[int] = None  # None: reading it failed
     batch_fingerprint: Optional[int] = None  # of the last step's batch; None: no batch given, or it failed
     wait_measured: bool = False  # the gradient all-reduce wait is timed (DDP's comm hook is ours)
+    # The CPU the training thread got over the window (measure/contention.py), in % of the wall time.
+    wall_s: Optional[float] = None
+    run_delay_pct: Optional[float] = None
+    off_cpu_pct: Optional[float] = None
+    throttled_pct: Optional[float] = None
+    steal_pct: Optional[float] = None
+    cpu_quota: Optional[float] = None
+    corunner_pid: Optional[int] = None  # the busiest other process on its CPUs, when it lost time
+    corunner_cpu_pct: Optional[float] = None
     # Per step of the window, oldest first; every column has one entry per step.
     step_ms: list[float] = field(default_factory=list)  # step begin to end
     data_ms: list[float] = field(default_factory=list)  # end of the previous step to begin (the loader)
@@ -48,7 +58,26 @@ class GatheredRow:
                           data_ms=self.data_ms, wait_ms=self.wait_ms, samples=self.samples,
                           fingerprint=_or(self.batch_fingerprint, 0),
                           loader_len=_or(self.loader_len_batches, -1), stale_epoch=self.stale_epoch,
-                          peak_mem_bytes=_or(self.peak_mem_bytes, 0), wait_measured=self.wait_measured)
+                          peak_mem_bytes=_or(self.peak_mem_bytes, 0), wait_measured=self.wait_measured,
+                          contention=self._contention(host))
+
+    def _contention(self, host: str) -> Optional[dict[str, object]]:
+        if self.wall_s is None:
+            return None
+        facts = ContentionFacts(wall_s=self.wall_s, run_delay_pct=self.run_delay_pct, off_cpu_pct=self.off_cpu_pct,
+                                throttled_pct=self.throttled_pct, steal_pct=self.steal_pct, cpu_quota=self.cpu_quota)
+        if self.corunner_pid is not None:
+            facts.corunners = [Corunner(pid=self.corunner_pid, name=process_name(self.corunner_pid, host),
+                                        cpu_pct=self.corunner_cpu_pct or 0.0)]
+        return facts.to_json()
+
+
+def contention_fields(c: ContentionFacts) -> dict[str, Any]:
+    """A window's contention reading as the row's scalars (the gather carries numbers only)."""
+    top = c.corunners[0] if c.corunners else None
+    return {"wall_s": c.wall_s, "run_delay_pct": c.run_delay_pct, "off_cpu_pct": c.off_cpu_pct,
+            "throttled_pct": c.throttled_pct, "steal_pct": c.steal_pct, "cpu_quota": c.cpu_quota,
+            "corunner_pid": None if top is None else top.pid, "corunner_cpu_pct": None if top is None else top.cpu_pct}
 
 
 def _or(value: Optional[int], unknown: int) -> int:
@@ -59,6 +88,10 @@ def _optional_int(value: float) -> Optional[int]:
     return None if math.isnan(value) else int(value)
 
 
+def _optional_float(value: float) -> Optional[float]:
+    return None if math.isnan(value) else float(value)
+
+
 def _decoder(hint: object) -> Callable[[float], object]:
     """How a scalar field is read back from its float: by its declared type."""
     if hint is bool:
@@ -67,6 +100,8 @@ def _decoder(hint: object) -> Callable[[float], object]:
         return int
     if hint == Optional[int]:
         return _optional_int
+    if hint == Optional[float]:
+        return _optional_float
     raise TypeError(f"GatheredRow has a scalar field of a type the gather cannot carry: {hint!r}")
 
 

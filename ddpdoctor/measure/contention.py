@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ddpdoctor.core.facts import Facts
+from ddpdoctor.core.facts import Facts, nested_list
 
 # Processes named as running on the rank's CPUs: the busiest few that used at least this share.
 TOP = 3
@@ -35,6 +35,7 @@ class Counters:
     wall_s: float
     cpu_s: Optional[float]  # this thread's time on a CPU
     run_delay_s: Optional[float]  # this thread's time runnable but waiting for a CPU
+    process_run_delay_s: Optional[float]  # every thread's of the process, summed (its comm threads too)
     nonvoluntary: Optional[int]  # involuntary context switches of this thread
     steal_s: Optional[float]  # steal time of the CPUs it may run on, summed
     ticks_s: Optional[float]  # every /proc/stat tick of those CPUs, summed (the steal's denominator)
@@ -56,6 +57,7 @@ class ContentionFacts(Facts):
     wall_s: float = 0.0
     cpu_pct: Optional[float] = None  # CPU time got / wall time, of the working thread
     run_delay_pct: Optional[float] = None  # runnable but not running / wall time
+    process_run_delay_pct: Optional[float] = None  # the same, every thread of the process summed
     # Of the wall time, how much of its own work (compute: time it never waits on purpose) it spent
     # off a CPU: run delay, a spent quota, or stopped from outside (which no other counter sees).
     off_cpu_pct: Optional[float] = None
@@ -64,7 +66,7 @@ class ContentionFacts(Facts):
     throttled_pct: Optional[float] = None  # of the wall time, its cgroup was throttled
     cpu_quota: Optional[float] = None  # CPUs' worth its cgroup may use; None: no quota or unknown
     cpus: Optional[str] = None  # its affinity, as `taskset -c` writes it
-    corunners: list[Corunner] = field(default_factory=list)
+    corunners: list[Corunner] = field(default_factory=list, metadata=nested_list(Corunner))
 
     def lost_pct(self) -> Optional[float]:
         """Share of the wall time the rank wanted a CPU and did not have one: see `lost_cpu`."""
@@ -89,6 +91,22 @@ def _schedstat() -> tuple[Optional[float], Optional[float]]:
         return int(on_cpu) / 1e9, int(delay) / 1e9
     except (OSError, ValueError):
         return None, None
+
+
+def _process_run_delay() -> Optional[float]:
+    total, seen = 0, False
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+                seen = True
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9 if seen else None
 
 
 def _nonvoluntary() -> Optional[int]:
@@ -193,7 +211,8 @@ def read_counters(cpus: Optional[frozenset[int]] = None, cgroup: Optional[str] =
     on_cpu, delay = _schedstat()
     steal, ticks = _steal(cpus)
     throttled, periods = _throttled(cgroup)
-    return Counters(wall_s=time.monotonic(), cpu_s=on_cpu, run_delay_s=delay, nonvoluntary=_nonvoluntary(),
+    return Counters(wall_s=time.monotonic(), cpu_s=on_cpu, run_delay_s=delay,
+                    process_run_delay_s=_process_run_delay(), nonvoluntary=_nonvoluntary(),
                     steal_s=steal, ticks_s=ticks, throttled_s=throttled, throttled_periods=periods)
 
 
@@ -260,9 +279,10 @@ class Window:
         self._start = read_counters(self.cpus, self.cgroup)
         self._sample = CorunnerSample(self.cpus, self.exclude) if corunners == "always" else None
 
-    def take(self, work_s: Optional[float] = None) -> ContentionFacts:
-        """`work_s`: wall time of the window this thread was working, not waiting on purpose
-        (in a collective, for a loader): the part of it without CPU time is `off_cpu_pct`."""
+    def take(self, wait_s: Optional[float] = None) -> ContentionFacts:
+        """`wait_s`: how long this thread waited on purpose in the window (in collectives, for a
+        loader): the rest of the wall time is work, and the part of it without CPU time is
+        `off_cpu_pct`; None: not known, not computed."""
         end = read_counters(self.cpus, self.cgroup)
         start, self._start = self._start, end
         wall = max(end.wall_s - start.wall_s, 1e-6)
@@ -273,11 +293,12 @@ class Window:
         if end.nonvoluntary is not None and start.nonvoluntary is not None:
             switches = round((end.nonvoluntary - start.nonvoluntary) / wall, 1)
         off = None
-        if work_s is not None and end.cpu_s is not None and start.cpu_s is not None:
-            off = round(100.0 * max(0.0, work_s - (end.cpu_s - start.cpu_s)) / wall, 1)
+        if wait_s is not None and end.cpu_s is not None and start.cpu_s is not None:
+            off = round(100.0 * max(0.0, wall - wait_s - (end.cpu_s - start.cpu_s)) / wall, 1)
         facts = ContentionFacts(
             wall_s=round(wall, 3), cpu_pct=_pct(end.cpu_s, start.cpu_s, wall),
             run_delay_pct=_pct(end.run_delay_s, start.run_delay_s, wall), off_cpu_pct=off,
+            process_run_delay_pct=_pct(end.process_run_delay_s, start.process_run_delay_s, wall),
             nonvoluntary_per_s=switches, steal_pct=steal,
             throttled_pct=_pct(end.throttled_s, start.throttled_s, wall),
             cpu_quota=cpu_quota(self.cgroup), cpus=cpu_list(self.cpus))
@@ -287,6 +308,18 @@ class Window:
         wanted = self.corunners == "always" or (self.corunners == "when_lost" and (lost or 0.0) >= MIN_LOST_PCT)
         self._sample = CorunnerSample(self.cpus, self.exclude) if wanted else None
         return facts
+
+
+def process_name(pid: int, host: str) -> str:
+    """The name of a process another rank saw, where its pid means something (this host); else "?"."""
+    if host != os.uname().nodename:
+        return "?"
+    try:
+        import psutil
+
+        return str(psutil.Process(pid).name())
+    except Exception:
+        return "?"
 
 
 def summary(f: ContentionFacts) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from ddpdoctor.measure.contention import ContentionFacts, Window
 from ddpdoctor.measure.slow_compute import spin
 
 # Big enough that a GPU matmul is not launch-bound, small enough for a pre-flight check.
@@ -38,12 +39,28 @@ class MatmulThroughput:
         return asdict(self)
 
 
-def _gpu_dtype(torch: Any, device: Any) -> Any:
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+@dataclass(frozen=True)
+class Got:
+    """What the rank really got over the rounds: every repetition's flops over the rounds' wall
+    time, the time it was descheduled, throttled or stopped included (its best round leaves
+    exactly that out), and the CPU it was denied meanwhile."""
+
+    flops_per_s: float
+    contention: ContentionFacts
 
 
 def measure_matmul(device: Any, barrier: Callable[[], None] = lambda: None, slow_factor: float = 1.0,
                    rounds: int = ROUNDS, round_s: float = ROUND_S) -> MatmulThroughput:
+    """`measure_matmul_got` without what the rank got: a snapshot measures one device alone."""
+    return measure_matmul_got(device, barrier, slow_factor, rounds, round_s)[0]
+
+
+def _gpu_dtype(torch: Any, device: Any) -> Any:
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def measure_matmul_got(device: Any, barrier: Callable[[], None] = lambda: None, slow_factor: float = 1.0,
+                       rounds: int = ROUNDS, round_s: float = ROUND_S) -> tuple[MatmulThroughput, Got]:
     """Median time of one n×n matmul, per round; `barrier` lines the rounds up across ranks.
 
     `slow_factor` > 1 is an injected fault: the rank really takes that much longer per
@@ -63,22 +80,30 @@ def measure_matmul(device: Any, barrier: Callable[[], None] = lambda: None, slow
         timer(lambda: torch.mm(a, b))
     every: list[float] = []
     per_round: list[float] = []
+    waited = worked = 0.0
+    window = Window()
     for _ in range(rounds):
+        before = time.perf_counter()
         barrier()
         times: list[float] = []
         started = time.perf_counter()
+        waited += started - before
         while len(times) < MAX_REPS_PER_ROUND and (time.perf_counter() - started < round_s or len(times) < 3):
             elapsed = timer(lambda: torch.mm(a, b))
             if slow_factor > 1.0:
                 spin(elapsed * (slow_factor - 1.0))
                 elapsed *= slow_factor
             times.append(elapsed)
+        worked += time.perf_counter() - started
         per_round.append(2.0 * size**3 / statistics.median(times))
         every += times
+    # On a GPU the thread waits for the device on purpose: only a CPU rank's off-CPU time is lost.
+    contention = window.take(wait_s=waited if not on_gpu else None)
     median = statistics.median(every)
-    return MatmulThroughput(device=str(device), dtype=str(dtype).replace("torch.", ""), size=size, reps=len(every),
-                            median_ms=round(median * 1e3, 4), flops_per_s=2.0 * size**3 / median,
-                            round_flops_per_s=per_round)
+    return (MatmulThroughput(device=str(device), dtype=str(dtype).replace("torch.", ""), size=size, reps=len(every),
+                             median_ms=round(median * 1e3, 4), flops_per_s=2.0 * size**3 / median,
+                             round_flops_per_s=per_round),
+            Got(flops_per_s=2.0 * size**3 * len(every) / max(worked, 1e-9), contention=contention))
 
 
 def _cpu_timer() -> Callable[[Callable[[], Any]], float]:

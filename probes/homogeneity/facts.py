@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Optional, TypeVar, Union
 
 from ddpdoctor.core.facts import Facts, nested, nested_list
+from ddpdoctor.measure.contention import ContentionFacts
 
 V = TypeVar("V")
 # A value, or {"unknown": reason} where it could not be read, or None where it is absent.
@@ -205,9 +206,15 @@ class MatmulFacts(Facts):
 class MeasuredFacts(Facts):
     """What the rank measured; a snapshot writes only `matmul` (it runs no training steps)."""
 
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"got_flops_per_s", "contention"})
+
     matmul: Optional[MatmulFacts] = field(default=None, metadata=nested(MatmulFacts))
     step_ms: Optional[float] = None  # median DDP step of the shared workload
     forward_ms: Optional[float] = None
+    # The matmul's flops over the rounds' wall time: what the rank really got, the time it was
+    # descheduled, throttled or stopped included (its best round leaves that out).
+    got_flops_per_s: Optional[float] = None
+    contention: Optional[ContentionFacts] = field(default=None, metadata=nested(ContentionFacts))  # over the rounds
 
 
 @dataclass

@@ -18,7 +18,7 @@ from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.core.grouping import describe_groups, group_ranks, minority, shown
 from ddpdoctor.measure.node import read_device_facts, read_gpu_state
-from ddpdoctor.measure.throughput import MatmulThroughput, measure_matmul
+from ddpdoctor.measure.throughput import Got, MatmulThroughput, measure_matmul_got
 from ddpdoctor.runtime.workload import run_workload
 
 from ddpdoctor.probes.base import RunView
@@ -89,7 +89,10 @@ class Homogeneity:
             local_world_size=ctx.env.local_world_size, world_size=ctx.world_size, source="rank")
         # What was read stays diagnosable even if the measurement below fails or hangs.
         ctx.publish_partial(NAME, facts)
-        measured = facts.measured = MeasuredFacts(matmul=MatmulFacts.from_json(_measure_matmul(ctx).to_json()))
+        matmul, got = _measure_matmul(ctx)
+        measured = facts.measured = MeasuredFacts(matmul=MatmulFacts.from_json(matmul.to_json()))
+        if got is not None:
+            measured.got_flops_per_s, measured.contention = got.flops_per_s, got.contention
         if facts.gpu is not None and facts.has_gpu:
             # Clocks and throttle reasons mean most right after load: idle GPUs report idle.
             facts.gpu = GpuFacts.from_json(facts.gpu.to_json() | read_gpu_state(facts.gpu.uuid))
@@ -139,7 +142,7 @@ def _foreign_load(ctx: RankContext) -> Optional[HostLoadFacts]:
         host_load.foreign_load(start, end, host_load.our_processes(pids)))
 
 
-def _measure_matmul(ctx: RankContext) -> MatmulThroughput:
+def _measure_matmul(ctx: RankContext) -> tuple[MatmulThroughput, Optional[Got]]:
     import torch.distributed as dist
 
     rounds = {"n": 0}
@@ -150,7 +153,7 @@ def _measure_matmul(ctx: RankContext) -> MatmulThroughput:
         with ctx.collective("matmul_round_barrier", round=rounds["n"]):
             dist.barrier()
 
-    return measure_matmul(ctx.device, barrier=barrier, slow_factor=ctx.injector.slow_factor())
+    return measure_matmul_got(ctx.device, barrier=barrier, slow_factor=ctx.injector.slow_factor())
 
 
 def _median(values: list[float]) -> Optional[float]:

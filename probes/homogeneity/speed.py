@@ -18,6 +18,7 @@ from ddpdoctor.core.findings import Finding, rank_ranges
 from ddpdoctor.probes.base import RunView
 from ddpdoctor.probes.homogeneity.facts import HomogeneityFacts, MatmulFacts
 from ddpdoctor.probes.homogeneity.health import cpu_set, cpus_for
+from ddpdoctor.probes.stragglers.contention import Denied, denied
 
 NAME = "homogeneity"
 # Defaults: GPUs are exclusive and measured with CUDA events; CPU ranks share cores with
@@ -124,12 +125,56 @@ def slow_rank_findings(facts: ByRank, run: RunView,
         else:
             pct = DEFAULT_SLOW_PCT[hardware[0]]
         limit = 1.0 - pct / 100.0
+        starved = _starved(facts, ranks, limit)
+        out += [_starved_finding(facts, run, hardware, ranks, why, got, pct) for why, got in starved.values()]
         best = {r: max(_rounds(facts[r])) for r in ranks}
         scores = {r: best[r] / peers for r, peers in _median_of_others(best).items()}
-        slow = sorted(r for r in ranks if scores[r] < limit)
+        slow = sorted(r for r in ranks if scores[r] < limit and r not in starved)
         if slow:
             out.append(_slow_finding(facts, run, hardware, ranks, slow, scores, pct))
     return out
+
+
+def _got(f: HomogeneityFacts) -> Optional[float]:
+    m = f.measured
+    return m.got_flops_per_s if m is not None and _matmul(f) and m.got_flops_per_s else None
+
+
+def _starved(facts: ByRank, ranks: list[int], limit: float) -> dict[int, tuple[Denied, dict[int, float]]]:
+    """Ranks that got less than `limit` of their peers' throughput over the rounds' wall time
+    *and* lost more of that time off a CPU than their peers (stragglers/contention.py): a rank
+    denied the CPU computes as fast as ever when it runs, so its best round cannot show it."""
+    got = {r: g for r in ranks if (g := _got(facts[r])) is not None}
+    if len(got) < 2:
+        return {}
+    contention = {r: (m.contention if (m := facts[r].measured) is not None else None) for r in ranks}
+    out = {}
+    for r, share in ((r, got[r] / peers) for r, peers in _median_of_others(got).items()):
+        why = denied(contention, r, [p for p in got if p != r]) if share < limit else None
+        if why is not None:
+            out[r] = (why, got)
+    return out
+
+
+def _starved_finding(facts: ByRank, run: RunView, hardware: Hardware, ranks: list[int], why: Denied,
+                     got: Mapping[int, float], threshold_pct: float) -> Finding:
+    unit, scale = _unit(hardware[0])
+    rank = why.rank
+    typical = statistics.median(v for p, v in got.items() if p != rank)
+    slower = 100 * (1 - got[rank] / typical)
+    return codes.finding(
+        "HOM006", NAME,
+        (f"Rank {rank} gets {slower:.0f}% less compute than "
+         f"{'its peer' if len(got) == 2 else f'the median of its {len(got) - 1} peers'} on identical hardware "
+         f"({got[rank] / scale:.3g} vs {typical / scale:.3g} {unit} over the wall time, {why.cause}): "
+         f"{why.sentence}"),
+        ranks=(rank,), nodes=run.nodes_of([rank]),
+        evidence={"cause": why.cause, "where": why.sentence,
+                  f"throughput_got_{unit.replace('/', '_per_')}_by_rank": {r: round(v / scale, 2) for r, v in got.items()},
+                  f"throughput_best_round_{unit.replace('/', '_per_')}_by_rank": {
+                      r: round(max(_rounds(facts[r])) / scale, 2) for r in ranks},
+                  "threshold_pct": threshold_pct, **why.evidence},
+        fix=why.fix)
 
 
 def _median_of_others(values: Mapping[int, float]) -> dict[int, float]:

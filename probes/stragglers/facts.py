@@ -9,9 +9,10 @@ judges the ranks whose series are there and leaves the others out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 from ddpdoctor.core.facts import Facts, nested
+from ddpdoctor.measure.contention import ContentionFacts
 from ddpdoctor.runtime.step_timing import StepTimeline
 
 
@@ -59,6 +60,8 @@ class StragglersFacts(Facts):
     """One rank's stragglers measurement: per-step phases, arrivals at the all-reduce in rank 0's
     clock, compute-only steps, and what was sampled meanwhile."""
 
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"contention"})
+
     rank: Optional[int] = None
     host: Optional[str] = None
     device: str = ""
@@ -76,3 +79,6 @@ class StragglersFacts(Facts):
     peak_mem_bytes: int = 0
     injected_ms: float = 0.0
     sampled: SampledFacts = field(default_factory=SampledFacts, metadata=nested(SampledFacts))
+    # The CPU the training thread got over the measured run (measure/contention.py); None: not read
+    # (a recording from before it was).
+    contention: Optional[ContentionFacts] = field(default=None, metadata=nested(ContentionFacts))

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping
 
 from ddpdoctor.measure import clock_offset
+from ddpdoctor.measure.contention import Window
 from ddpdoctor.core.findings import Finding
 from ddpdoctor.measure.sampler import RankSampler
 from ddpdoctor.runtime.step_timing import gpu_uuid, run_steps
@@ -56,7 +57,10 @@ class Stragglers:
             else:
                 offset = clock_offset.measure(ctx.channel.store, ctx.rank, hosts, ctx.cfg.timeout_s / 2)
         with RankSampler(gpu_uuid(ctx.device)) as sampler:
+            window = Window()
             series = run_steps(ctx)
+            # Waiting in the all-reduce is on purpose; the rest of the time the thread works.
+            contention = window.take(wait_s=sum(series.columns.comm_wait_ms) / 1e3)
         corrected = [round(a - offset.offset_s, 6) for a in series.arrival_s]
         return StragglersFacts(
             rank=ctx.rank, host=ctx.env.hostname, device=str(ctx.device), backend=ctx.backend,
@@ -65,6 +69,7 @@ class Stragglers:
             steps=series.columns, samples=series.samples, arrival_s=corrected,
             clock=ClockFacts.from_json(offset.to_json()), solo_ms=series.solo_ms, peak_mem_bytes=series.peak_mem_bytes,
             injected_ms=series.injected_ms, sampled=SampledFacts.from_json(sampler.facts()),
+            contention=contention,
         ).to_json()
 
     # -- diagnose (pure) --------------------------------------------------------

@@ -25,6 +25,7 @@ from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
+from ddpdoctor.probes.stragglers.contention import Denied, denied, peer_wait_pct
 from ddpdoctor.probes.stragglers.facts import SampledFacts, StragglersFacts, Summary
 
 NAME = "stragglers"
@@ -326,8 +327,10 @@ def diagnose_stragglers(facts: ByRank, run: RunView) -> list[Finding]:
     uneven_batch = {r for f in findings if f.code == "STR003" for r in f.ranks}
     slow = [r for r, s in sorted(scores.ranks.items())
             if _persistent(s, scores.threshold_pct) and r not in uneven_batch and _excess(scores, r)["work"] > 0]
+    starved = _denied_cpu(facts, scores, uneven_batch)
+    slow = sorted(set(slow) | set(starved))
     for r in slow:
-        findings.append(_straggler(facts, scores, run, r))
+        findings.append(_starved(scores, run, starved[r]) if r in starved else _straggler(facts, scores, run, r))
     intermittent = [r for r, s in sorted(scores.ranks.items()) if r not in slow and r not in uneven_batch
                     and sum(p >= INTERMITTENT_TIMES * scores.threshold_pct for p in s.window_pct) >= 2]
     if intermittent:
@@ -336,6 +339,54 @@ def diagnose_stragglers(facts: ByRank, run: RunView) -> list[Finding]:
     if not any(f.severity >= Severity.WARN for f in findings):
         findings.insert(0, _all_clear(scores, run))
     return findings
+
+
+def _peer_waits(facts: ByRank, scores: Scores) -> dict[int, float]:
+    """Per rank, how long its peers waited for it in the all-reduce, as % of the step time."""
+    n = scores.steps
+    waits = {r: _floats(facts[r].steps.comm_wait_ms)[:n] for r in scores.ranks}
+    steps = [_median([float(facts[r].steps.step_ms[i]) for r in scores.ranks]) for i in range(n)]
+    return {r: peer_wait_pct(waits, steps, r, scores.peers(r)) for r in scores.ranks}
+
+
+def _denied_cpu(facts: ByRank, scores: Scores, skip: set[int]) -> dict[int, tuple[Denied, float, float]]:
+    """Ranks denied the CPU (stragglers/contention.py) that their peers wait for: (why, the peers'
+    wait for it and the median of that over its peers, in % of the step time)."""
+    contention = {r: facts[r].contention for r in scores.ranks}
+    if sum(c is not None for c in contention.values()) < 2:
+        return {}
+    waited = _peer_waits(facts, scores)
+    out = {}
+    for r in sorted(scores.ranks):
+        if r in skip:
+            continue
+        why = denied(contention, r, scores.peers(r))
+        usual = _median([waited[p] for p in scores.peers(r)])
+        if why is not None and waited[r] - usual >= scores.threshold_pct:
+            out[r] = (why, waited[r], usual)
+    return out
+
+
+def _starved(scores: Scores, run: RunView, found: tuple[Denied, float, float]) -> Finding:
+    """STR001 for a rank its peers wait for because it did not get the CPU: the cause named."""
+    why, waited, usual = found
+    rank = why.rank
+    s = scores.ranks[rank]
+    step = _median([p.step_ms for p in scores.ranks.values()])
+    return codes.finding(
+        "STR001", NAME,
+        (f"Rank {rank} on {s.host} is a straggler: its peers wait for it {waited:.0f}% of every step ({why.cause}): "
+         f"{why.sentence}"),
+        severity=Severity.CRITICAL if waited >= 50 else Severity.WARN, ranks=(rank,), nodes=run.nodes_of([rank]),
+        evidence={"cause": why.cause, "where": why.sentence,
+                  "measured": (f"over {scores.steps} steps its peers waited for it in the gradient all-reduce "
+                               f"{waited:.1f}% of the step time (the median rank is waited for {usual:.1f}%); "
+                               f"it lost {why.lost_pct:g}% of the wall time off a CPU, its peers "
+                               f"{why.peers_lost_pct:g}%"),
+                  "peers_wait_pct_of_step": round(waited, 1),
+                  "cost_ms_per_step": round(waited * step / 100.0, 2), "median_step_ms": round(step, 2),
+                  "per_rank": _table(scores), **why.evidence},
+        fix=why.fix)
 
 
 def _table(scores: Scores) -> dict[int, str]:

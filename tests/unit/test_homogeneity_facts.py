@@ -210,7 +210,7 @@ def test_collect_writes_the_dict_it_always_wrote(monkeypatch, fixture, load_star
     steps = [SimpleNamespace(step_ms=v, forward_ms=v / 3) for v in (11.0, 12.0, 13.0)]
     monkeypatch.setattr(probe_module, "read_device_facts", lambda d: copy.deepcopy(device))
     monkeypatch.setattr(probe_module, "read_gpu_state", lambda uuid: copy.deepcopy(state) if uuid else {})
-    monkeypatch.setattr(probe_module, "_measure_matmul", lambda ctx: MATMUL)
+    monkeypatch.setattr(probe_module, "_measure_matmul", lambda ctx: (MATMUL, None))
     monkeypatch.setattr(probe_module, "run_workload", lambda ctx: SimpleNamespace(steps=steps))
     monkeypatch.setattr(probe_module, "_foreign_load",
                         lambda ctx: HostLoadFacts.from_json(load) if load is not None else None)

@@ -1,0 +1,118 @@
+"""A rank denied the CPU: who its peers wait for, and why it did not run. Pure; shared by the
+`stragglers` probe, the default check's speed comparison (homogeneity) and the training callback.
+
+Why a verdict of its own: a rank that shares its core with another process, sits in a throttled
+cgroup or is stopped from outside computes as fast as ever whenever it runs, so its best-case
+timings (a best round, a low quantile of its steps) match its peers'. What it loses is wall time
+off the CPU, which the kernel counts (measure/contention.py), and what that costs the job is
+the time its peers wait for it in the collectives. Both must point at the same rank:
+- its share of the wall time denied a CPU (run delay, a spent quota, stopped) exceeds its
+  peers' median by LOST_GAP_PTS (ranks that time-share cores evenly lose alike: no verdict);
+- its peers wait for it (measured by the caller: the comm wait, or the throughput it got).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from ddpdoctor.measure.contention import ContentionFacts, lost_cpu, summary
+
+# Percentage points of the wall time more than the median of its peers lost. Healthy ranks on the
+# 2-core VM, 2 and 4 of them, differ by under 8 points (benchmarks/stragglers_detection.py).
+LOST_GAP_PTS = 15.0
+MIN_LOST_PCT = 15.0
+
+FIX = {
+    "CPU contention": ("Give each rank cores nothing else runs on: pin the ranks (`srun --cpu-bind=cores`, `taskset`, "
+                       "`numactl`) away from other work, lower DataLoader num_workers to the cores the node has "
+                       "spare, and stop or move the other process (`top`, `ps -eo pid,psr,pcpu,comm`)."),
+    "CPU quota": ("Check the cgroup CPU quota of the rank's container or job (cgroup v2 `cpu.max`, v1 "
+                  "`cpu.cfs_quota_us`/`cpu.cfs_period_us`; `--cpus` of docker, a pod's CPU limit, Slurm's "
+                  "--cpus-per-task): it must cover the rank's threads and DataLoader workers."),
+    "stopped from outside": ("Find what stops the rank: a scheduler's suspend or preemption, a debugger or profiler "
+                             "attaching, a cgroup freezer (`grep State /proc/PID/status`, `dmesg`), and memory "
+                             "pressure that makes it page (`vmstat 1`: si/so, majflt)."),
+}
+
+
+@dataclass
+class Denied:
+    rank: int
+    cause: str  # a key of FIX
+    lost_pct: float
+    peers_lost_pct: float
+    sentence: str  # "rank 1 waited for a CPU 48% of the time ...: another process (pid N, name) runs on its core"
+    fix: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _who(f: ContentionFacts) -> str:
+    if not f.corunners:
+        steal = f" (steal {f.steal_pct:g}% of its CPUs: the hypervisor's other guests)" if f.steal_pct else ""
+        return f"something not visible from here runs on its CPUs{steal}"
+    first = f.corunners[0]
+    where = "core" if f.cpus and "," not in f.cpus and "-" not in f.cpus else "CPUs"
+    others = (f", and {len(f.corunners) - 1} more" if len(f.corunners) > 1 else "")
+    return (f"another process (pid {first.pid}, {first.name}) runs on its {where} ({first.cpu_pct:.0f}% of a CPU)"
+            f"{others}")
+
+
+def classify(rank: int, f: ContentionFacts, peers_lost: float) -> Optional[Denied]:
+    """The cause of the CPU time `f` lost, as a sentence; None when it lost little."""
+    lost = lost_cpu(f)
+    if lost is None or lost < MIN_LOST_PCT:
+        return None
+    throttled, delay = f.throttled_pct or 0.0, f.run_delay_pct or 0.0
+    if throttled >= 0.5 * lost:
+        cause = "CPU quota"
+        quota = f" of {f.cpu_quota:.2g} CPUs" if f.cpu_quota else ""
+        detail = f"its cgroup's CPU quota{quota} was spent and it was throttled {throttled:.0f}% of the time"
+    elif delay >= 0.5 * lost:
+        cause = "CPU contention"
+        detail = _who(f)
+    else:
+        cause = "stopped from outside"
+        detail = (f"it was off a CPU {f.off_cpu_pct or 0:.0f}% of its working time without waiting for one "
+                  f"(run delay {delay:.0f}%): stopped (SIGSTOP, preemption, a frozen cgroup) or paging")
+    sentence = f"rank {rank} waited for a CPU {lost:.0f}% of the time (its peers {peers_lost:.0f}%): {detail}"
+    if cause == "stopped from outside":
+        sentence = f"rank {rank} lost {lost:.0f}% of the time off a CPU (its peers {peers_lost:.0f}%): {detail}"
+    return Denied(rank=rank, cause=cause, lost_pct=round(lost, 1), peers_lost_pct=round(peers_lost, 1),
+                  sentence=sentence, fix=FIX[cause], evidence={"contention": summary(f)})
+
+
+def denied(contention: Mapping[int, Optional[ContentionFacts]], rank: int,
+           peers: Sequence[int]) -> Optional[Denied]:
+    """This rank lost LOST_GAP_PTS more of its time off a CPU than the median of its peers."""
+    me = contention.get(rank)
+    theirs = [lost_cpu(c) for p in peers if (c := contention.get(p)) is not None]
+    known = [v for v in theirs if v is not None]
+    if me is None or not known:
+        return None
+    lost, peers_lost = lost_cpu(me), _median(known)
+    if lost is None or lost - peers_lost < LOST_GAP_PTS:
+        return None
+    found = classify(rank, me, peers_lost)
+    if found is not None:
+        found.evidence["lost_cpu_pct_by_rank"] = {
+            r: (None if c is None else lost_cpu(c)) for r, c in sorted(contention.items())}
+    return found
+
+
+def peer_wait_pct(waits: Mapping[int, Sequence[float]], steps: Sequence[float], rank: int,
+                  peers: Sequence[int]) -> float:
+    """How long its peers waited for this rank in the collectives, as % of the step time: per
+    step, the median of the peers' waits minus its own wait (the last to arrive waits least),
+    summed over the steps (contention comes in bursts: a median step would hide it)."""
+    total = sum(steps)
+    if not peers or total <= 0:
+        return 0.0
+    n = min([len(waits[rank])] + [len(waits[p]) for p in peers])
+    extra = sum(max(0.0, _median([waits[p][i] for p in peers]) - waits[rank][i]) for i in range(n))
+    return 100.0 * extra / total
