@@ -1,0 +1,165 @@
+"""A rank denied the CPU: the readings (measure/contention.py), the verdict shared by the three
+places that judge stragglers (probes/stragglers/contention.py), its row in the callback's gather,
+and the outside faults' helper, which never outlives its target."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from ddpdoctor.callback.online_checks import merge_contention
+from ddpdoctor.callback.row import GatheredRow, contention_fields, pack, unpack
+from ddpdoctor.core.errors import UsageError
+from ddpdoctor.core.faults import parse_faults
+from ddpdoctor.measure.contention import ContentionFacts, Corunner, Window, cpu_list, lost_cpu
+from ddpdoctor.probes.stragglers.contention import LOST_GAP_PTS, classify, denied, peer_wait_pct
+from ddpdoctor.runtime import outside_faults
+
+
+def _facts(delay: float, off: float = 0.0, throttled: float = 0.0, corunners=()) -> ContentionFacts:
+    return ContentionFacts(wall_s=2.0, run_delay_pct=delay, off_cpu_pct=off, throttled_pct=throttled, cpus="1",
+                           corunners=list(corunners))
+
+
+def test_a_busy_thread_reads_its_cpu_time_and_a_sleeping_one_does_not_count_as_off_cpu():
+    window = Window(corunners="never")
+    end = time.perf_counter() + 0.2
+    while time.perf_counter() < end:
+        pass
+    busy = window.take(wait_s=0.0)
+    time.sleep(0.2)
+    idle = window.take(wait_s=0.2)  # it waited on purpose the whole window
+    assert busy.cpu_pct is not None and busy.cpu_pct > 20 and busy.wall_s >= 0.2
+    assert idle.cpu_pct is not None and idle.cpu_pct < busy.cpu_pct
+    assert idle.off_cpu_pct is not None and idle.off_cpu_pct < 20
+    assert cpu_list(frozenset({0, 1, 2, 5})) == "0-2,5" and cpu_list(frozenset({3})) == "3"
+
+
+def test_lost_is_the_largest_of_run_delay_throttling_and_off_cpu_work():
+    assert lost_cpu(_facts(10, 40, 5)) == 40 and lost_cpu(ContentionFacts()) is None
+
+
+@pytest.mark.parametrize("facts, cause, said", [
+    (_facts(48, corunners=[Corunner(pid=77, name="busy", cpu_pct=60.0)]), "CPU contention",
+     "another process (pid 77, busy) runs on its core"),
+    (_facts(60, 55, 58), "CPU quota", "CPU quota"),
+    (_facts(2, 35), "stopped from outside", "stopped"),
+])
+def test_the_cause_is_named_from_what_the_kernel_counted(facts, cause, said):
+    found = classify(1, facts, peers_lost=3.0)
+    assert found is not None and found.cause == cause and said in found.sentence, found
+    assert found.sentence.startswith("rank 1 ") and found.fix
+
+
+def test_ranks_that_time_share_cores_evenly_are_not_denied_and_one_that_loses_more_is():
+    even = {r: _facts(48 + r) for r in range(4)}
+    assert all(denied(even, r, [p for p in even if p != r]) is None for r in even)
+    one = {0: _facts(5), 1: _facts(5 + LOST_GAP_PTS + 10), 2: _facts(6)}
+    assert denied(one, 1, [0, 2]) is not None and denied(one, 0, [1, 2]) is None
+
+
+def test_the_peers_wait_for_the_rank_that_arrives_last():
+    waits = {0: [3.0, 4.0, 0.1], 1: [0.1, 0.2, 0.1]}
+    steps = [5.0, 5.0, 5.0]
+    assert peer_wait_pct(waits, steps, 1, [0]) == pytest.approx(100 * (2.9 + 3.8) / 15)
+    assert peer_wait_pct(waits, steps, 0, [1]) == 0.0
+
+
+def test_the_row_carries_the_reading_and_rank_0_reads_it_back():
+    reading = _facts(40, 12, corunners=[Corunner(pid=os.getpid(), name="x", cpu_pct=50.0)])
+    row = GatheredRow(rank=1, steps_done=20, step_ms=[1.0], data_ms=[0.0], wait_ms=[0.5], samples=[32.0],
+                      **contention_fields(reading))
+    back = unpack(pack(row, 4))
+    assert back == row
+    window = back.to_window(os.uname().nodename)
+    assert window.contention is not None and window.contention["run_delay_pct"] == 40
+    assert window.contention["corunners"][0]["pid"] == os.getpid()
+    assert window.contention["corunners"][0]["name"] == psutil.Process().name()  # named where the pid means something
+    unread = GatheredRow(rank=0, steps_done=1, step_ms=[1.0], data_ms=[0.0], wait_ms=[0.0], samples=[0.0])
+    assert unpack(pack(unread, 2)).to_window("h").contention is None
+
+
+def test_windows_merge_weighted_by_their_wall_time():
+    a = {"wall_s": 1.0, "run_delay_pct": 10.0, "corunners": [{"pid": 1}]}
+    b = {"wall_s": 3.0, "run_delay_pct": 50.0, "corunners": []}
+    merged = merge_contention(a, b)
+    assert merged is not None and merged["run_delay_pct"] == 40.0 and merged["wall_s"] == 4.0
+    assert merged["corunners"] == [{"pid": 1}] and merge_contention(None, b) == b
+
+
+def test_the_outside_faults_grammar():
+    hog, quota, stop, mem = parse_faults("hog:rank=1,quota:rank=0:pct=30,preempt:rank=1:pct=20,mempressure:rank=1:mb=64")
+    assert (hog.kind, hog.pct, quota.pct, stop.pct, mem.mb) == ("hog", None, 30.0, 20.0, 64.0)
+    assert quota.describe() == "quota:rank=0:pct=30" and mem.describe() == "mempressure:rank=1:mb=64"
+    for bad in ("quota:rank=1", "preempt:rank=1:pct=0", "hog:rank=1:pct=x", "mempressure:rank=1"):
+        with pytest.raises(UsageError):
+            parse_faults(bad)
+
+
+def _target() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+
+
+def _gone(pid: int, within_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("kind", ["hog", "preempt", "mempressure"])
+def test_a_helper_never_outlives_its_target_even_when_the_target_is_killed(kind):
+    target = _target()
+    try:
+        made = outside_faults.start(kind, target.pid, pct=50, mb=16)
+        helper = psutil.Process(made.pid)
+        children = helper.children()
+        assert helper.ppid() != os.getpid()  # detached: nobody's child but init's (or a subreaper's)
+        if kind == "hog":
+            assert [c.name() for c in children] == [outside_faults.HOG_NAME]
+            assert set(psutil.Process(target.pid).cpu_affinity()) <= set(children[0].cpu_affinity())
+        target.send_signal(signal.SIGKILL)  # a crashed rank: no chance to clean anything up
+        target.wait()
+        assert _gone(made.pid) and all(_gone(c.pid) for c in children)
+    finally:
+        if target.poll() is None:
+            target.kill()
+
+
+def test_stop_ends_the_helper_and_continues_a_stopped_target():
+    target = _target()
+    try:
+        made = outside_faults.start("preempt", target.pid, pct=90)
+        time.sleep(0.2)
+        made.stop()
+        assert _gone(made.pid)
+        time.sleep(0.05)
+        assert psutil.Process(target.pid).status() != psutil.STATUS_STOPPED
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_a_quota_is_set_and_removed_or_refused_with_the_reason():
+    target = _target()
+    try:
+        try:
+            made = outside_faults.start("quota", target.pid, pct=30)
+        except outside_faults.OutsideFaultError as exc:
+            assert "cgroup" in str(exc)  # no writable cgroup here: said so
+            return
+        path = made.note.split()[1].rstrip(":")
+        assert os.path.isdir(path) and str(target.pid) in open(os.path.join(path, "cgroup.procs")).read().split()
+        made.stop()
+        assert _gone(made.pid) and not os.path.exists(path)
+    finally:
+        target.kill()
+        target.wait()
