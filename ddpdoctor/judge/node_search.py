@@ -38,6 +38,7 @@ from typing import Callable, Optional, Sequence
 Group = tuple[str, ...]
 
 FAST, SLOW, UNSURE, MERGED = "fast", "slow", "unsure", "merged"
+ENOUGH_CONTROLS = 8  # control timings that make the healthy level without the screen's
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class SearchSettings:
     prior_weight: int = 4  # ... worth this many measured deviations
     clear_odds: float = 1e4  # evidence needed to call a group fast (clears its members)
     split_odds: float = 1e2  # evidence needed to call a group slow (split it)
-    blame_odds: float = 1e4  # evidence needed to name a single node
+    blame_odds: float = 1e5  # evidence needed to name a single node
     max_times: int = 10  # timings of one test before it is decided on the balance of evidence
     max_rounds: int = 0  # 0: 6 * ceil(log2 N) + 20
 
@@ -112,6 +113,8 @@ class NodeSearch:
         if len(names) < 4 or len(set(names)) != len(names):
             raise ValueError("the node search needs at least 4 distinct nodes (fewer: time every pair)")
         self.nodes = names
+        # A majority of the nodes must be healthy for "slow" to mean anything: at 4 nodes, one.
+        self.max_slow = min(settings.max_slow, (len(names) - 1) // 2)
         self.s = settings
         self.rounds = 0
         self.timings = 0
@@ -121,13 +124,12 @@ class NodeSearch:
         self._bootstrap: list[float] = []  # the screen's cleanest timings, until cleared groups give a level
         self._controls: list[tuple[Group, float]] = []
         self._round: list[tuple[Group, Optional[_Test]]] = []
-        pair_screen = len(names) < 2 * (2 * settings.max_slow + 1)
+        pair_screen = len(names) < 2 * (2 * self.max_slow + 1)
         screen = _all_pairs(names) if pair_screen else _split(names, min(settings.screen_groups, len(names) // 2))
         self._tests = [_Test(g) for g in screen]
         self._screen_size = len(self._tests)
-        self._spoilable = (_pairs_touching(len(names), settings.max_slow) if pair_screen else settings.max_slow)
-        n = len(names)
-        self._max_rounds = settings.max_rounds or 6 * math.ceil(math.log2(n)) + 20
+        self._spoilable = _pairs_touching(len(names), self.max_slow) if pair_screen else self.max_slow
+        self._max_rounds = settings.max_rounds or 6 * math.ceil(math.log2(len(names))) + 20
 
     @property
     def done(self) -> bool:
@@ -181,12 +183,12 @@ class NodeSearch:
         level = math.exp(self._level()) if self._bootstrap else 0.0
         named = [t for t in self._tests if len(t.suspects) == 1 and t.verdict == SLOW]
         unsure = [t for t in self._tests if len(t.suspects) == 1 and t.verdict in (UNSURE, "") and t.logs]
-        if self.stopped == "widespread" or len(named) > self.s.max_slow:
-            self.stopped = "widespread"
-            unsure, named = unsure + named, []
+        stopped = self.stopped or "running"
+        if stopped == "widespread" or len(named) > self.max_slow:
+            stopped, unsure, named = "widespread", unsure + named, []
         return SearchResult(slow=[self._evidence(t, level) for t in named],
                             unsure=[self._evidence(t, level) for t in unsure],
-                            stopped=self.stopped or "running", rounds=self.rounds, timings=self.timings,
+                            stopped=stopped, rounds=self.rounds, timings=self.timings,
                             groups=len(self._seen), healthy_busbw=level)
 
     # -- deciding
@@ -197,24 +199,34 @@ class NodeSearch:
             if test.logs:
                 test.verdict = self._verdict(test, level, sigma)
                 if test.verdict == FAST:
-                    self._clear(set(test.suspects))
+                    self.cleared.update(test.suspects)
                 elif test.verdict == SLOW and len(test.suspects) > 1:
                     test.sure = self._odds(test, level, sigma) <= -math.log(self.s.clear_odds)
                     self._split_test(test)
         self._narrow()
-        if self._slow_sets() > 2 * self.s.max_slow:
+        if not self._pending():
+            self._recheck(level, sigma)
+        if self._slow_sets() > 2 * self.max_slow:
             self.stopped = "widespread"
         elif not self._pending():
             self.stopped = "done"
         elif self.rounds >= self._max_rounds:
             self.stopped = "rounds"
 
+    def _recheck(self, level: float, sigma: float) -> None:
+        """Before the end, every node about to be named is weighed again against the level as
+        it now stands (read from more timings than when it was judged); one that no longer
+        passes is timed again."""
+        for test in self._tests:
+            if test.verdict == SLOW and len(test.suspects) == 1 and self._verdict(test, level, sigma) != SLOW:
+                test.verdict = ""
+
     def _narrow(self) -> None:
         """A suspect cleared elsewhere is no longer suspected in any other test: a slow group's
         slow node is among its members not cleared. A narrowed test with the suspects of another
         is dropped ("merged") where other tests hold all its suspects, so a node is judged by one
-        test at a time; a narrowed slow one is split
-        again, or, down to one node, timed until that node is confirmed or cleared."""
+        test at a time; a narrowed slow one is split again, or, down to one node, timed until
+        that node is confirmed or cleared."""
         live = [t for t in self._tests if t.verdict not in (FAST, MERGED)]
         changed: list[_Test] = []
         for test in live:
@@ -244,25 +256,23 @@ class NodeSearch:
         blame = self.s.blame_odds if single else self.s.split_odds
         if odds <= -math.log(blame) and (not single or self._confirmed(test)):
             return SLOW
-        if k >= self.s.max_times:
-            if single:
-                return UNSURE
-            return SLOW if odds < 0 else FAST
+        if k >= self.s.max_times:  # on the balance of evidence; a node that leans slow is unsure, not named
+            return FAST if odds >= 0 else UNSURE if single else SLOW
         return ""
 
     def _odds(self, test: _Test, level: float, sigma: float) -> float:
-        """Log-odds, over every timing of the test, of "healthy" (log busbw about `level`) over
-        "`slow_factor` slower", each a normal of sd `sigma`."""
+        """Log-odds, from the mean of the test's timings, of "healthy" (log busbw about `level`)
+        over "`slow_factor` slower". The mean's variance is the timings' own (sigma^2 / k) plus
+        the level's, a median of n reference timings (pi/2 sigma^2 / n): a level read from
+        few timings early in the search asks for more evidence, not less."""
         gap = math.log(self.s.slow_factor)
         mean = statistics.fmean(test.logs) - level
-        return len(test.logs) * gap * (mean + gap / 2) / (sigma * sigma)
+        variance = sigma * sigma * (1 / len(test.logs) + math.pi / 2 / len(self._reference()))
+        return gap * (mean + gap / 2) / variance
 
     def _confirmed(self, test: _Test) -> bool:
-        partners = {g for g in test.groups}
-        return len(test.logs) >= self.s.confirm and (len(partners) >= 2 or len(self.cleared) < 2)
-
-    def _clear(self, nodes: set[str]) -> None:
-        self.cleared |= nodes
+        """Timed `confirm` times, beside two different partners at least (where there are two)."""
+        return len(test.logs) >= self.s.confirm and (len(set(test.groups)) >= 2 or len(self.cleared) < 2)
 
     def _split_test(self, test: _Test) -> None:
         known = {frozenset(t.suspects) for t in self._tests if t.verdict != MERGED}
@@ -289,20 +299,23 @@ class NodeSearch:
 
     # -- the healthy level and the noise
 
-    def _clean_logs(self) -> list[float]:
-        """Timings of groups every member of which is now cleared: what healthy nodes carry."""
-        logs = [log for g, log in self._controls]
-        for test in self._tests:
-            logs += [log for g, log in zip(test.groups, test.logs) if self.cleared.issuperset(g)]
-        return logs
+    def _reference(self) -> list[float]:
+        """What healthy nodes carry, from timings chosen before they were seen: the screen's
+        first timings less the `max_slow` groups' worth that may hold a slow node, and every
+        control (a group of cleared nodes). A test's own timings are not used: the tests
+        cleared first are the ones that happened to time fast, and would lift the level; the
+        screen's, trimmed of its lowest, lifts it a little too, so it is left out once there
+        are enough controls."""
+        controls = [log for _, log in self._controls]
+        return controls if len(controls) >= ENOUGH_CONTROLS else self._bootstrap + controls
 
     def _level(self) -> float:
-        clean = self._clean_logs()
-        return statistics.median(clean if len(clean) >= 3 else clean + self._bootstrap)
+        return statistics.median(self._reference())
 
     def _sigma(self) -> float:
         """The noise (sd of a timing's log), pooled: each test's timings about their mean, and the
-        clean timings about the level, behind a prior worth `prior_weight` deviations."""
+        controls about the level, behind a prior worth `prior_weight` deviations. Not the screen's
+        timings: trimmed of their lowest, they spread less than timings do."""
         square = self.s.prior_weight * self.s.prior_sigma ** 2
         weight = float(self.s.prior_weight)
         for test in self._tests:
@@ -310,13 +323,9 @@ class NodeSearch:
                 mean = statistics.fmean(test.logs)
                 square += sum((x - mean) ** 2 for x in test.logs)
                 weight += len(test.logs) - 1
-        clean = self._clean_logs()
-        if len(clean) < 3:
-            clean = clean + self._bootstrap
-        if len(clean) > 1:
-            level = statistics.median(clean)
-            square += sum((x - level) ** 2 for x in clean)
-            weight += len(clean) - 1
+        level = self._level()
+        square += sum((log - level) ** 2 for _, log in self._controls)
+        weight += len(self._controls)
         return max(math.sqrt(square / weight), 0.01)
 
     # -- planning
