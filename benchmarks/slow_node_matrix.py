@@ -25,7 +25,26 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.ranks.multinode import CASES, can_shape_links, one_run  # noqa: E402
+from tests.ranks.multinode import CASES, Outcome, can_shape_links, node_pair_figures, one_run  # noqa: E402
+
+def _shares(out: Outcome, case: str) -> tuple[list[float], list[float], list[float]]:
+    """Shares of the run's fastest: each healthy node pair's, each slowed one's (through the last
+    node, or at 2 nodes the one pair), and each node's own ranks' against the fastest node's:
+    the margins the 0.5 line sits in."""
+    bw, intra = node_pair_figures(out.run)
+    inside = [v / max(intra.values()) for v in intra.values()] if len(intra) > 1 else []
+    if not bw:
+        return [], [], inside
+    best = max(bw.values())
+    last = out.run.report["nodes"][-1] if out.run.report else ""
+    slowed = [v / best for p, v in bw.items() if CASES[case] is not None and last in p]
+    healthy = [v / best for p, v in bw.items() if CASES[case] is None or last not in p] if len(bw) > 1 else []
+    return healthy, slowed if len(bw) > 1 else [], inside
+
+
+def _span(shares: list[float]) -> str:
+    return f"{min(shares):.2f}-{max(shares):.2f}" if shares else "n/a"
+
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,23 +58,31 @@ def main(argv: Optional[list[str]] = None) -> int:
     if reason is not None:
         print(f"cannot run: {reason}", file=sys.stderr)
         return 3
-    print("| nodes x ranks | link | runs | right | wrong | missed | s/run |")
-    print("|---|---|---|---|---|---|---|")
+    print("| nodes x ranks | link | runs | right | wrong | missed | healthy pairs / fastest | slowed pairs / fastest "
+          "| node inside / fastest node | s/run |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         for case in args.cases:
             for nodes_n in args.nodes:
                 for per_node in args.per_node:
                     tally = {"right": 0, "wrong": 0, "missed": 0}
+                    healthy_share, slowed_share, inside_share = [], [], []
                     start = time.perf_counter()
                     for i in range(args.runs):
                         out = one_run(Path(folder), nodes_n, per_node, case)
                         tally[out.verdict] += 1
+                        healthy, slowed, inside = _shares(out, case)
+                        healthy_share += healthy
+                        slowed_share += slowed
+                        inside_share += inside
                         if args.verbose or out.verdict != "right":
                             print(f"  {nodes_n}x{per_node} {case} run {i}: {out.verdict} {out.named} "
                                   f"{out.wall_s:.0f}s exit {out.run.codes}", file=sys.stderr)
                     per_run = (time.perf_counter() - start) / max(1, args.runs)
                     print(f"| {nodes_n} x {per_node} | {case} | {args.runs} | {tally['right']} | {tally['wrong']} | "
-                          f"{tally['missed']} | {per_run:.0f} |", flush=True)
+                          f"{tally['missed']} | {_span(healthy_share)} | {_span(slowed_share)} | {_span(inside_share)} | "
+                          f"{per_run:.0f} |",
+                          flush=True)
     return 0
 
 

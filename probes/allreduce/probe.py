@@ -274,13 +274,18 @@ def _measure_nodes(ctx: RankContext, hosts: list[str], size: int, dtype: torch.d
     with ctx.collective("localise_barrier"):
         dist.barrier()
     mine = hosts[ctx.rank]
-    if len(members[mine]) > 1:
+    own = len(members[mine]) > 1
+    if own:
         out.intra_times_s[mine] = _time_own_node(ctx, members[mine], node_groups[mine], mine, size, dtype, elem)
     # Two rounds, always: a node is blamed only on a path slow twice (its best call of both), and
     # the leader ring is n pairs in 2-3 phases, cheap beside the sweep.
     first = _time_pairs(ctx, pair_groups, size, dtype, elem, "leader_all_reduce")
     again = _time_pairs(ctx, pair_groups, size, dtype, elem, "leader_all_reduce")
     out.leader_times_s = {key: values + again.get(key, []) for key, values in first.items()}
+    if own:
+        # Each node's own ranks a second time, apart from the first: slow inside (BW004) only when
+        # slow both times (CPU ranks sharing a host's cores put one node at 40% of another once).
+        out.intra_times_s[mine] += _time_own_node(ctx, members[mine], node_groups[mine], mine, size, dtype, elem)
     with ctx.collective("localise_barrier"):
         dist.barrier()
     return out
