@@ -131,19 +131,26 @@ def _pin_target(target: int, cpu: Optional[int]) -> set[int]:
 
 
 def _child(name: str, cpus: Optional[set[int]], body: Callable[[], None]) -> int:
-    """A forked child running `body`, dying with this helper."""
+    """A forked child running `body`, dying with this helper; returns once it is named and pinned."""
+    read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
+            os.close(read)
             _die_with_parent()
             _set_name(name)
             if cpus:
                 os.sched_setaffinity(0, cpus)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, signal.SIG_DFL)
+            os.write(write, b"1")
+            os.close(write)
             body()
         finally:
             hard_exit(0)
+    os.close(write)
+    os.read(read, 1)
+    os.close(read)
     return pid
 
 

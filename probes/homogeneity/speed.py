@@ -125,8 +125,11 @@ def slow_rank_findings(facts: ByRank, run: RunView,
         else:
             pct = DEFAULT_SLOW_PCT[hardware[0]]
         limit = 1.0 - pct / 100.0
-        starved = _starved(facts, ranks, limit)
-        out += [_starved_finding(facts, run, hardware, ranks, why, got, pct) for why, got in starved.values()]
+        # A rank denied the CPU is told apart from scheduler noise by what the kernel counted
+        # (stragglers/contention.py), not by a wider margin: the ordinary threshold holds.
+        starved_pct = float(threshold_pct) if threshold_pct is not None else DEFAULT_SLOW_PCT[hardware[0]]
+        starved = _starved(facts, ranks, 1.0 - starved_pct / 100.0)
+        out += [_starved_finding(facts, run, hardware, ranks, why, got, starved_pct) for why, got in starved.values()]
         best = {r: max(_rounds(facts[r])) for r in ranks}
         scores = {r: best[r] / peers for r, peers in _median_of_others(best).items()}
         slow = sorted(r for r in ranks if scores[r] < limit and r not in starved)

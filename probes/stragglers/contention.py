@@ -23,6 +23,7 @@ from ddpdoctor.measure.contention import ContentionFacts, lost_cpu, summary
 # 2-core VM, 2 and 4 of them, differ by under 8 points (benchmarks/stragglers_detection.py).
 LOST_GAP_PTS = 15.0
 MIN_LOST_PCT = 15.0
+MIN_THROTTLED_PCT = 5.0
 
 FIX = {
     "CPU contention": ("Give each rank cores nothing else runs on: pin the ranks (`srun --cpu-bind=cores`, `taskset`, "
@@ -69,7 +70,7 @@ def classify(rank: int, f: ContentionFacts, peers_lost: float) -> Optional[Denie
     if lost is None or lost < MIN_LOST_PCT:
         return None
     throttled, delay = f.throttled_pct or 0.0, f.run_delay_pct or 0.0
-    if throttled >= 0.5 * lost:
+    if throttled >= max(MIN_THROTTLED_PCT, 0.25 * lost):  # a spent quota is the cause even with neighbours too
         cause = "CPU quota"
         quota = f" of {f.cpu_quota:.2g} CPUs" if f.cpu_quota else ""
         detail = f"its cgroup's CPU quota{quota} was spent and it was throttled {throttled:.0f}% of the time"
