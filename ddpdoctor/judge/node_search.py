@@ -113,16 +113,21 @@ class NodeSearch:
         if len(names) < 4 or len(set(names)) != len(names):
             raise ValueError("the node search needs at least 4 distinct nodes (fewer: time every pair)")
         self.nodes = names
-        # A majority of the nodes must be healthy for "slow" to mean anything: at 4 nodes, one.
-        self.max_slow = min(settings.max_slow, (len(names) - 1) // 2)
+        # Slow is relative: most pairs must be clean for "healthy" to be read from them (at 4 to 7
+        # nodes, that allows one slow node).
+        self.max_slow = settings.max_slow
+        pairs = len(names) * (len(names) - 1) // 2
+        while self.max_slow > 1 and 2 * _pairs_touching(len(names), self.max_slow) > pairs:
+            self.max_slow -= 1
         self.s = settings
         self.rounds = 0
         self.timings = 0
         self.cleared: set[str] = set()
         self.stopped = ""
         self._seen: set[Group] = set()
-        self._bootstrap: list[float] = []  # the screen's cleanest timings, until cleared groups give a level
+        self._screened = False  # every screen group timed once: a healthy level can be read
         self._controls: list[tuple[Group, float]] = []
+        self._ref: list[float] = []
         self._round: list[tuple[Group, Optional[_Test]]] = []
         pair_screen = len(names) < 2 * (2 * self.max_slow + 1)
         screen = _all_pairs(names) if pair_screen else _split(names, min(settings.screen_groups, len(names) // 2))
@@ -170,17 +175,14 @@ class NodeSearch:
         self._round = []
         self.rounds += 1
         self.timings += len(busbw)
-        screen = self._tests[:self._screen_size]
-        if not self._bootstrap and all(t.logs for t in screen):
-            ranked = sorted((t.logs[0] for t in screen), reverse=True)
-            self._bootstrap = ranked[:max(1, len(ranked) - self._spoilable)]
-        if self._bootstrap:
+        self._screened = self._screened or all(t.logs for t in self._tests[:self._screen_size])
+        if self._screened:
             self._decide()
         elif self.rounds >= self._max_rounds:
             self.stopped = "rounds"
 
     def result(self) -> SearchResult:
-        level = math.exp(self._level()) if self._bootstrap else 0.0
+        level = math.exp(self._level()) if self._screened else 0.0
         named = [t for t in self._tests if len(t.suspects) == 1 and t.verdict == SLOW]
         unsure = [t for t in self._tests if len(t.suspects) == 1 and t.verdict in (UNSURE, "") and t.logs]
         stopped = self.stopped or "running"
@@ -194,6 +196,7 @@ class NodeSearch:
     # -- deciding
 
     def _decide(self) -> None:
+        self._weigh_reference()
         level, sigma = self._level(), self._sigma()
         for test in self._pending():
             if test.logs:
@@ -256,8 +259,9 @@ class NodeSearch:
         blame = self.s.blame_odds if single else self.s.split_odds
         if odds <= -math.log(blame) and (not single or self._confirmed(test)):
             return SLOW
-        if k >= self.s.max_times:  # on the balance of evidence; a node that leans slow is unsure, not named
-            return FAST if odds >= 0 else UNSURE if single else SLOW
+        if k >= self.s.max_times:  # still not settled: cleared on a split's worth of evidence, not
+            # on a guess; else a group is split, a node left unsure (said, not named)
+            return FAST if odds >= math.log(self.s.split_odds) else SLOW if not single else UNSURE
         return ""
 
     def _odds(self, test: _Test, level: float, sigma: float) -> float:
@@ -293,21 +297,39 @@ class NodeSearch:
 
     def _pending(self) -> list[_Test]:
         """Tests still to decide; until the whole screen is timed once, only its untimed tests."""
-        if not self._bootstrap:
+        if not self._screened:
             return [t for t in self._tests if not t.logs]
         return [t for t in self._tests if not t.verdict]
 
     # -- the healthy level and the noise
 
     def _reference(self) -> list[float]:
-        """What healthy nodes carry, from timings chosen before they were seen: the screen's
-        first timings less the `max_slow` groups' worth that may hold a slow node, and every
-        control (a group of cleared nodes). A test's own timings are not used: the tests
-        cleared first are the ones that happened to time fast, and would lift the level; the
-        screen's, trimmed of its lowest, lifts it a little too, so it is left out once there
-        are enough controls."""
+        """What healthy nodes carry: the reference as last weighed (`_weigh_reference`)."""
+        return self._ref or self._base_reference()
+
+    def _base_reference(self) -> list[float]:
+        """Every control (a group of cleared nodes), and until there are enough of them the
+        screen's timings less those of the groups that may hold a slow node (the `max_slow`
+        groups, or pairs touching them, slowest on average): trimmed of its lowest, the screen
+        lifts the level a little, less the more each group was timed."""
         controls = [log for _, log in self._controls]
-        return controls if len(controls) >= ENOUGH_CONTROLS else self._bootstrap + controls
+        if len(controls) >= ENOUGH_CONTROLS:
+            return controls
+        screen = sorted(self._tests[:self._screen_size], key=lambda t: statistics.fmean(t.logs), reverse=True)
+        kept = screen[:max(1, len(screen) - self._spoilable)]
+        return [x for t in kept for x in t.logs] + controls
+
+    def _weigh_reference(self) -> None:
+        """The reference, widened to every timing of every test that leans healthy against the
+        level so far (odds >= 0). A test cleared early is one that timed fast, and would lift
+        the level alone; a test still timed is a fresh draw each round, and leaning healthy
+        leaves out only the slow draws, most of them a slow node's. Few nodes give few
+        controls, so without this a level read high from a lucky screen would never come down."""
+        self._ref = []
+        level, sigma = self._level(), self._sigma()
+        leaning = [x for t in self._tests if t.logs and t.verdict not in (SLOW, UNSURE)
+                   and self._odds(t, level, sigma) >= 0 for x in t.logs]
+        self._ref = self._base_reference() + leaning
 
     def _level(self) -> float:
         return statistics.median(self._reference())
