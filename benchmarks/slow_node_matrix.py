@@ -28,18 +28,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.ranks.multinode import CASES, Outcome, can_shape_links, node_pair_figures, one_run  # noqa: E402
 
 def _shares(out: Outcome, case: str) -> tuple[list[float], list[float], list[float]]:
-    """Shares of the run's fastest: each healthy node pair's, each slowed one's (through the last
-    node, or at 2 nodes the one pair), and each node's own ranks' against the fastest node's:
-    the margins the 0.5 line sits in."""
-    bw, intra = node_pair_figures(out.run)
+    """Shares of the fastest node pair of each view the diagnosis judges: each healthy pair's,
+    each slowed one's (through the last node), and each node's own ranks' against the fastest
+    node's: the margins the 0.5 line sits in (2 nodes have one pair: no share)."""
+    views, intra = node_pair_figures(out.run)
     inside = [v / max(intra.values()) for v in intra.values()] if len(intra) > 1 else []
-    if not bw:
-        return [], [], inside
-    best = max(bw.values())
     last = out.run.report["nodes"][-1] if out.run.report else ""
-    slowed = [v / best for p, v in bw.items() if CASES[case] is not None and last in p]
-    healthy = [v / best for p, v in bw.items() if CASES[case] is None or last not in p] if len(bw) > 1 else []
-    return healthy, slowed if len(bw) > 1 else [], inside
+    healthy: list[float] = []
+    slowed: list[float] = []
+    for view in views:
+        if len(view) < 2:
+            continue
+        best = max(view.values())
+        for pair, v in view.items():
+            (slowed if CASES[case] is not None and last in pair else healthy).append(v / best)
+    return healthy, slowed, inside
 
 
 def _span(shares: list[float]) -> str:

@@ -178,37 +178,48 @@ def node_pair_busbw(pair_bws: Iterable[Mapping[Pair, float]], hosts: Sequence[st
 
 @dataclass
 class NodeVerdict:
-    """What the node pairs say: the slow nodes (every pair they are in is slow, and some node is
-    fine), the slow paths no slow node explains, and what each was held against."""
+    """What the node pairs say: every pair of nodes' figure (its slowest view), the slow nodes
+    (every pair they are in is slow, and some node is fine), the slow paths no slow node
+    explains, and what they were held against."""
 
+    node_gbps: dict[NodePair, float] = field(default_factory=dict)
     slow_nodes: list[str] = field(default_factory=list)
     slow_paths: list[NodePair] = field(default_factory=list)
     fastest_gbps: Optional[float] = None  # the fastest node pair, where there are two or more
-    expected_gbps: dict[NodePair, float] = field(default_factory=dict)  # with nothing to compare to
+    expected_gbps: dict[NodePair, float] = field(default_factory=dict)  # what each should carry, where known
 
-    def peers_gbps(self, node_bw: Mapping[NodePair, float], node: str) -> Optional[float]:
+    def peers_gbps(self, node: str) -> Optional[float]:
         """The fastest pair of nodes that leaves `node` out: what its peers reach."""
-        others = [v for p, v in node_bw.items() if node not in p]
+        others = [v for p, v in self.node_gbps.items() if node not in p]
         return max(others) if others else None
 
 
-def judge_nodes(node_bw: Mapping[NodePair, float], kind: str,
+def judge_nodes(views: Sequence[Mapping[NodePair, float]], kind: str,
                 expected: Optional[Mapping[NodePair, float]] = None) -> NodeVerdict:
-    """A node pair is slow below SLOW_LINK_RATIO of the fastest node pair, or below FAR_BELOW of
-    what it should carry (`expected`, GB/s, where known). A node whose every pair is slow, with at
-    least two pairs and some node not slow, is the slow node; a slow pair with a healthy node at
-    each end is the path between them (with two nodes, one pair cannot tell which end is slow)."""
+    """A node pair is slow below SLOW_LINK_RATIO of the fastest node pair in a view, or below
+    FAR_BELOW of what it should carry (`expected`, GB/s, where known). Each view (the node
+    leaders' pairs, the rank ring's pairs across nodes) is judged on its own: their pairs run
+    beside different numbers of others, and on shared CPUs that alone moves them apart. A node
+    whose every pair is slow, with at least two pairs and some node not slow, is the slow node;
+    a slow pair with a healthy node at each end is the path between them (with two nodes, one
+    pair cannot tell which end is slow)."""
+    order = {h: i for i, h in enumerate(dict.fromkeys(h for view in views for p in view for h in p))}
+    node_bw: dict[NodePair, float] = {}
+    for view in views:
+        for pair, v in view.items():
+            node_bw[pair] = min(v, node_bw.get(pair, v))
+    node_bw = dict(sorted(node_bw.items(), key=lambda kv: (order[kv[0][0]], order[kv[0][1]])))
     expected = {p: v for p, v in (expected or {}).items() if p in node_bw}
-    verdict = NodeVerdict(expected_gbps=dict(expected))
+    verdict = NodeVerdict(node_gbps=node_bw, expected_gbps=dict(expected))
     if len(node_bw) >= 2:
         verdict.fastest_gbps = max(node_bw.values())
-    slow = set(below_fastest(node_bw, SLOW_LINK_RATIO[kind]))
+    slow = {p for view in views for p in below_fastest(view, SLOW_LINK_RATIO[kind])}
     slow |= {p for p, v in node_bw.items() if p in expected and v < FAR_BELOW[kind] * expected[p]}
-    nodes = list(dict.fromkeys(h for p in node_bw for h in p))
+    nodes = list(order)
     pairs_of = {h: [p for p in node_bw if h in p] for h in nodes}
     all_slow = [h for h in nodes if len(pairs_of[h]) >= 2 and all(p in slow for p in pairs_of[h])]
-    verdict.slow_nodes = sorted(all_slow, key=lambda h: max(node_bw[p] for p in pairs_of[h])) \
-        if len(all_slow) < len(nodes) else []
+    if len(all_slow) < len(nodes):
+        verdict.slow_nodes = sorted(all_slow, key=lambda h: max(node_bw[p] for p in pairs_of[h]))
     explained = set(verdict.slow_nodes)
     verdict.slow_paths = sorted((p for p in slow if not explained & set(p)), key=lambda p: (node_bw[p], p))
     return verdict

@@ -424,11 +424,12 @@ def _slow_nodes(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Findi
     intra = intra_node_busbw(facts, hosts, size)
     leader_bw = leader_pair_busbw({r: f.nodes for r, f in facts.items() if f.nodes is not None})
     ring_bw, _ = ring_pair_busbw({r: f.pairs for r, f in facts.items() if f.pairs is not None})
-    node_bw = node_pair_busbw([ring_bw, leader_bw], hosts)
+    views = [v for v in (node_pair_busbw([leader_bw], hosts), node_pair_busbw([ring_bw], hosts)) if v]
     nics = _nic_rates(facts, hosts)
-    verdict = judge_nodes(node_bw, kind, _expected_node_pairs(node_bw, nics, intra, kind))
+    node_pairs = {p for view in views for p in view}
+    verdict = judge_nodes(views, kind, _expected_node_pairs(node_pairs, nics, intra, kind))
     return (_slow_inside_node(intra, hosts, size, SLOW_LINK_RATIO[kind])
-            + _slow_between_nodes(verdict, node_bw, leader_bw, nics, hosts, size, kind))
+            + _slow_between_nodes(verdict, leader_bw, nics, hosts, size, kind))
 
 
 def _nic_rates(facts: Mapping[int, AllReduceFacts], hosts: Sequence[str]) -> dict[str, tuple[str, int]]:
@@ -441,16 +442,16 @@ def _nic_rates(facts: Mapping[int, AllReduceFacts], hosts: Sequence[str]) -> dic
     return out
 
 
-def _expected_node_pairs(node_bw: Mapping[NodePair, float], nics: Mapping[str, tuple[str, int]],
+def _expected_node_pairs(node_pairs: set[NodePair], nics: Mapping[str, tuple[str, int]],
                          intra: Mapping[str, float], kind: str) -> dict[NodePair, float]:
     """What each node pair should carry, GB/s: the slower declared NIC rate of its ends (a 2-rank
     all-reduce's busbw is the bytes each rank sends per second). With one node pair on CPU ranks,
     also what the nodes' own ranks reach among themselves: the only figure to hold it against
     there (on GPUs NVLink is far faster than any NIC, so never then). The lower figure wins."""
     out: dict[NodePair, float] = {}
-    for pair in node_bw:
+    for pair in node_pairs:
         figures = [nics[h][1] / 8000 for h in pair if h in nics]
-        if kind == "cpu" and len(node_bw) == 1:
+        if kind == "cpu" and len(node_pairs) == 1:
             own = [intra[h] for h in pair if h in intra]
             figures += [max(own)] if own else []
         if figures:
@@ -480,11 +481,11 @@ def _nic_said(host: str, nics: Mapping[str, tuple[str, int]]) -> str:
     return f"its NIC {name} declares {mbps / 1000:g} Gb/s ({mbps / 8000:.3g} GB/s)"
 
 
-def _slow_between_nodes(verdict: NodeVerdict, node_bw: Mapping[NodePair, float], leader_bw: Mapping[Pair, float],
-                        nics: Mapping[str, tuple[str, int]], hosts: Sequence[str], size: int,
-                        kind: str) -> list[Finding]:
+def _slow_between_nodes(verdict: NodeVerdict, leader_bw: Mapping[Pair, float], nics: Mapping[str, tuple[str, int]],
+                        hosts: Sequence[str], size: int, kind: str) -> list[Finding]:
     """BW005: a node whose every path to the others is slow (named alone), or a slow path between
     two nodes that are fine elsewhere (both named: one pair cannot tell which end is slow)."""
+    node_bw = verdict.node_gbps
     evidence: dict[str, Any] = {
         "node_pair_busbw_gbps": {f"{a}-{b}": round(v, 3) for (a, b), v in node_bw.items()},
         "leader_pair_busbw_gbps": {f"{hosts[a]}-{hosts[b]}": round(v, 3) for (a, b), v in sorted(leader_bw.items())},
@@ -498,7 +499,7 @@ def _slow_between_nodes(verdict: NodeVerdict, node_bw: Mapping[NodePair, float],
     out = []
     for node in verdict.slow_nodes:
         own = max(v for p, v in node_bw.items() if node in p)
-        peers = verdict.peers_gbps(node_bw, node)
+        peers = verdict.peers_gbps(node)
         out.append(codes.finding(
             "BW005", NAME,
             (f"Slow node {node}: its network reaches at best {own:.3g} GB/s to any other node, where its peers "

@@ -303,9 +303,10 @@ def judge(run: NodesRun, hosts: list[str], case: str) -> tuple[str, list[str]]:
     return ("right" if right else "missed"), named
 
 
-def node_pair_figures(run: NodesRun) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
-    """Every node pair's busbw (GB/s) as the diagnosis reads it, from the report's raw timings, and
-    each node's own ranks' busbw among themselves (nodes of one rank have none)."""
+def node_pair_figures(run: NodesRun) -> tuple[list[dict[tuple[str, str], float]], dict[str, float]]:
+    """Every node pair's busbw (GB/s) in each view the diagnosis judges (the node leaders', the
+    rank ring's pairs across nodes), from the report's raw timings, and each node's own ranks'
+    busbw among themselves (nodes of one rank have none)."""
     from ddpdoctor.probes.allreduce.facts import AllReduceFacts
     from ddpdoctor.probes.allreduce.localise import (
         intra_node_busbw, leader_pair_busbw, node_pair_busbw, ring_pair_busbw)
@@ -314,11 +315,12 @@ def node_pair_figures(run: NodesRun) -> tuple[dict[tuple[str, str], float], dict
     facts = {int(r): AllReduceFacts.from_json(f) for r, f in ((probe or {}).get("facts") or {}).items()}
     part = next((f.nodes for f in facts.values() if f.nodes is not None and f.nodes.node_of_rank), None)
     if part is None:
-        return {}, {}
+        return [], {}
     ring, _ = ring_pair_busbw({r: f.pairs for r, f in facts.items() if f.pairs is not None})
     leaders = leader_pair_busbw({r: f.nodes for r, f in facts.items() if f.nodes is not None})
-    return (node_pair_busbw([ring, leaders], part.node_of_rank),
-            intra_node_busbw(facts, part.node_of_rank, int(part.size_bytes)))
+    hosts = part.node_of_rank
+    return ([node_pair_busbw([leaders], hosts), node_pair_busbw([ring], hosts)],
+            intra_node_busbw(facts, hosts, int(part.size_bytes)))
 
 
 def one_run(tmp: Path, nodes_n: int, per_node: int, case: str, timeout_s: float = 240) -> Outcome:

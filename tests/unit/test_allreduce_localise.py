@@ -89,7 +89,7 @@ def test_the_median_rule_missed_it_and_the_fastest_rule_does_not():
     bw = {("n0", "n1"): 1.5, ("n1", "n2"): 0.023, ("n0", "n2"): 0.023}
     assert busbw.slowest_link({(0, 1): 1.5, (1, 2): 0.023, (0, 2): 0.023}, threshold=0.5) == []
     assert sorted(below_fastest(bw, 0.5)) == [("n0", "n2"), ("n1", "n2")]
-    verdict = judge_nodes(bw, "cpu")
+    verdict = judge_nodes([bw], "cpu")
     assert verdict.slow_nodes == ["n2"] and verdict.slow_paths == []
 
 
