@@ -11,18 +11,23 @@ node, so they run at the same time: a round costs one group timing, however many
 
 Noise is the hard part: a busy host or a shared switch slows a timing by tens of percent, and
 a slow node may be only twice as slow. So nothing is decided from one timing: each test (the
-same suspects, timed round after round) is a sequential probability ratio test between
-"healthy" (the level of groups of cleared nodes) and "at least `slow_factor` slower", on the
-logarithm of busbw, with the noise estimated from the timings themselves. A test that is not
-yet decisive is simply timed again in the next round, beside the other work. A test is decided
-fast only on strong evidence (a missed slow node is the worse error), a group is split on
-weaker evidence (a false alarm costs a round, no blame), and a node is named only on strong
-evidence from at least `confirm` timings with at least two different partners.
+same suspects, timed round after round) is a sequential probability ratio test, on the
+logarithm of busbw, between "healthy" and "at least `slow_factor` slower", with the noise
+estimated from the timings themselves. A test that is not yet decisive is simply timed again
+in the next round, beside the other work. A group is cleared only on strong evidence (a missed
+slow node is the worse error), split on weaker evidence (a false alarm costs a round, no
+blame), and a node is named only on strong evidence from at least `confirm` timings beside at
+least two different partners, weighed once more against the final level before the end. A
+test still unsettled after `max_times` timings is cleared only on a split's worth of evidence,
+else split, or, for a single node, left unsure: said, never named.
 
-Below 2 x (2 x max_slow + 1) nodes the screen is every pair (round-robin, disjoint pairs per
-round), so that a majority of the screen is clean whatever the slow nodes are; above it, the
-screen is `screen_groups` groups. More slow groups than `max_slow` at once is not a node's
-fault (a fabric, a switch, everything busy): the search stops and names none ("widespread").
+"Healthy" is relative, read from the timings themselves: pairs of cleared nodes timed beside
+the tests (controls), the screen less the groups that may hold a slow node, and every timing of
+a test that leans healthy so far. So most of the screen must be clean: from 8 nodes the search
+takes up to `max_slow` slow nodes, below that one. Below 2 x (2 x max_slow + 1) nodes the
+screen is every pair (round-robin, disjoint pairs per round); above it, `screen_groups`
+groups. More slow nodes than `max_slow` (or more than twice as many slow groups at once) is not
+one node's fault (a switch, a rack, the fabric): the search stops as "widespread" and names none.
 
 Pure, no torch: a planner driven by whoever times the groups (the allreduce probe on real
 ranks; the unit tests and benchmarks/node_search_sim.py on a timing model).
@@ -164,8 +169,10 @@ class NodeSearch:
         """Each planned group's measured busbw (or 1/time), in plan order."""
         if len(busbw) != len(self._round):
             raise ValueError(f"{len(busbw)} figures for {len(self._round)} groups")
+        if not all(math.isfinite(v) and v > 0 for v in busbw):
+            raise ValueError("a group's busbw must be a positive number (one that did not finish has none)")
         for (group, test), value in zip(self._round, busbw):
-            log = math.log(max(float(value), 1e-300))
+            log = math.log(value)
             self._seen.add(group)
             if test is None:
                 self._controls.append((group, log))

@@ -140,3 +140,5 @@ def test_bad_use_is_refused() -> None:
         search.record([1.0] * (len(groups) - 1))
     with pytest.raises(RuntimeError):
         search.plan()
+    with pytest.raises(ValueError):
+        search.record([0.0] * len(groups))
