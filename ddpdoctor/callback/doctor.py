@@ -441,6 +441,7 @@ class Doctor:
             return
         self._closed = True
         self._stop.set()
+        self._cpu.close()
         atexit.unregister(self.close)
         self._publish_left()
         if not self._dp_done and self._steps:

@@ -40,6 +40,7 @@ class GatheredRow:
     wall_s: Optional[float] = None
     run_delay_pct: Optional[float] = None
     off_cpu_pct: Optional[float] = None
+    stopped_pct: Optional[float] = None
     throttled_pct: Optional[float] = None
     steal_pct: Optional[float] = None
     cpu_quota: Optional[float] = None
@@ -65,7 +66,7 @@ class GatheredRow:
         if self.wall_s is None:
             return None
         facts = ContentionFacts(wall_s=self.wall_s, run_delay_pct=self.run_delay_pct, off_cpu_pct=self.off_cpu_pct,
-                                throttled_pct=self.throttled_pct, steal_pct=self.steal_pct, cpu_quota=self.cpu_quota)
+                                stopped_pct=self.stopped_pct, throttled_pct=self.throttled_pct, steal_pct=self.steal_pct, cpu_quota=self.cpu_quota)
         if self.corunner_pid is not None:
             facts.corunners = [Corunner(pid=self.corunner_pid, name=process_name(self.corunner_pid, host),
                                         cpu_pct=self.corunner_cpu_pct or 0.0)]
@@ -76,7 +77,7 @@ def contention_fields(c: ContentionFacts) -> dict[str, Any]:
     """A window's contention reading as the row's scalars (the gather carries numbers only)."""
     top = c.corunners[0] if c.corunners else None
     return {"wall_s": c.wall_s, "run_delay_pct": c.run_delay_pct, "off_cpu_pct": c.off_cpu_pct,
-            "throttled_pct": c.throttled_pct, "steal_pct": c.steal_pct, "cpu_quota": c.cpu_quota,
+            "stopped_pct": c.stopped_pct, "throttled_pct": c.throttled_pct, "steal_pct": c.steal_pct, "cpu_quota": c.cpu_quota,
             "corunner_pid": None if top is None else top.pid, "corunner_cpu_pct": None if top is None else top.cpu_pct}
 
 

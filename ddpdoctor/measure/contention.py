@@ -15,6 +15,7 @@ rank's work; what they mean is judged in `lost_cpu` and by the probes.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -61,6 +62,7 @@ class ContentionFacts(Facts):
     # Of the wall time, how much of its own work (compute: time it never waits on purpose) it spent
     # off a CPU: run delay, a spent quota, or stopped from outside (which no other counter sees).
     off_cpu_pct: Optional[float] = None
+    stopped_pct: Optional[float] = None  # the whole process stopped (SIGSTOP, a frozen cgroup): `StopClock`
     nonvoluntary_per_s: Optional[float] = None
     steal_pct: Optional[float] = None  # of its CPUs' time, taken by the hypervisor
     throttled_pct: Optional[float] = None  # of the wall time, its cgroup was throttled
@@ -74,9 +76,12 @@ class ContentionFacts(Facts):
 
 
 def lost_cpu(f: ContentionFacts) -> Optional[float]:
-    """Run delay, throttling or time off a CPU during its own work, whichever is largest: the
-    share of the wall time a CPU was denied to it."""
-    known = [v for v in (f.run_delay_pct, f.throttled_pct, f.off_cpu_pct) if v is not None]
+    """The share of the wall time a CPU was denied to it: run delay plus the time stopped (a
+    stopped thread is not runnable, so the two never overlap; a spent quota is run delay too),
+    or its time off a CPU during its own work where that says more."""
+    delay = None if f.run_delay_pct is None and f.stopped_pct is None else \
+        (f.run_delay_pct or 0.0) + (f.stopped_pct or 0.0)
+    known = [v for v in (delay, f.throttled_pct, f.off_cpu_pct) if v is not None]
     return max(known) if known else None
 
 
@@ -222,6 +227,35 @@ def _pct(part: Optional[float], before: Optional[float], whole: float) -> Option
     return round(100.0 * max(0.0, part - before) / whole, 1)
 
 
+class StopClock:
+    """How long the whole process was stopped: a thread that sleeps TICK_S at a time and adds up
+    how much later than asked it woke, less the time it waited for a CPU (its run delay).
+
+    A stopped process is neither running nor runnable, so no kernel counter of its own shows the
+    time, and a rank stopped while it waits in a collective looks like one that waits."""
+
+    TICK_S = 0.02
+
+    def __init__(self) -> None:
+        self.stopped_s = 0.0
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddpdoctor-stopclock", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._halt.is_set():
+            before, (_, delay0) = time.monotonic(), _schedstat()
+            time.sleep(self.TICK_S)
+            late = time.monotonic() - before - self.TICK_S
+            _, delay1 = _schedstat()
+            waited = (delay1 - delay0) if delay0 is not None and delay1 is not None else 0.0
+            if late - waited > 0.002:  # timer slack and wake-up cost stay well below this
+                self.stopped_s += late - waited
+
+    def close(self) -> None:
+        self._halt.set()
+
+
 class CorunnerSample:
     """Every visible process's CPU time on our CPUs at the start; `top` names who used them since.
 
@@ -271,7 +305,9 @@ class Window:
     window); "when_lost" only in a window after one that lost MIN_LOST_PCT of its time (a user's
     job pays for the walk only when there is something to explain); "never"."""
 
-    def __init__(self, corunners: str = "always", exclude: frozenset[int] = frozenset()) -> None:
+    def __init__(self, corunners: str = "always", exclude: frozenset[int] = frozenset(), stops: bool = True) -> None:
+        self._stops = StopClock() if stops else None
+        self._stopped_s = 0.0
         self.cpus = affinity()
         self.cgroup = cpu_cgroup_dir()
         self.exclude = exclude | {os.getpid()}
@@ -295,8 +331,12 @@ class Window:
         off = None
         if wait_s is not None and end.cpu_s is not None and start.cpu_s is not None:
             off = round(100.0 * max(0.0, wall - wait_s - (end.cpu_s - start.cpu_s)) / wall, 1)
+        stopped = None
+        if self._stops is not None:
+            now = self._stops.stopped_s
+            stopped, self._stopped_s = _pct(now, self._stopped_s, wall), now
         facts = ContentionFacts(
-            wall_s=round(wall, 3), cpu_pct=_pct(end.cpu_s, start.cpu_s, wall),
+            wall_s=round(wall, 3), cpu_pct=_pct(end.cpu_s, start.cpu_s, wall), stopped_pct=stopped,
             run_delay_pct=_pct(end.run_delay_s, start.run_delay_s, wall), off_cpu_pct=off,
             process_run_delay_pct=_pct(end.process_run_delay_s, start.process_run_delay_s, wall),
             nonvoluntary_per_s=switches, steal_pct=steal,
@@ -308,6 +348,11 @@ class Window:
         wanted = self.corunners == "always" or (self.corunners == "when_lost" and (lost or 0.0) >= MIN_LOST_PCT)
         self._sample = CorunnerSample(self.cpus, self.exclude) if wanted else None
         return facts
+
+    def close(self) -> None:
+        """Stops the stop clock's thread; a window not closed leaves a daemon thread ticking."""
+        if self._stops is not None:
+            self._stops.close()
 
 
 def process_name(pid: int, host: str) -> str:
@@ -325,7 +370,7 @@ def process_name(pid: int, host: str) -> str:
 def summary(f: ContentionFacts) -> dict[str, Any]:
     """The readings a finding shows, unknowns left out."""
     out = {"cpu_got_pct_of_wall": f.cpu_pct, "run_delay_pct_of_wall": f.run_delay_pct,
-           "involuntary_switches_per_s": f.nonvoluntary_per_s, "steal_pct": f.steal_pct,
+           "involuntary_switches_per_s": f.nonvoluntary_per_s, "stopped_pct_of_wall": f.stopped_pct, "steal_pct": f.steal_pct,
            "cgroup_throttled_pct_of_wall": f.throttled_pct, "cgroup_cpu_quota_cpus": f.cpu_quota, "cpus": f.cpus,
            "others_on_its_cpus": [c.to_json() for c in f.corunners] or None}
     return {k: v for k, v in out.items() if v is not None}

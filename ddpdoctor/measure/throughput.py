@@ -99,6 +99,7 @@ def measure_matmul_got(device: Any, barrier: Callable[[], None] = lambda: None, 
         every += times
     # On a GPU the thread waits for the device on purpose: only a CPU rank's off-CPU time is lost.
     contention = window.take(wait_s=waited if not on_gpu else None)
+    window.close()
     median = statistics.median(every)
     return (MatmulThroughput(device=str(device), dtype=str(dtype).replace("torch.", ""), size=size, reps=len(every),
                              median_ms=round(median * 1e3, 4), flops_per_s=2.0 * size**3 / median,

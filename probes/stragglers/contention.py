@@ -77,6 +77,9 @@ def classify(rank: int, f: ContentionFacts, peers_lost: float) -> Optional[Denie
     elif delay >= 0.5 * lost:
         cause = "CPU contention"
         detail = _who(f)
+    elif (f.stopped_pct or 0.0) >= 0.5 * lost:
+        cause = "stopped from outside"
+        detail = f"its process was stopped {f.stopped_pct:.0f}% of the time (SIGSTOP, preemption, a frozen cgroup)"
     else:
         cause = "stopped from outside"
         detail = (f"it was off a CPU {f.off_cpu_pct or 0:.0f}% of its working time without waiting for one "
@@ -104,6 +107,15 @@ def denied(contention: Mapping[int, Optional[ContentionFacts]], rank: int,
         found.evidence["lost_cpu_pct_by_rank"] = {
             r: (None if c is None else lost_cpu(c)) for r, c in sorted(contention.items())}
     return found
+
+
+def stopped_apart(contention: Mapping[int, Optional[ContentionFacts]], rank: int, peers: Sequence[int]) -> bool:
+    """Its whole process was stopped LOST_GAP_PTS more of the time than its peers': a stopped rank
+    holds every collective, so its peers waited for it even where its own wait in the collective
+    (it was stopped in it) hides whose wait it was."""
+    me = contention.get(rank)
+    theirs = [c.stopped_pct or 0.0 for p in peers if (c := contention.get(p)) is not None]
+    return me is not None and bool(theirs) and (me.stopped_pct or 0.0) - _median(theirs) >= LOST_GAP_PTS
 
 
 def peer_wait_pct(waits: Mapping[int, Sequence[float]], steps: Sequence[float], rank: int,

@@ -61,6 +61,7 @@ class Stragglers:
             series = run_steps(ctx)
             # Waiting in the all-reduce is on purpose; the rest of the time the thread works.
             contention = window.take(wait_s=sum(series.columns.comm_wait_ms) / 1e3)
+            window.close()
         corrected = [round(a - offset.offset_s, 6) for a in series.arrival_s]
         return StragglersFacts(
             rank=ctx.rank, host=ctx.env.hostname, device=str(ctx.device), backend=ctx.backend,
