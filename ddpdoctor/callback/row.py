@@ -66,7 +66,8 @@ class GatheredRow:
         if self.wall_s is None:
             return None
         facts = ContentionFacts(wall_s=self.wall_s, run_delay_pct=self.run_delay_pct, off_cpu_pct=self.off_cpu_pct,
-                                stopped_pct=self.stopped_pct, throttled_pct=self.throttled_pct, steal_pct=self.steal_pct, cpu_quota=self.cpu_quota)
+                                stopped_pct=self.stopped_pct, throttled_pct=self.throttled_pct,
+                                steal_pct=self.steal_pct, cpu_quota=self.cpu_quota)
         if self.corunner_pid is not None:
             facts.corunners = [Corunner(pid=self.corunner_pid, name=process_name(self.corunner_pid, host),
                                         cpu_pct=self.corunner_cpu_pct or 0.0)]
