@@ -6,6 +6,14 @@ findings name exactly the injected rank with the expected cause (or, healthy, na
     python benchmarks/stragglers_detection.py --runs 20                    # the issue's bar: healthy, 20% slower
     python benchmarks/stragglers_detection.py --runs 10 --factors 1.05,1.1,1.15   # the smallest slowdown detected
     python benchmarks/stragglers_detection.py --runs 3 --keep /tmp/runs    # keep every JSON report
+    python benchmarks/stragglers_detection.py --outside --runs 10          # faults made from outside the rank
+
+--outside: each fault a separate process makes on rank 1 (runtime/outside_faults.py) at two strengths, judged by
+the default `check`, the `stragglers` probe and the training callback (tests/ranks/doctor_loop.py, a plain loop):
+named right / named wrong / missed, with the job's slowdown (the stragglers probe's median step against the healthy
+runs'); then healthy runs (2 ranks on 2 cores, 4 ranks on 2 cores, the callback's plain loop): false alarms. Two-rank
+runs are pinned one rank to a core (`taskset`, as srun --cpu-bind=cores does). Before each run the 1-minute load
+average must be at most --max-load (waits up to --patience seconds): the table says the median load its runs saw.
 """
 
 from __future__ import annotations
@@ -48,6 +56,136 @@ def judge(run: dict, rank: Optional[int], cause: Optional[str]) -> bool:
     return run["named"] == [rank] and run["causes"] == [cause]
 
 
+# (name, --inject spec for rank 1, the cause it must be named with; None: no slowdown is expected of it)
+OUTSIDE_CASES = [
+    ("hog 100%", "hog:rank=1:pct=100", "CPU contention"),
+    ("hog 50%", "hog:rank=1:pct=50", "CPU contention"),
+    ("quota 30%", "quota:rank=1:pct=30", "CPU quota"),
+    ("quota 60%", "quota:rank=1:pct=60", "CPU quota"),
+    ("preempt 40%", "preempt:rank=1:pct=40", "stopped from outside"),
+    ("preempt 20%", "preempt:rank=1:pct=20", "stopped from outside"),
+    ("mempressure 2 GiB", "mempressure:rank=1:mb=2048", None),
+]
+LOOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ranks", "doctor_loop.py")
+CODES = {"check": "HOM006", "stragglers": "STR001", "callback": "STR001"}
+
+
+def wait_for_quiet(max_load: float, patience_s: float = 120.0) -> float:
+    deadline = time.monotonic() + patience_s
+    while os.getloadavg()[0] > max_load and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pinned_ranks(cmd: list[str], world: int, env: dict) -> None:
+    port = _port()
+    procs = [subprocess.Popen((["taskset", "-c", str(r % (os.cpu_count() or 1))] if world == 2 else []) + cmd,
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(world)]
+    for proc in procs:
+        proc.wait(timeout=600)
+
+
+def outside_run(place: str, inject: Optional[str], world: int, seconds: float) -> dict:
+    """One run in one place; the findings of the place's code, and the median step (stragglers probe)."""
+    from ddpdoctor.runtime import outside_faults
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "report.json")
+        if place == "callback":
+            cmd = [sys.executable, LOOP, "--case", "healthy", "--json", path, "--epochs", "14"]
+            made = None
+            port = _port()
+            procs = [subprocess.Popen(["taskset", "-c", str(r % (os.cpu_count() or 1))] + cmd,
+                                      env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                                               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]
+            try:
+                if inject:
+                    kind, rest = inject.split(":", 1)
+                    opts = dict(kv.split("=") for kv in rest.split(":")[1:])
+                    made = outside_faults.start(kind, procs[1].pid, pct=float(opts.get("pct", 100)),
+                                                mb=float(opts.get("mb", 512)), cpu=1)
+                for proc in procs:
+                    proc.wait(timeout=600)
+            finally:
+                for proc in procs:
+                    if proc.poll() is None:
+                        proc.kill()
+                if made is not None:
+                    made.stop()
+        else:
+            cmd = [sys.executable, "-m", "ddpdoctor", "check", "--no-live", "--json", path]
+            if place == "stragglers":
+                cmd += ["--probes", "stragglers", "--straggler-seconds", str(seconds)]
+            if inject:
+                cmd += ["--inject", inject]
+            if world == 2:
+                _pinned_ranks(cmd, 2, env)
+            else:
+                subprocess.run(cmd + ["--nproc", str(world)], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=600)
+        report = json.load(open(path))
+    named = [f for f in report["findings"] if f["code"] == CODES[place]]
+    step = None
+    for probe in report.get("probes", []):
+        if probe.get("name") == "stragglers" and probe.get("facts"):
+            steps = probe["facts"]["0"]["steps"]["step_ms"]
+            step = sorted(steps)[len(steps) // 2] if steps else None
+    return {"named": sorted(r for f in named for r in f["ranks"]),
+            "causes": [f["evidence"].get("cause") for f in named], "step_ms": step}
+
+
+def outside_table(runs: int, seconds: float, max_load: float, places: list[str], patience_s: float) -> None:
+    import statistics
+
+    print(f"outside faults on rank 1, {runs} runs per cell; right / wrong / missed; slowdown: the stragglers probe's "
+          "median step against the healthy 2-rank runs'")
+    healthy_steps: list[float] = []
+    rows = []
+    for name, world, place in [("healthy 2 ranks/2 cores", 2, p) for p in places] + \
+                              [("healthy 4 ranks/2 cores", 4, p) for p in places if p != "callback"]:
+        loads, results = [], []
+        for _ in range(runs):
+            loads.append(wait_for_quiet(max_load, patience_s))
+            results.append(outside_run(place, None, world, seconds))
+        if world == 2 and place == "stragglers":
+            healthy_steps = [r["step_ms"] for r in results if r["step_ms"]]
+        alarms = sum(bool(r["named"]) for r in results)
+        rows.append(f"| {name} | {place} | {alarms}/{runs} false alarms | | {statistics.median(loads):.1f} |")
+        print(rows[-1], flush=True)
+    base = statistics.median(healthy_steps) if healthy_steps else None
+    for name, inject, cause in OUTSIDE_CASES:
+        slowdown = ""
+        for place in places:
+            loads, results = [], []
+            for _ in range(runs):
+                loads.append(wait_for_quiet(max_load, patience_s))
+                results.append(outside_run(place, inject, 2, seconds))
+            right = sum(r["named"] == [1] and r["causes"] == [cause] for r in results)
+            wrong = sum(bool(r["named"]) and not (r["named"] == [1] and r["causes"] == [cause]) for r in results)
+            missed = runs - right - wrong
+            steps = [r["step_ms"] for r in results if r["step_ms"]]
+            if place == "stragglers" and steps and base:
+                slowdown = f"{statistics.median(steps) / base:.2f}x"
+            verdict = (f"{right} / {wrong} / {missed}" if cause else f"not a slowdown: {wrong} named")
+            rows.append(f"| {name} | {place} | {verdict} | {slowdown if place == 'stragglers' else ''} | "
+                        f"{statistics.median(loads):.1f} |")
+            print(rows[-1], flush=True)
+    print("\n| case | where | right / wrong / missed | job slowdown | load |\n|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=4)
@@ -58,7 +196,14 @@ def main() -> int:
     parser.add_argument("--no-healthy", action="store_true")
     parser.add_argument("--seconds", type=float, default=5.0, help="--straggler-seconds per run")
     parser.add_argument("--keep", metavar="DIR", help="keep every JSON report in DIR")
+    parser.add_argument("--outside", action="store_true", help="the faults made from outside the rank (see above)")
+    parser.add_argument("--places", default="check,stragglers,callback", help="with --outside: where to judge")
+    parser.add_argument("--max-load", type=float, default=3.0, help="with --outside: wait for this 1-minute load")
+    parser.add_argument("--patience", type=float, default=120.0, help="with --outside: seconds to wait for it")
     args = parser.parse_args()
+    if args.outside:
+        outside_table(args.runs, args.seconds, args.max_load, [p for p in args.places.split(",") if p], args.patience)
+        return 0
     cases: list[tuple[str, Optional[str], Optional[int], Optional[str]]] = []
     if not args.no_healthy:
         cases.append(("healthy", None, None, None))
