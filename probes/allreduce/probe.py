@@ -16,13 +16,14 @@ from ddpdoctor.core import codes, keys
 from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.judge import busbw
+from ddpdoctor.judge.node_search import NodeEvidence, NodeSearch, replay
 from ddpdoctor.measure import nccl_tuning
 from ddpdoctor.measure.collectives import (
     PLACEMENTS, check_once, element_size, make_buffers, time_iterations, torch_dtype)
 from ddpdoctor.probes.allreduce.by_model import expected_from_model
 from ddpdoctor.probes.allreduce.facts import AllReduceFacts, NodeTimings, PairTimings, SizeTiming
 from ddpdoctor.probes.allreduce.localise import (
-    FAR_BELOW, SLOW_LINK_RATIO, NodePair, NodeVerdict, Pair, blamed_pairs, crosses_nodes, device_kind,
+    FAR_BELOW, NODE_RATIO, SLOW_LINK_RATIO, NodePair, NodeVerdict, Pair, blamed_pairs, crosses_nodes, device_kind,
     intra_node_busbw, judge_nodes, leader_pair_busbw, node_pair_busbw, pairs_to_retime, ring_pair_busbw, slow_hosts)
 from ddpdoctor.probes.base import RunView
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from ddpdoctor.runtime.context import RankContext
 
 NAME = "allreduce"
+SEARCH_ABOVE_NODES = 4  # from 5 nodes on, the node search runs too: O(log N) rounds, not a group per node pair
 PAIR_CAP_BYTES = {"cuda": 64 * 2**20, "cpu": 4 * 2**20}  # big enough to be bandwidth-bound, small enough to be quick
 
 
@@ -286,9 +288,62 @@ def _measure_nodes(ctx: RankContext, hosts: list[str], size: int, dtype: torch.d
         # Each node's own ranks a second time, apart from the first: slow inside (BW004) only when
         # slow both times (CPU ranks sharing a host's cores put one node at 40% of another once).
         out.intra_times_s[mine] += _time_own_node(ctx, members[mine], node_groups[mine], mine, size, dtype, elem)
+    if len(nodes) > SEARCH_ABOVE_NODES:
+        _search_nodes(ctx, out, nodes, leaders, size, dtype, elem)
     with ctx.collective("localise_barrier"):
         dist.barrier()
     return out
+
+
+def _search_nodes(ctx: RankContext, out: NodeTimings, nodes: list[str], leaders: list[int], size: int,
+                  dtype: torch.dtype | None, elem: int) -> None:
+    """The node search (ddpdoctor/judge/node_search.py): rounds of disjoint groups of node leaders,
+    one all-reduce per group, all groups of a round at once, each round planned from the busbw of
+    the rounds before. Every rank plans the same rounds from the same figures, which one small
+    all-reduce per round hands to every rank; rank 0 keeps them for the diagnosis to replay."""
+    import torch
+    import torch.distributed as dist
+
+    leader_of = dict(zip(nodes, leaders))
+    search = NodeSearch(nodes)
+    rounds: list[tuple[list[list[str]], list[float]]] = []
+    while True:
+        groups = search.plan()
+        if not groups:
+            break
+        ranks = [[leader_of[n] for n in g] for g in groups]
+        process_groups = [dist.new_group(r) for r in ranks]  # every rank creates every group, in order
+        ctx.progress()
+        figures = torch.zeros(len(groups), dtype=torch.float64, device=ctx.device)
+        for members, group in zip(ranks, process_groups):
+            if ctx.rank in members and not isinstance(group, int):  # a member's group is never NON_GROUP_MEMBER
+                bw = _time_search_group(ctx, members, group, size, dtype, elem)
+                figures[ranks.index(members)] = bw if members[0] == ctx.rank else 0.0
+        with ctx.collective("node_search_round", round=search.rounds + 1):
+            dist.all_reduce(figures)
+        values = [float(v) for v in figures.cpu()]
+        search.record(values)
+        rounds.append(([list(g) for g in groups], values))
+    if ctx.rank == 0:
+        out.search_groups = [groups for groups, _ in rounds]
+        out.search_busbw = [values for _, values in rounds]
+
+
+def _time_search_group(ctx: RankContext, members: list[int], group: ProcessGroup, size: int,
+                       dtype: torch.dtype | None, elem: int) -> float:
+    """One group's busbw: every member's time of each call, the slowest member's per call (a
+    collective ends with its last rank), the best call (noise only slows a call down)."""
+    import torch
+    import torch.distributed as dist
+
+    count = busbw.count_per_rank("all_reduce", size, elem, len(members))
+    buffers = make_buffers("all_reduce", count, len(members), members.index(ctx.rank), True, dtype, ctx.device,
+                           group=group)
+    with ctx.collective("node_search_all_reduce", ranks=members):
+        times = time_iterations(buffers, ctx.device, 2, _localise_iters(ctx), ctx.injector.link_delay_s(members, size))
+        slowest = torch.tensor(times, dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    return busbw.busbw_gbps("all_reduce", len(members), size, float(slowest.min()))
 
 
 def _time_own_node(ctx: RankContext, members: list[int], group: ProcessGroup | int, host: str, size: int,
@@ -428,8 +483,42 @@ def _slow_nodes(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Findi
     nics = _nic_rates(facts, hosts)
     node_pairs = {p for view in views for p in view}
     verdict = judge_nodes(views, kind, _expected_node_pairs(node_pairs, nics, intra, kind))
-    return (_slow_inside_node(intra, hosts, size, SLOW_LINK_RATIO[kind])
-            + _slow_between_nodes(verdict, leader_bw, nics, hosts, size, kind))
+    between = _slow_between_nodes(verdict, leader_bw, nics, hosts, size, kind)
+    named = {node for finding in between for node in finding.nodes}
+    return (_slow_inside_node(intra, hosts, size, NODE_RATIO[kind]) + between
+            + _searched_nodes(facts, hosts, nics, size, named))
+
+
+def _searched_nodes(facts: Mapping[int, AllReduceFacts], hosts: Sequence[str], nics: Mapping[str, tuple[str, int]],
+                    size: int, named: set[str]) -> list[Finding]:
+    """BW005 for a node the node search names (above 4 nodes) that the node pairs did not already
+    name: the search's rounds replayed from what rank 0 recorded, its verdict read again."""
+    part = next((f.nodes for f in facts.values() if f.nodes is not None and f.nodes.search_busbw), None)
+    if part is None or part.search_groups is None or part.search_busbw is None:
+        return []
+    nodes = list(dict.fromkeys(hosts))
+    try:
+        result = replay(nodes, [([tuple(g) for g in groups], values)
+                                for groups, values in zip(part.search_groups, part.search_busbw)])
+    except ValueError:
+        return []  # a record this planner did not make: nothing to judge it by
+    return [_searched_node(e, result.rounds, hosts, nics, size) for e in result.slow if e.node not in named]
+
+
+def _searched_node(found: NodeEvidence, rounds: int, hosts: Sequence[str], nics: Mapping[str, tuple[str, int]],
+                   size: int) -> Finding:
+    node = found.node
+    partners = sorted({n for g in found.groups for n in g if n != node})
+    return codes.finding(
+        "BW005", NAME,
+        (f"Slow node {node}: every group it was in reached at best {max(found.busbw):.3g} GB/s "
+         f"({len(found.busbw)} timings beside {', '.join(partners)}), where groups of healthy nodes reach "
+         f"{found.healthy_busbw:.3g} GB/s; {_nic_said(node, nics)}"),
+        ranks=tuple(r for r, h in enumerate(hosts) if h == node), nodes=(node,),
+        evidence={"search_busbw_gbps": [round(v, 3) for v in found.busbw],
+                  "search_groups": ["+".join(g) for g in found.groups],
+                  "healthy_busbw_gbps": round(found.healthy_busbw, 3), "search_rounds": rounds,
+                  "size": _fmt_bytes(size)})
 
 
 def _nic_rates(facts: Mapping[int, AllReduceFacts], hosts: Sequence[str]) -> dict[str, tuple[str, int]]:
@@ -491,7 +580,7 @@ def _slow_between_nodes(verdict: NodeVerdict, leader_bw: Mapping[Pair, float], n
         "leader_pair_busbw_gbps": {f"{hosts[a]}-{hosts[b]}": round(v, 3) for (a, b), v in sorted(leader_bw.items())},
         "nic_gbps": {h: round(mbps / 1000, 3) for h, (_, mbps) in nics.items()},
         "size": _fmt_bytes(size),
-        "threshold": (f"below {SLOW_LINK_RATIO[kind]:.0%} of the fastest node pair, or below "
+        "threshold": (f"below {NODE_RATIO[kind]:.0%} of the fastest node pair, or below "
                       f"{FAR_BELOW[kind]:.0%} of what the pair should carry"),
     }
     if verdict.expected_gbps:
@@ -509,7 +598,7 @@ def _slow_between_nodes(verdict: NodeVerdict, leader_bw: Mapping[Pair, float], n
     if verdict.slow_paths:
         a, b = verdict.slow_paths[0]
         against = (f"where the fastest node pair reaches {verdict.fastest_gbps:.3g} GB/s" if verdict.fastest_gbps
-                   and node_bw[(a, b)] < SLOW_LINK_RATIO[kind] * verdict.fastest_gbps else
+                   and node_bw[(a, b)] < NODE_RATIO[kind] * verdict.fastest_gbps else
                    f"where it should carry {verdict.expected_gbps.get((a, b), 0.0):.3g} GB/s")
         honest = "; one pair of nodes cannot tell which end is slow" if len(node_bw) == 1 else ""
         at = tuple(dict.fromkeys(h for p in verdict.slow_paths for h in p))

@@ -96,7 +96,8 @@ def test_the_median_rule_missed_it_and_the_fastest_rule_does_not():
 @pytest.mark.parametrize("nodes,per_node", [(2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)])
 @pytest.mark.parametrize("seed", range(5))
 def test_healthy_nodes_with_cpu_noise_give_no_slow_finding(nodes, per_node, seed):
-    assert _slow_findings(*_cluster(nodes, per_node, seed=seed, nic_mbps=10000)) == []
+    # Noise down to half the fastest: healthy namespace nodes on 2 busy cores came to 0.46.
+    assert _slow_findings(*_cluster(nodes, per_node, seed=seed, nic_mbps=10000, noise=0.5)) == []
 
 
 def test_a_slow_path_between_two_nodes_fine_elsewhere_names_both_ends():
