@@ -428,3 +428,17 @@ def model_busbw(groups: Sequence[Group], speed: Callable[[str], float], sigma: f
     speed (a ring is as fast as its slowest link), times lognormal noise of `sigma` (the sd of
     its logarithm), drawn afresh for every timing. `gauss` is random.Random(seed).gauss."""
     return [min(speed(n) for n in g) * math.exp(gauss(0.0, sigma)) for g in groups]
+
+
+def replay(nodes: Sequence[str], rounds: Sequence[tuple[Sequence[Group], Sequence[float]]],
+           settings: SearchSettings = SearchSettings()) -> SearchResult:
+    """The verdict of a search from its recorded rounds (each round's groups and their busbw),
+    as the ranks reached it: the planner is deterministic, so the diagnosis judges what was
+    measured without the ranks. A round that is not the one the planner asks for next means
+    the record is from another planner (or damaged): ValueError."""
+    search = NodeSearch(nodes, settings)
+    for groups, figures in rounds:
+        if [tuple(g) for g in groups] != search.plan():
+            raise ValueError(f"round {search.rounds + 1} of the record is not the one this search plans")
+        search.record(figures)
+    return search.result()

@@ -43,9 +43,11 @@ class NodeTimings(Facts):
     """Across nodes: the host of every rank, this rank's time inside its own node (keyed by
     host), and its times of the node-leader pairs it is in (keyed "a-b" by leader rank).
     `nic_name`/`nic_speed_mbps`: the socket interface this rank's backend was told to use
-    (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME) and the rate it declares, where both are known."""
+    (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME) and the rate it declares, where both are known.
+    `search_groups`/`search_busbw`: above 4 nodes, on rank 0, each round of the node search
+    (ddpdoctor/judge/node_search.py): its groups of nodes and their busbw, GB/s."""
 
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"nic_name", "nic_speed_mbps"})
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"nic_name", "nic_speed_mbps", "search_groups", "search_busbw"})
 
     size_bytes: int = 0
     node_of_rank: list[str] = field(default_factory=list)
@@ -53,6 +55,8 @@ class NodeTimings(Facts):
     leader_times_s: dict[str, list[float]] = field(default_factory=dict)
     nic_name: Optional[str] = None
     nic_speed_mbps: Optional[int] = None
+    search_groups: Optional[list[list[list[str]]]] = None
+    search_busbw: Optional[list[list[float]]] = None
 
 
 @dataclass

@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 
-from ddpdoctor.judge.node_search import Group, NodeSearch, SearchResult, model_busbw, run_search
+from ddpdoctor.judge.node_search import Group, NodeSearch, SearchResult, model_busbw, replay, run_search
 
 
 def _nodes(n: int) -> list[str]:
@@ -142,3 +142,19 @@ def test_bad_use_is_refused() -> None:
         search.plan()
     with pytest.raises(ValueError):
         search.record([0.0] * len(groups))
+
+
+def test_a_recorded_search_replays_to_the_same_verdict() -> None:
+    """The ranks record each round's groups and busbw; the diagnosis replays them."""
+    rng = random.Random(3)
+    nodes = _nodes(64)
+    search, rounds = NodeSearch(nodes), []
+    while groups := search.plan():
+        figures = model_busbw(groups, lambda node: 30.0 if node == "node0017" else 100.0, 0.2, rng.gauss)
+        search.record(figures)
+        rounds.append((groups, figures))
+    result = replay(nodes, rounds)
+    assert result.slow_nodes == search.result().slow_nodes == ["node0017"]
+    assert result.rounds == len(rounds)
+    with pytest.raises(ValueError):
+        replay(nodes, rounds[1:])
