@@ -77,12 +77,13 @@ class ContentionFacts(Facts):
 
 def lost_cpu(f: ContentionFacts) -> Optional[float]:
     """The share of the wall time a CPU was denied to it: run delay plus the time stopped (a
-    stopped thread is not runnable, so the two never overlap; a spent quota is run delay too),
-    or its time off a CPU during its own work where that says more."""
-    delay = None if f.run_delay_pct is None and f.stopped_pct is None else \
-        (f.run_delay_pct or 0.0) + (f.stopped_pct or 0.0)
-    known = [v for v in (delay, f.throttled_pct, f.off_cpu_pct) if v is not None]
-    return max(known) if known else None
+    stopped thread is not runnable, so the two never overlap; a spent quota is run delay too).
+
+    Not its off-CPU work (`off_cpu_pct`, evidence only): a user's step may block on purpose
+    (a file, a queue, a sleep), and that is no CPU denied."""
+    if f.run_delay_pct is None and f.stopped_pct is None:
+        return f.throttled_pct
+    return max((f.run_delay_pct or 0.0) + (f.stopped_pct or 0.0), f.throttled_pct or 0.0)
 
 
 def _thread_file(name: str) -> str:

@@ -69,21 +69,17 @@ def classify(rank: int, f: ContentionFacts, peers_lost: float) -> Optional[Denie
     lost = lost_cpu(f)
     if lost is None or lost < MIN_LOST_PCT:
         return None
-    throttled, delay = f.throttled_pct or 0.0, f.run_delay_pct or 0.0
+    throttled = f.throttled_pct or 0.0
     if throttled >= max(MIN_THROTTLED_PCT, 0.25 * lost):  # a spent quota is the cause even with neighbours too
         cause = "CPU quota"
         quota = f" of {f.cpu_quota:.2g} CPUs" if f.cpu_quota else ""
         detail = f"its cgroup's CPU quota{quota} was spent and it was throttled {throttled:.0f}% of the time"
-    elif delay >= 0.5 * lost:
-        cause = "CPU contention"
-        detail = _who(f)
     elif (f.stopped_pct or 0.0) >= 0.5 * lost:
         cause = "stopped from outside"
         detail = f"its process was stopped {f.stopped_pct:.0f}% of the time (SIGSTOP, preemption, a frozen cgroup)"
     else:
-        cause = "stopped from outside"
-        detail = (f"it was off a CPU {f.off_cpu_pct or 0:.0f}% of its working time without waiting for one "
-                  f"(run delay {delay:.0f}%): stopped (SIGSTOP, preemption, a frozen cgroup) or paging")
+        cause = "CPU contention"
+        detail = _who(f)
     sentence = f"rank {rank} waited for a CPU {lost:.0f}% of the time (its peers {peers_lost:.0f}%): {detail}"
     if cause == "stopped from outside":
         sentence = f"rank {rank} lost {lost:.0f}% of the time off a CPU (its peers {peers_lost:.0f}%): {detail}"

@@ -59,8 +59,8 @@ class Stragglers:
         with RankSampler(gpu_uuid(ctx.device)) as sampler:
             window = Window()
             series = run_steps(ctx)
-            # Waiting in the all-reduce is on purpose; the rest of the time the thread works.
-            contention = window.take(wait_s=sum(series.columns.comm_wait_ms) / 1e3)
+            # Waiting in the all-reduce and for data is on purpose; the rest of the time the thread works.
+            contention = window.take(wait_s=(sum(series.columns.comm_wait_ms) + sum(series.columns.data_ms)) / 1e3)
             window.close()
         corrected = [round(a - offset.offset_s, 6) for a in series.arrival_s]
         return StragglersFacts(

@@ -22,9 +22,10 @@ from ddpdoctor.probes.stragglers.contention import LOST_GAP_PTS, classify, denie
 from ddpdoctor.runtime import outside_faults
 
 
-def _facts(delay: float, off: float = 0.0, throttled: float = 0.0, corunners=()) -> ContentionFacts:
+def _facts(delay: float, off: float = 0.0, throttled: float = 0.0, corunners=(), stopped: float = 0.0
+           ) -> ContentionFacts:
     return ContentionFacts(wall_s=2.0, run_delay_pct=delay, off_cpu_pct=off, throttled_pct=throttled, cpus="1",
-                           corunners=list(corunners))
+                           corunners=list(corunners), stopped_pct=stopped)
 
 
 def test_a_busy_thread_reads_its_cpu_time_and_a_sleeping_one_does_not_count_as_off_cpu():
@@ -41,15 +42,16 @@ def test_a_busy_thread_reads_its_cpu_time_and_a_sleeping_one_does_not_count_as_o
     assert cpu_list(frozenset({0, 1, 2, 5})) == "0-2,5" and cpu_list(frozenset({3})) == "3"
 
 
-def test_lost_is_the_largest_of_run_delay_throttling_and_off_cpu_work():
-    assert lost_cpu(_facts(10, 40, 5)) == 40 and lost_cpu(ContentionFacts()) is None
+def test_lost_is_run_delay_plus_time_stopped_and_not_time_blocked_on_purpose():
+    assert lost_cpu(_facts(10, off=40, throttled=5, stopped=20)) == 30 and lost_cpu(ContentionFacts()) is None
+    assert lost_cpu(_facts(1, off=60)) == 1  # a step that blocks on a file or a queue lost no CPU
 
 
 @pytest.mark.parametrize("facts, cause, said", [
     (_facts(48, corunners=[Corunner(pid=77, name="busy", cpu_pct=60.0)]), "CPU contention",
      "another process (pid 77, busy) runs on its core"),
     (_facts(60, 55, 58), "CPU quota", "CPU quota"),
-    (_facts(2, 35), "stopped from outside", "stopped"),
+    (_facts(2, stopped=35), "stopped from outside", "stopped 35% of the time"),
 ])
 def test_the_cause_is_named_from_what_the_kernel_counted(facts, cause, said):
     found = classify(1, facts, peers_lost=3.0)
