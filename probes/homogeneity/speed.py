@@ -128,13 +128,16 @@ def slow_rank_findings(facts: ByRank, run: RunView,
         # A rank denied the CPU is told apart from scheduler noise by what the kernel counted
         # (stragglers/contention.py), not by a wider margin: the ordinary threshold holds.
         starved_pct = float(threshold_pct) if threshold_pct is not None else DEFAULT_SLOW_PCT[hardware[0]]
-        starved = _starved(facts, ranks, 1.0 - starved_pct / 100.0)
-        out += [_starved_finding(facts, run, hardware, ranks, why, got, starved_pct) for why, got in starved.values()]
         best = {r: max(_rounds(facts[r])) for r in ranks}
         scores = {r: best[r] / peers for r, peers in _median_of_others(best).items()}
-        slow = sorted(r for r in ranks if scores[r] < limit and r not in starved)
+        slow = sorted(r for r in ranks if scores[r] < limit)
         if slow:
             out.append(_slow_finding(facts, run, hardware, ranks, slow, scores, pct))
+        # A rank slow even in its best round is slow by itself (it also waits longer for a CPU, having
+        # more to do): only the others can be slowed by the CPU they were denied.
+        starved = _starved(facts, ranks, 1.0 - starved_pct / 100.0)
+        out += [_starved_finding(facts, run, hardware, ranks, why, got, starved_pct)
+                for r, (why, got) in sorted(starved.items()) if r not in slow]
     return out
 
 

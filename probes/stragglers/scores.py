@@ -327,7 +327,10 @@ def diagnose_stragglers(facts: ByRank, run: RunView) -> list[Finding]:
     uneven_batch = {r for f in findings if f.code == "STR003" for r in f.ranks}
     slow = [r for r, s in sorted(scores.ranks.items())
             if _persistent(s, scores.threshold_pct) and r not in uneven_batch and _excess(scores, r)["work"] > 0]
-    starved = _denied_cpu(facts, scores, uneven_batch)
+    # A rank slow in its good steps too, in its data or compute, is slow by itself (it also waits longer
+    # for a CPU, having more to do); the CPU denied explains the others, and extra time outside both.
+    starved = {r: v for r, v in _denied_cpu(facts, scores, uneven_batch).items()
+               if r not in slow or _cause(facts, scores, r)[0] == "host overhead"}
     slow = sorted(set(slow) | set(starved))
     for r in slow:
         findings.append(_starved(scores, run, starved[r]) if r in starved else _straggler(facts, scores, run, r))
