@@ -379,8 +379,7 @@ def _starved(scores: Scores, run: RunView, found: tuple[Denied, float, float]) -
     step = _median([p.step_ms for p in scores.ranks.values()])
     return codes.finding(
         "STR001", NAME,
-        (f"Rank {rank} on {s.host} is a straggler: its peers wait for it {waited:.0f}% of every step ({why.cause}): "
-         f"{why.sentence}"),
+        f"Rank {rank} on {s.host} is a straggler ({why.cause}): {why.sentence}",
         severity=Severity.CRITICAL if waited >= 50 else Severity.WARN, ranks=(rank,), nodes=run.nodes_of([rank]),
         evidence={"cause": why.cause, "where": why.sentence,
                   "measured": (f"over {scores.steps} steps its peers waited for it in the gradient all-reduce "
