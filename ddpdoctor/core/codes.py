@@ -414,9 +414,12 @@ _ENTRIES = (
     _code("LOG007", _CRITICAL, "explain",
           per_case="NCCL's socket error, no usable interface, or an InfiniBand/RoCE error: each its own setting to fix"),
     _code("LOG008", _CRITICAL, "explain",
-          why=("The scheduler stopped the job (time limit, preemption or scancel); the ranks' errors after it are "
-               'fallout.'),
-          fix='Ask for more time (--time), checkpoint and resume, or requeue on preemption (--requeue).'),
+          why=("The scheduler stopped the job (Slurm's time limit, preemption, scancel or a lost node; Kubernetes "
+               "killing a container over its memory limit, OOMKilled, or evicting the pod); the ranks' errors after "
+               'it are fallout.'),
+          fix=('Time limit: ask for more (--time) and checkpoint to resume. Preemption or a lost node: requeue '
+               '(--requeue, a restartPolicy) and resume from a checkpoint. OOMKilled: raise the container\'s memory '
+               'limit or use less host memory per rank.')),
     _code("LOG009", _CRITICAL, "explain",
           why=('A kernel failed on the GPU. An illegal memory access or a device-side assert is a bug in the model or '
                'a custom kernel (an index out of range in an embedding or loss is the usual one); an ECC error is '
@@ -455,14 +458,6 @@ _ENTRIES = (
                'workers were stopped, they did not fail.'),
           fix=('Run long jobs detached from the terminal (tmux, screen, nohup, a batch job); if the scheduler sent '
                "it, see its accounting (`sacct -j JOB`, `kubectl describe pod`) for why (time limit, preemption).")),
-    _code("LOG016", _CRITICAL, "explain",
-          why=('The scheduler ended the job: Slurm reached its time limit, cancelled it, preempted it or lost a node '
-               '(NODE_FAIL); Kubernetes killed the container for exceeding its memory limit (OOMKilled) or evicted '
-               'the pod. The ranks\' errors after it are fallout.'),
-          fix=('Time limit: ask for more (--time) and checkpoint to resume. Preemption or a lost node: requeue '
-               '(--requeue, a restartPolicy) and resume from a checkpoint. OOMKilled: raise the container\'s memory '
-               'limit or use less host memory per rank. Evicted: the node ran short of memory or disk; ask for '
-               'resources that match what the job uses.')),
     _code("RUN001", _CRITICAL, "run",
           per_case=("check words it from what the missing ranks printed (why_not_arrived: refused, no answer, an "
                     "unresolved name) and whether whole nodes are gone; explain from the store's count or torchrun's "

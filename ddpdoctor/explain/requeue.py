@@ -84,7 +84,7 @@ RULES: tuple[Rule, ...] = (
          sig="slurm_oom"),
     Rule("LOG012", NO_RETRY, "a rank killed (SIGKILL) with out-of-memory evidence is killed again at the same use",
          when=_OOM),
-    Rule("LOG016", NO_RETRY, "the container hit its memory limit (OOMKilled): the same use is killed again",
+    Rule("LOG008", NO_RETRY, "the container hit its memory limit (OOMKilled): the same use is killed again",
          when=_OOM),
     Rule("RUN003", RETRY, "the rank's connection was reset or refused: a network or peer fault, not the code",
          sig="python_exception", when=_TRANSIENT_EXCEPTION),
@@ -103,17 +103,12 @@ RULES: tuple[Rule, ...] = (
          sig="nccl_ib_error", when=r"every failing pair has"),
     Rule("LOG008", RETRY, "the scheduler preempted or requeued the job, or lost its node: not the job's fault",
          when=_SCHEDULER_STOP),
-    Rule("LOG016", RETRY, "the scheduler preempted or evicted the job, or lost its node: not the job's fault",
-         when=_SCHEDULER_STOP),
     Rule("LOG015", RETRY, "the launcher got SIGHUP: its terminal session closed, nothing failed",
          when=r"SIGHUP|[Rr]eceived 1 death signal"),
     # -- unknown: the log shows how the job ended, not whether it would end so again ----------
     Rule("LOG008", UNKNOWN, "the job reached its time limit: a rerun gets further only if it resumes from a checkpoint",
          when=_TIME_LIMIT),
     Rule("LOG008", UNKNOWN, "someone cancelled the job: whether to run it again is their call"),
-    Rule("LOG016", UNKNOWN, "the job reached its time limit: a rerun gets further only if it resumes from a checkpoint",
-         when=_TIME_LIMIT),
-    Rule("LOG016", UNKNOWN, "the job was cancelled: whether to run it again is the canceller's call"),
     Rule("LOG015", UNKNOWN, "the launcher was stopped from outside (SIGTERM, SIGINT): a scheduler, a platform or a "
                             "person, the log does not say which"),
     Rule("LOG012", UNKNOWN, "a rank was killed (SIGKILL) with no out-of-memory evidence: a scheduler, a person or "

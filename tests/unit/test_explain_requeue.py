@@ -157,10 +157,9 @@ def test_composed_logs(tmp_path: Path, text: str, verdict: str, code: Optional[s
     ("LOG015", "The launcher received SIGHUP and stopped its workers", RETRY),
     ("LOG015", "The launcher received SIGTERM and stopped its workers", UNKNOWN),
     ("LOG015", "The launcher received SIGINT and stopped its workers", UNKNOWN),
-    ("LOG016", "Kubernetes killed the container: OOMKilled", NO_RETRY),
-    ("LOG016", "The pod was Evicted: the node was low on memory", RETRY),
-    ("LOG016", "Slurm ended the job (NODE_FAIL)", RETRY),
-    ("LOG016", "Slurm cancelled the job", UNKNOWN),
+    ("LOG008", "Kubernetes killed the container: OOMKilled", NO_RETRY),
+    ("LOG008", "The pod was Evicted: the node was low on memory", RETRY),
+    ("LOG008", "Slurm ended the job (NODE_FAIL)", RETRY),
     ("LOG009", "CUDA error on rank 5 (node02): uncorrectable ECC error encountered", RETRY),
     ("LOG009", "CUDA error on rank 1: an illegal memory access was encountered", NO_RETRY),
 ])
