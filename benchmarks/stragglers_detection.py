@@ -146,15 +146,16 @@ def outside_run(place: str, inject: Optional[str], world: int, seconds: float) -
             "causes": [f["evidence"].get("cause") for f in named], "step_ms": step}
 
 
-def outside_table(runs: int, seconds: float, max_load: float, places: list[str], patience_s: float) -> None:
+def outside_table(runs: int, seconds: float, max_load: float, places: list[str], patience_s: float,
+                  healthy: bool, cases: str) -> None:
     import statistics
 
     print(f"outside faults on rank 1, {runs} runs per cell; right / wrong / missed; slowdown: the stragglers probe's "
           "median step against the healthy 2-rank runs'")
     healthy_steps: list[float] = []
     rows = []
-    for name, world, place in [("healthy 2 ranks/2 cores", 2, p) for p in places] + \
-                              [("healthy 4 ranks/2 cores", 4, p) for p in places if p != "callback"]:
+    for name, world, place in ([("healthy 2 ranks/2 cores", 2, p) for p in places] +
+                               [("healthy 4 ranks/2 cores", 4, p) for p in places if p != "callback"]) * healthy:
         loads, results = [], []
         for _ in range(runs):
             loads.append(wait_for_quiet(max_load, patience_s))
@@ -165,7 +166,7 @@ def outside_table(runs: int, seconds: float, max_load: float, places: list[str],
         rows.append(f"| {name} | {place} | {alarms}/{runs} false alarms | | {statistics.median(loads):.1f} |")
         print(rows[-1], flush=True)
     base = statistics.median(healthy_steps) if healthy_steps else None
-    for name, inject, cause in OUTSIDE_CASES:
+    for name, inject, cause in [c for c in OUTSIDE_CASES if not cases or c[0].split()[0] in cases.split(",")]:
         slowdown = ""
         for place in places:
             loads, results = [], []
@@ -200,9 +201,11 @@ def main() -> int:
     parser.add_argument("--places", default="check,stragglers,callback", help="with --outside: where to judge")
     parser.add_argument("--max-load", type=float, default=3.0, help="with --outside: wait for this 1-minute load")
     parser.add_argument("--patience", type=float, default=120.0, help="with --outside: seconds to wait for it")
+    parser.add_argument("--cases", default="", help="with --outside: only these kinds (e.g. hog,quota)")
     args = parser.parse_args()
     if args.outside:
-        outside_table(args.runs, args.seconds, args.max_load, [p for p in args.places.split(",") if p], args.patience)
+        outside_table(args.runs, args.seconds, args.max_load, [p for p in args.places.split(",") if p], args.patience,
+                      not args.no_healthy, args.cases)
         return 0
     cases: list[tuple[str, Optional[str], Optional[int], Optional[str]]] = []
     if not args.no_healthy:

@@ -11,7 +11,7 @@
 - `mempressure`: a process that allocates `mb` MiB and keeps touching it.
 
 The helper is one process (`python -m ddpdoctor.runtime.outside_faults`), detached from the rank
-(it is nobody's child but init's, as another job's process would be) and never orphaned: it
+(it is nobody's child but init's, in a process group of its own) and never orphaned: it
 watches its target and undoes its fault and ends within WATCH_S of the target's end, whatever
 the end was (a crash, SIGKILL, Ctrl-C); SIGTERM or SIGINT to it end it the same way. Whatever it
 starts (the busy or allocating child) dies with it (PR_SET_PDEATHSIG) and is killed by it.
@@ -288,10 +288,14 @@ class _Helper:
 
 
 def _detach() -> None:
-    """Fork; the first process exits, the helper goes on in a session of its own, init's child."""
+    """Fork; the first process exits, the helper goes on as init's child in a process group of its own.
+
+    It stays in the starter's session, as a rank's data loader workers do: where the kernel
+    schedules sessions as groups (autogroup), the busy child then competes with the rank itself,
+    not with the whole host's other sessions."""
     if os.fork() > 0:
         hard_exit(0)
-    os.setsid()
+    os.setpgid(0, 0)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
