@@ -18,7 +18,7 @@ from ddpdoctor.core.findings import Finding, rank_ranges
 from ddpdoctor.probes.base import RunView
 from ddpdoctor.probes.homogeneity.facts import HomogeneityFacts, MatmulFacts
 from ddpdoctor.probes.homogeneity.health import cpu_set, cpus_for
-from ddpdoctor.probes.stragglers.contention import Denied, denied
+from ddpdoctor.probes.stragglers.contention import DIRECT, Denied, denied
 
 NAME = "homogeneity"
 # Defaults: GPUs are exclusive and measured with CUDA events; CPU ranks share cores with
@@ -130,12 +130,12 @@ def slow_rank_findings(facts: ByRank, run: RunView,
         starved_pct = float(threshold_pct) if threshold_pct is not None else DEFAULT_SLOW_PCT[hardware[0]]
         best = {r: max(_rounds(facts[r])) for r in ranks}
         scores = {r: best[r] / peers for r, peers in _median_of_others(best).items()}
-        slow = sorted(r for r in ranks if scores[r] < limit)
+        # A rank slow even in its best round is slow by itself (it also waits longer for a CPU, having
+        # more to do), unless the kernel counted its CPU denied directly (a throttled cgroup, stopped).
+        starved = _starved(facts, ranks, 1.0 - starved_pct / 100.0)
+        slow = sorted(r for r in ranks if scores[r] < limit and not (r in starved and starved[r][0].cause in DIRECT))
         if slow:
             out.append(_slow_finding(facts, run, hardware, ranks, slow, scores, pct))
-        # A rank slow even in its best round is slow by itself (it also waits longer for a CPU, having
-        # more to do): only the others can be slowed by the CPU they were denied.
-        starved = _starved(facts, ranks, 1.0 - starved_pct / 100.0)
         out += [_starved_finding(facts, run, hardware, ranks, why, got, starved_pct)
                 for r, (why, got) in sorted(starved.items()) if r not in slow]
     return out

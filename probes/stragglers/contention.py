@@ -24,6 +24,9 @@ from ddpdoctor.measure.contention import ContentionFacts, lost_cpu, summary
 LOST_GAP_PTS = 15.0
 MIN_LOST_PCT = 15.0
 MIN_THROTTLED_PCT = 5.0
+# Causes the kernel counts directly (a cgroup's throttled time, the process stopped): they explain a
+# rank's slowness even where its good steps are slow too; run delay alone may come of having more to do.
+DIRECT = ("CPU quota", "stopped from outside")
 
 FIX = {
     "CPU contention": ("Give each rank cores nothing else runs on: pin the ranks (`srun --cpu-bind=cores`, `taskset`, "

@@ -25,7 +25,7 @@ from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
-from ddpdoctor.probes.stragglers.contention import Denied, denied, peer_wait_pct, stopped_apart
+from ddpdoctor.probes.stragglers.contention import DIRECT, Denied, denied, peer_wait_pct, stopped_apart
 from ddpdoctor.probes.stragglers.facts import SampledFacts, StragglersFacts, Summary
 
 NAME = "stragglers"
@@ -328,9 +328,10 @@ def diagnose_stragglers(facts: ByRank, run: RunView) -> list[Finding]:
     slow = [r for r, s in sorted(scores.ranks.items())
             if _persistent(s, scores.threshold_pct) and r not in uneven_batch and _excess(scores, r)["work"] > 0]
     # A rank slow in its good steps too, in its data or compute, is slow by itself (it also waits longer
-    # for a CPU, having more to do); the CPU denied explains the others, and extra time outside both.
+    # for a CPU, having more to do); the CPU denied explains the others, extra time outside both, and
+    # any rank whose cgroup throttled it or whose process was stopped (counted directly, DIRECT).
     starved = {r: v for r, v in _denied_cpu(facts, scores, uneven_batch).items()
-               if r not in slow or _cause(facts, scores, r)[0] == "host overhead"}
+               if r not in slow or v[0].cause in DIRECT or _cause(facts, scores, r)[0] == "host overhead"}
     slow = sorted(set(slow) | set(starved))
     for r in slow:
         findings.append(_starved(scores, run, starved[r]) if r in starved else _straggler(facts, scores, run, r))
