@@ -41,7 +41,10 @@ def _no_helper_left(tag: str) -> None:
     while tagged_processes(tag) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not tagged_processes(tag), [p.name() for p in tagged_processes(tag)]
-    cgroups = [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith(outside_faults.CGROUP_PREFIX)] \
+    # A quota cgroup is named after its rank's pid: one whose rank is gone is left behind (another
+    # run's, of a live rank, is not this run's business).
+    cgroups = [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith(outside_faults.CGROUP_PREFIX)
+               and not os.path.exists(f"/proc/{d[len(outside_faults.CGROUP_PREFIX):]}")] \
         if os.path.isdir("/sys/fs/cgroup/cpu") else []
     assert not cgroups, cgroups
 
