@@ -180,6 +180,9 @@ def outside_table(runs: int, seconds: float, max_load: float, places: list[str],
             if place == "stragglers" and steps and base:
                 slowdown = f"{statistics.median(steps) / base:.2f}x"
             verdict = (f"{right} / {wrong} / {missed}" if cause else f"not a slowdown: {wrong} named")
+            odd = sorted({f"{r['named']} {'/'.join(map(str, r['causes']))}" for r in results
+                          if r["named"] and not (r["named"] == [1] and r["causes"] == [cause])})
+            verdict += f" (wrong: {'; '.join(odd)})" if odd else ""
             rows.append(f"| {name} | {place} | {verdict} | {slowdown if place == 'stragglers' else ''} | "
                         f"{statistics.median(loads):.1f} |")
             print(rows[-1], flush=True)
