@@ -108,13 +108,16 @@ def denied(contention: Mapping[int, Optional[ContentionFacts]], rank: int,
     return found
 
 
-def stopped_apart(contention: Mapping[int, Optional[ContentionFacts]], rank: int, peers: Sequence[int]) -> bool:
-    """Its whole process was stopped LOST_GAP_PTS more of the time than its peers': a stopped rank
-    holds every collective, so its peers waited for it even where its own wait in the collective
-    (it was stopped in it) hides whose wait it was."""
+def held_apart(contention: Mapping[int, Optional[ContentionFacts]], rank: int, peers: Sequence[int]) -> bool:
+    """Its process was stopped or its cgroup throttled LOST_GAP_PTS more of the time than its peers':
+    such a rank holds every collective (its communication threads stop too), so its peers waited
+    for it even where its own wait in the collective (it was held in it) hides whose wait it was."""
+    def held(c: ContentionFacts) -> float:
+        return (c.stopped_pct or 0.0) + (c.throttled_pct or 0.0)
+
     me = contention.get(rank)
-    theirs = [c.stopped_pct or 0.0 for p in peers if (c := contention.get(p)) is not None]
-    return me is not None and bool(theirs) and (me.stopped_pct or 0.0) - _median(theirs) >= LOST_GAP_PTS
+    theirs = [held(c) for p in peers if (c := contention.get(p)) is not None]
+    return me is not None and bool(theirs) and held(me) - _median(theirs) >= LOST_GAP_PTS
 
 
 def peer_wait_pct(waits: Mapping[int, Sequence[float]], steps: Sequence[float], rank: int,

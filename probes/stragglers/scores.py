@@ -25,7 +25,7 @@ from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
-from ddpdoctor.probes.stragglers.contention import DIRECT, Denied, denied, peer_wait_pct, stopped_apart
+from ddpdoctor.probes.stragglers.contention import DIRECT, Denied, denied, peer_wait_pct, held_apart
 from ddpdoctor.probes.stragglers.facts import SampledFacts, StragglersFacts, Summary
 
 NAME = "stragglers"
@@ -367,7 +367,7 @@ def _denied_cpu(facts: ByRank, scores: Scores, skip: set[int]) -> dict[int, tupl
         why = denied(contention, r, scores.peers(r))
         usual = _median([waited[p] for p in scores.peers(r)])
         if why is not None and (waited[r] - usual >= scores.threshold_pct
-                                or stopped_apart(contention, r, scores.peers(r))):
+                                or held_apart(contention, r, scores.peers(r))):
             out[r] = (why, waited[r], usual)
     return out
 
