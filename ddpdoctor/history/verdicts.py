@@ -13,6 +13,13 @@ each a Finding with the runs, dates and numbers behind it:
   the MIN_AFTER runs from k is under it, and the median of every run from k to the latest is
   under it. The first such k is named. One slow run, or a slow patch the node recovered from,
   is noise; a drift needs MIN_AFTER runs to be seen at all.
+  The same is judged per GPU (where the measurements name one): each GPU's value against the
+  median of the latest values of every OTHER GPU of the model (its node's others included), so
+  one slow GPU of 8, which barely moves its node's median, is named with its node and id. One
+  GPU's readings are noisier than a node's median, and there are 8 times the series: a GPU's line
+  is also GPU_NOISE_Z of its own earlier spread (1.4826 MAD) under its baseline. When
+  the node drifts on that metric too, its GPUs went together: the node is the one finding, and
+  its drifted GPUs are listed in its evidence.
 - LEMON (HIS002). A node's runs with a critical finding on it (k of n runs it took part in)
   against the pooled rate p of the other nodes (Laplace-smoothed, (K+1)/(N+2), so a fleet that
   never failed still gives a finite test): one-sided binomial P(X >= k | n, p) below
@@ -30,16 +37,17 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Hashable, Iterable, Optional, Sequence, TypeVar
 
 from ddpdoctor.core import codes
 from ddpdoctor.core.findings import Finding, Severity, exit_code_for
-from ddpdoctor.history.store import History, RunRow
+from ddpdoctor.history.store import History, Measurement, RunRow
 
 PROBE = "history"
 SPEED_METRICS = ("compute_speed", "busbw_gbs")
 CRITICAL_COUNTERS = ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate", "remapped_rows_failure")
 WARN_COUNTERS = ("remapped_rows_pending", "retired_pages")
+Unit = TypeVar("Unit", bound=Hashable)  # what a series follows: a node, or a (node, gpu)
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class Rules:
     min_before: int = 3  # drift: runs before the change that set the node's baseline
     min_after: int = 3  # drift: runs from the change on that stay under the line
     min_peers: int = 2  # drift: other nodes of the same model to form a fleet median
+    gpu_noise_z: float = 3.0  # drift of one GPU: also this many of its own standard deviations (MAD) under
     min_runs: int = 5  # lemon: runs a node took part in
     min_critical: int = 3  # lemon: runs with a critical finding on the node
     alpha: float = 0.01  # lemon: family-wise false-alarm rate over the nodes judged
@@ -70,6 +79,43 @@ class Point:
         return self.value / self.fleet if self.fleet else None
 
 
+def trend_pct(points: Sequence[Point]) -> Optional[float]:
+    """The median ratio of the last runs against the first ones, in percent (None: too few runs)."""
+    ratios = [p.ratio for p in points if p.ratio is not None]
+    if len(ratios) < 2:
+        return None
+    half = max(1, min(3, len(ratios) // 2))
+    first, last = statistics.median(ratios[:half]), statistics.median(ratios[-half:])
+    return (last / first - 1.0) * 100.0 if first > 0 else None
+
+
+@dataclass
+class GpuSummary:
+    """One GPU of a node: its own compute speed against the fleet's GPUs of the model, and its verdicts."""
+
+    gpu: str
+    speed: list[Point] = field(default_factory=list)  # compute_speed, oldest first
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def latest(self) -> Optional[Point]:
+        return self.speed[-1] if self.speed else None
+
+    @property
+    def trend_pct(self) -> Optional[float]:
+        return trend_pct(self.speed)
+
+    @property
+    def worst(self) -> Severity:
+        return max((f.severity for f in self.findings), default=Severity.OK)
+
+    def to_json(self) -> dict:
+        return {"gpu": self.gpu, "latest_speed": self.latest.value if self.latest else None,
+                "latest_fleet_median": self.latest.fleet if self.latest else None,
+                "trend_pct": None if self.trend_pct is None else round(self.trend_pct, 1),
+                "worst_severity": self.worst.label, "findings": [f.code for f in self.findings]}
+
+
 @dataclass
 class NodeSummary:
     """One row of the history table."""
@@ -80,6 +126,7 @@ class NodeSummary:
     critical_runs: int
     speed: list[Point] = field(default_factory=list)  # compute_speed, oldest first
     findings: list[Finding] = field(default_factory=list)
+    gpus: list[GpuSummary] = field(default_factory=list)  # by id; none on CPU ranks
 
     @property
     def latest(self) -> Optional[Point]:
@@ -87,13 +134,7 @@ class NodeSummary:
 
     @property
     def trend_pct(self) -> Optional[float]:
-        """The median ratio of the last runs against the first ones, in percent (None: too few runs)."""
-        ratios = [p.ratio for p in self.speed if p.ratio is not None]
-        if len(ratios) < 2:
-            return None
-        half = max(1, min(3, len(ratios) // 2))
-        first, last = statistics.median(ratios[:half]), statistics.median(ratios[-half:])
-        return (last / first - 1.0) * 100.0 if first > 0 else None
+        return trend_pct(self.speed)
 
     @property
     def worst(self) -> Severity:
@@ -125,7 +166,8 @@ class Verdicts:
                        "trend_pct": None if s.trend_pct is None else round(s.trend_pct, 1),
                        "worst_severity": s.worst.label, "findings": [f.code for f in s.findings],
                        "speed": [{"run_id": p.run_id, "date": _date(p.started_at), "value": p.value,
-                                  "fleet_median": p.fleet} for p in s.speed]}
+                                  "fleet_median": p.fleet} for p in s.speed],
+                       "gpus": [g.to_json() for g in s.gpus]}
                       for s in self.summaries],
             "findings": [f.to_json() for f in self.findings],
         }
@@ -155,24 +197,28 @@ def judge(history: History, rules: Rules = Rules()) -> Verdicts:
     """Every verdict the history supports, with a summary per node (sorted worst first, then by name)."""
     runs = {r.run_id: r for r in history.runs}
     series = {metric: fleet_series(history, runs, metric, rules.min_peers) for metric in SPEED_METRICS}
+    per_gpu = {metric: gpu_series(history, runs, metric, rules.min_peers) for metric in SPEED_METRICS}
     participation = _participation(history, runs)
     critical = _critical_runs(history, runs)
     findings: list[Finding] = []
-    for metric, by_node in series.items():
-        for (node, model), points in sorted(by_node.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-            drift = drift_finding(node, model, metric, points, rules)
-            if drift is not None:
-                findings.append(drift)
+    for metric in SPEED_METRICS:
+        findings += drift_findings(series[metric], per_gpu[metric], metric, rules)
     findings += lemon_findings(participation, critical, runs, rules)
     findings += counter_findings(history, runs, rules)
     speed = series["compute_speed"]
+    gpu_speed = {unit: points for (unit, _), points in per_gpu["compute_speed"].items()}  # (node, gpu) -> points
     summaries = []
     for node in sorted(participation):
         models = [model for n, model in speed if n == node]
         mine = [f for f in findings if node in f.nodes]
+        gpus = sorted({gpu for n, gpu in gpu_speed if n == node}
+                      | {str(f.evidence["gpu"]) for f in mine if f.evidence.get("gpu") is not None})
         summaries.append(NodeSummary(node=node, model=models[0] if models else None, runs=len(participation[node]),
                                      critical_runs=len(critical.get(node, ())),
-                                     speed=speed.get((node, models[0]), []) if models else [], findings=mine))
+                                     speed=speed.get((node, models[0]), []) if models else [], findings=mine,
+                                     gpus=[GpuSummary(gpu, gpu_speed.get((node, gpu), []),
+                                                      [f for f in mine if f.evidence.get("gpu") == gpu])
+                                           for gpu in gpus]))
     summaries.sort(key=lambda s: (-int(s.worst), s.node))
     starts = [r.started_at for r in history.runs]
     return Verdicts(summaries, findings, len(history.runs), min(starts, default=None), max(starts, default=None))
@@ -185,53 +231,109 @@ def _order(runs: dict[str, RunRow], run_id: str) -> tuple[float, str]:
 
 def fleet_series(history: History, runs: dict[str, RunRow], metric: str,
                  min_peers: int) -> dict[tuple[str, Optional[str]], list[Point]]:
-    """(node, model) -> its points of `metric`, oldest first, each with the fleet's median at that time."""
-    values: dict[tuple[str, str, Optional[str]], list[float]] = defaultdict(list)  # (run, node, model)
+    """(node, model) -> its points of `metric` (the median over its GPUs or ranks), oldest first,
+    each with the median of the other nodes' latest values at that time."""
+    return _against_fleet(_readings(history, runs, metric, lambda m: m.node), runs, min_peers)
+
+
+def gpu_series(history: History, runs: dict[str, RunRow], metric: str,
+               min_peers: int) -> dict[tuple[tuple[str, str], Optional[str]], list[Point]]:
+    """((node, gpu), model) -> that GPU's points of `metric`, each with the median of every other GPU's
+    latest value of the model at that time (none for readings that name no GPU: CPU ranks, busbw)."""
+    return _against_fleet(_readings(history, runs, metric, lambda m: None if m.gpu is None else (m.node, m.gpu)),
+                          runs, min_peers)
+
+
+def _readings(history: History, runs: dict[str, RunRow], metric: str,
+              unit_of: Callable[[Measurement], Optional[Unit]]) -> dict[tuple[str, Unit, Optional[str]], list[float]]:
+    """(run, unit, model) -> the run's finite positive values of `metric` for that unit."""
+    values: dict[tuple[str, Unit, Optional[str]], list[float]] = defaultdict(list)
     for m in history.measurements:
         if m.metric == metric and m.run_id in runs and math.isfinite(m.value) and m.value > 0:
-            values[(m.run_id, m.node, m.model)].append(m.value)
-    by_run: dict[str, list[tuple[str, Optional[str], float]]] = defaultdict(list)
-    for (run_id, node, model), vals in values.items():
-        by_run[run_id].append((node, model, statistics.median(vals)))
-    latest: dict[Optional[str], dict[str, float]] = defaultdict(dict)  # model -> node -> its latest value
-    out: dict[tuple[str, Optional[str]], list[Point]] = defaultdict(list)
+            unit = unit_of(m)
+            if unit is not None:
+                values[(m.run_id, unit, m.model)].append(m.value)
+    return values
+
+
+def _against_fleet(values: dict[tuple[str, Unit, Optional[str]], list[float]], runs: dict[str, RunRow],
+                   min_peers: int) -> dict[tuple[Unit, Optional[str]], list[Point]]:
+    """(unit, model) -> its median value per run, oldest first, each with the median of the latest value of
+    every other unit of the model as of that run (None: fewer than `min_peers` of them)."""
+    by_run: dict[str, list[tuple[Unit, Optional[str], float]]] = defaultdict(list)
+    for (run_id, unit, model), vals in values.items():
+        by_run[run_id].append((unit, model, statistics.median(vals)))
+    latest: dict[Optional[str], dict[Unit, float]] = defaultdict(dict)  # model -> unit -> its latest value
+    out: dict[tuple[Unit, Optional[str]], list[Point]] = defaultdict(list)
     for run_id in sorted(by_run, key=lambda r: _order(runs, r)):
-        for node, model, value in by_run[run_id]:  # the run's own nodes first: they were measured together
-            latest[model][node] = value
-        for node, model, value in by_run[run_id]:
-            peers = [v for n, v in latest[model].items() if n != node]
+        for unit, model, value in by_run[run_id]:  # the run's own units first: they were measured together
+            latest[model][unit] = value
+        for unit, model, value in by_run[run_id]:
+            peers = [v for u, v in latest[model].items() if u != unit]
             fleet = statistics.median(peers) if len(peers) >= min_peers else None
-            out[(node, model)].append(Point(run_id, runs[run_id].started_at, value, fleet))
+            out[(unit, model)].append(Point(run_id, runs[run_id].started_at, value, fleet))
     return dict(out)
 
 
-def change_point(ratios: Sequence[float], rules: Rules) -> Optional[int]:
-    """The index of the first run from which the node stays under (1 - margin) of its earlier median."""
+def change_point(ratios: Sequence[float], rules: Rules, noise_z: float = 0.0) -> Optional[int]:
+    """The index of the first run from which the node stays under (1 - margin) of its earlier median
+    (and, with `noise_z`, under that median less noise_z times the earlier runs' spread: 1.4826 MAD)."""
     for k in range(rules.min_before, len(ratios) - rules.min_after + 1):
-        line = (1.0 - rules.margin) * statistics.median(ratios[:k])
+        base = statistics.median(ratios[:k])
+        spread = 1.4826 * statistics.median(abs(r - base) for r in ratios[:k])
+        line = min((1.0 - rules.margin) * base, base - noise_z * spread)
         if (ratios[k] < line and statistics.median(ratios[k:k + rules.min_after]) < line
                 and statistics.median(ratios[k:]) < line):
             return k
     return None
 
 
-def drift_finding(node: str, model: Optional[str], metric: str, points: Sequence[Point],
-                  rules: Rules) -> Optional[Finding]:
+def drift_findings(nodes: dict[tuple[str, Optional[str]], list[Point]],
+                   gpus: dict[tuple[tuple[str, str], Optional[str]], list[Point]], metric: str,
+                   rules: Rules) -> list[Finding]:
+    """Each drifted node, and each drifted GPU of a node that did not drift as a whole (that node's
+    drifted GPUs are named in its own finding instead: one finding per fault, not nine)."""
+    gpu_drifts: dict[str, list[Finding]] = defaultdict(list)
+    for ((node, gpu), model), points in sorted(gpus.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        drift = drift_finding(node, model, metric, points, rules, gpu=gpu)
+        if drift is not None:
+            gpu_drifts[node].append(drift)
+    out = []
+    for (node, model), points in sorted(nodes.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        drift = drift_finding(node, model, metric, points, rules,
+                              gpus_drifted=[str(f.evidence["gpu"]) for f in gpu_drifts[node]])
+        if drift is not None:
+            out.append(drift)
+        else:
+            out += gpu_drifts[node]
+    return out
+
+
+def drift_finding(node: str, model: Optional[str], metric: str, points: Sequence[Point], rules: Rules, *,
+                  gpu: Optional[str] = None, gpus_drifted: Sequence[str] = ()) -> Optional[Finding]:
+    """The drift of one node (or one GPU of it: `gpu`), None when its series shows none."""
     judged = [p for p in points if p.ratio is not None]
     ratios = [p.ratio for p in judged if p.ratio is not None]
-    k = change_point(ratios, rules)
+    k = change_point(ratios, rules, rules.gpu_noise_z if gpu is not None else 0.0)
     if k is None:
         return None
     before, after = statistics.median(ratios[:k]), statistics.median(ratios[k:])
     start, last = judged[k], judged[-1]
     drop = (1.0 - after / before) * 100.0
     what = "compute speed" if metric == "compute_speed" else "bus bandwidth"
+    who = node if gpu is None else f"{node} GPU {gpu}"
+    evidence: dict = {}
+    if gpu is not None:
+        evidence["gpu"] = gpu
+    elif gpus_drifted:  # the node's GPUs went together: named here, not once each
+        evidence["gpus_drifted"] = list(gpus_drifted)
     return codes.finding(
         "HIS001", PROBE,
-        f"{node}: {what} {drop:.0f}% lower against the fleet's {model or 'same-model'} median since run "
+        f"{who}: {what} {drop:.0f}% lower against the fleet's {model or 'same-model'} median since run "
         f"{start.run_id} ({_date(start.started_at)}), {len(ratios) - k} runs in a row",
         nodes=(node,),
-        evidence={"metric": metric, "model": model, "since_run": start.run_id, "since": _date(start.started_at),
+        evidence={**evidence, "metric": metric, "model": model, "since_run": start.run_id,
+                  "since": _date(start.started_at),
                   "ratio_to_fleet_before": round(before, 3), "ratio_to_fleet_after": round(after, 3),
                   "drop_pct": round(drop, 1), "runs_before": k, "runs_after": len(ratios) - k,
                   "latest": {"run_id": last.run_id, "date": _date(last.started_at), "value": last.value,

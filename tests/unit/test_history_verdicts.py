@@ -18,13 +18,14 @@ T0 = 1_700_000_000.0
 
 
 def _fleet(nodes: int, runs: int, *, seed: int, noise: float = 0.03, slow: Optional[dict[str, tuple[int, float]]] = None,
-           per_node_runs: bool = False, gpus: int = 2) -> History:
+           per_node_runs: bool = False, gpus: int = 2,
+           slow_gpus: Optional[dict[tuple[str, int], tuple[int, float]]] = None) -> History:
     """`runs` runs of `nodes` nodes with `gpus` GPUs each (speed 100 +- noise, busbw 20 +- noise).
 
-    slow: node -> (first slow run, factor). per_node_runs: each run is one node's (a prolog), else
-    one run holds every node (a multi-node check)."""
+    slow: node -> (first slow run, factor); slow_gpus: the same for one GPU, (node, index) -> ...
+    per_node_runs: each run is one node's (a prolog), else one run holds every node (a multi-node check)."""
     rng = random.Random(seed)
-    slow = slow or {}
+    slow, slow_gpus = slow or {}, slow_gpus or {}
     names = [f"node{i:02d}" for i in range(nodes)]
     h = History(path="synthetic", schema_version=1, runs=[], nodes=[], measurements=[], findings=[])
     for i in range(runs):
@@ -37,7 +38,8 @@ def _fleet(nodes: int, runs: int, *, seed: int, noise: float = 0.03, slow: Optio
                 first, factor = slow.get(node, (10**9, 1.0))
                 scale = factor if i >= first else 1.0
                 for g in range(gpus):
-                    speed = 100.0 * scale * (1 + rng.gauss(0, noise))
+                    gpu_first, gpu_factor = slow_gpus.get((node, g), (10**9, 1.0))
+                    speed = 100.0 * scale * (gpu_factor if i >= gpu_first else 1.0) * (1 + rng.gauss(0, noise))
                     h.measurements.append(Measurement(run_id, node, g, f"GPU-{node}-{g}", "H100", "compute_speed",
                                                       speed, "TFLOP/s"))
                 h.measurements.append(Measurement(run_id, node, None, None, "H100", "busbw_gbs",
@@ -76,6 +78,40 @@ def test_a_healthy_noisy_fleet_gets_no_verdict(nodes, seed):
     verdicts = judge(_fleet(nodes, 20, seed=seed, noise=0.04))
     assert verdicts.findings == [], [f.title for f in verdicts.findings]
     assert verdicts.exit_code == 0 and len(verdicts.summaries) == nodes
+
+
+@pytest.mark.parametrize("nodes", [3, 50])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_one_gpu_of_8_drifting_at_run_10_of_20_is_named_with_its_node_and_nothing_else(nodes, seed):
+    history = _fleet(nodes, 20, seed=seed, gpus=8, slow_gpus={("node01", 5): (10, 0.8)})
+    verdicts = judge(history)
+    assert [(f.code, f.nodes, f.evidence.get("gpu")) for f in verdicts.findings] == [
+        ("HIS001", ("node01",), "GPU-node01-5")], [f.title for f in verdicts.findings]
+    drift = verdicts.findings[0]
+    assert drift.title.startswith("node01 GPU GPU-node01-5: compute speed")
+    assert abs(int(drift.evidence["since_run"][1:4]) - 10) <= 1 and 15 <= drift.evidence["drop_pct"] <= 25
+    row = verdicts.summaries[0]  # the node's row first, its GPU row carries the verdict
+    assert row.node == "node01" and [g.gpu for g in row.gpus] == [f"GPU-node01-{g}" for g in range(8)]
+    assert [g.gpu for g in row.gpus if g.findings] == ["GPU-node01-5"] and row.gpus[5].trend_pct < -10
+    assert all(not g.findings for s in verdicts.summaries[1:] for g in s.gpus)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_whole_node_of_8_gpus_drifting_is_named_once_as_the_node(seed):
+    verdicts = judge(_fleet(3, 20, seed=seed, gpus=8, slow={"node02": (10, 0.8)}))
+    drift = _codes(verdicts.findings, "HIS001")
+    assert [(f.nodes, f.evidence.get("gpu")) for f in drift] == [(("node02",), None)], [f.title for f in drift]
+    named = drift[0].evidence["gpus_drifted"]  # those of its GPUs whose own series shows it (noise may hide one)
+    assert len(named) >= 6 and set(named) <= {f"GPU-node02-{g}" for g in range(8)}, named
+    assert verdicts.findings == drift and abs(int(drift[0].evidence["since_run"][1:4]) - 10) <= 1
+
+
+@pytest.mark.parametrize("nodes", [3, 50])
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_a_healthy_noisy_fleet_of_8_gpu_nodes_gets_no_verdict_per_gpu(nodes, seed):
+    verdicts = judge(_fleet(nodes, 20, seed=seed, gpus=8, noise=0.04))
+    assert verdicts.findings == [], [f.title for f in verdicts.findings]
+    assert sum(len(s.gpus) for s in verdicts.summaries) == 8 * nodes
 
 
 def test_the_whole_fleet_slowing_is_not_drift():
