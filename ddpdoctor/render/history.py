@@ -1,7 +1,9 @@
 """`ddpdoctor history` in the terminal (a row per node, then the verdicts) and as a plot.
 
 The table answers the weekly question, which nodes to look at: runs, the latest measured speed
-against the fleet's median of the same model, the trend of that ratio, critical runs, verdicts.
+against the fleet's median of the same model, the trend of that ratio, critical runs, verdicts;
+under a node, a row for each of its GPUs with a verdict of its own (one slow GPU of 8), so a
+fleet of 8-GPU nodes is not 8 times as long to read.
 The plot (matplotlib, an optional extra) shows each node's ratio to the fleet over time.
 """
 
@@ -14,19 +16,23 @@ from rich.text import Text
 from ddpdoctor.core.errors import UsageError
 from ddpdoctor.core.files import atomic_write_bytes
 from ddpdoctor.core.findings import Severity
-from ddpdoctor.history.verdicts import NodeSummary, Verdicts
+from ddpdoctor.history.verdicts import GpuSummary, NodeSummary, Verdicts
 from ddpdoctor.render.console import _STYLE, render_findings
 
 _VERDICT = {0: "OK", 1: "WARNING", 2: "CRITICAL"}
 
 
-def _speed(summary: NodeSummary) -> str:
+def _speed(summary: NodeSummary | GpuSummary) -> str:
     latest = summary.latest
     if latest is None:
         return "-"
     if latest.fleet is None:
         return f"{latest.value / 1e9:.3g} GFLOP/s"
     return f"{latest.value / 1e9:.3g} GFLOP/s ({100 * (latest.value / latest.fleet - 1):+.0f}% vs fleet)"
+
+
+def _trend(summary: NodeSummary | GpuSummary) -> str:
+    return "-" if summary.trend_pct is None else f"{summary.trend_pct:+.0f}%"
 
 
 def render_history(verdicts: Verdicts, console: Console) -> None:
@@ -41,10 +47,14 @@ def render_history(verdicts: Verdicts, console: Console) -> None:
     for col in ("node", "model", "runs", "latest speed", "trend", "critical runs", "verdict"):
         table.add_column(col, overflow="fold")
     for s in verdicts.summaries:
-        trend = "-" if s.trend_pct is None else f"{s.trend_pct:+.0f}%"
         verdict = ", ".join(f.code for f in s.findings) or "ok"
-        table.add_row(Text(s.node), Text(s.model or "-"), Text(str(s.runs)), Text(_speed(s)), Text(trend),
+        table.add_row(Text(s.node), Text(s.model or "-"), Text(str(s.runs)), Text(_speed(s)), Text(_trend(s)),
                       Text(str(s.critical_runs)), Text(verdict, style=_STYLE[s.worst]))
+        for g in s.gpus:
+            if g.findings:
+                table.add_row(Text(f"  GPU {g.gpu}"), Text(""), Text(str(len(g.speed) or "")), Text(_speed(g)),
+                              Text(_trend(g)), Text(""),
+                              Text(", ".join(f.code for f in g.findings), style=_STYLE[g.worst]))
     console.print(table)
     if verdicts.findings:
         console.print()

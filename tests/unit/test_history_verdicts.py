@@ -235,6 +235,23 @@ def test_the_command_names_the_drifting_node_in_json_and_exit_code(tmp_path, cap
     assert main(["history", store, "--since", "2023-11-30"]) == 0  # 4 runs left, all after the change: no drift
 
 
+def test_the_command_shows_a_drifting_gpu_under_its_node(tmp_path, capsys):
+    import json
+
+    from ddpdoctor.cli import main
+
+    store = _store(tmp_path, _fleet(3, 20, seed=2, gpus=8, slow_gpus={("node01", 5): (10, 0.8)}))
+    out = tmp_path / "verdicts.json"
+    assert main(["history", store, "--json", str(out)]) == 1
+    row = json.loads(out.read_text())["nodes"][0]
+    assert row["node"] == "node01" and len(row["gpus"]) == 8
+    assert [(g["gpu"], g["findings"]) for g in row["gpus"] if g["findings"]] == [("GPU-node01-5", ["HIS001"])]
+    assert row["gpus"][5]["trend_pct"] < -10 and abs(row["trend_pct"]) < 10  # the node as a whole did not move
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("node01"))
+    assert lines[at + 1].split()[:2] == ["GPU", "GPU-node01-5"] and "HIS001" in lines[at + 1]
+
+
 @pytest.mark.parametrize("case", ["missing", "corrupt", "newer", "unknown-node", "bad-date", "plot"])
 def test_bad_input_is_one_line_and_exit_3(tmp_path, capsys, case):
     import importlib.util
