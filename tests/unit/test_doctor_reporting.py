@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from ddpdoctor.callback.doctor import Doctor, FindingRaised, _first_tensor, _fingerprint
+from ddpdoctor.callback.doctor import Doctor, FindingRaised
+from ddpdoctor.callback.user_objects import first_tensor as _first_tensor, fingerprint as _fingerprint
 from ddpdoctor.core.findings import Finding, Severity
 
 
@@ -85,7 +86,7 @@ def test_batch_fingerprints_tell_batches_apart_and_find_the_first_tensor():
 def test_other_data_parallel_wrappers_are_not_called_unwrapped():
     from torch.nn.parallel import DistributedDataParallel
 
-    from ddpdoctor.callback.doctor import _is_wrapped, _unsharded_sampler
+    from ddpdoctor.callback.user_objects import is_wrapped as _is_wrapped, unsharded_sampler as _unsharded_sampler
 
     class FSDPLinear(nn.Linear):  # what FSDP2's fully_shard makes of an nn.Linear
         pass
@@ -120,7 +121,7 @@ class Stuck:  # a store whose calls never return, as a TCPStore held by another 
 hang.COLLECT_S, hang.CULPRIT_EXIT_GRACE_S = 0.5, 0.5  # every wait of the hang's exchange: 4.5 s
 doctor = Doctor(nn.Linear(2, 2), on_hang="exit")
 doctor._store, doctor.world_size = Stuck(), 2
-doctor._cross_rank_hang(None)
+doctor._hang.cross_rank_hang(None)
 print("returned", flush=True)
 """
 

@@ -109,7 +109,7 @@ def test_no_scaling_finding_for_one_rank_or_without_a_learning_rate():
 
 
 def test_the_base_rate_of_a_warm_up_schedule_is_read_not_its_first_step():
-    from ddpdoctor.callback.doctor import _learning_rates
+    from ddpdoctor.callback.user_objects import learning_rates as _learning_rates
 
     model = nn.Linear(2, 2)
     optimizer = torch.optim.AdamW([{"params": [model.weight]}, {"params": [model.bias], "lr": 1e-4}], lr=3e-4)

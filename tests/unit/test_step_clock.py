@@ -11,7 +11,8 @@ import time
 import pytest
 from torch import nn
 
-from ddpdoctor.callback.doctor import WATCH_TICK_S, Doctor
+from ddpdoctor.callback.doctor import Doctor
+from ddpdoctor.callback.hang_watch import WATCH_TICK_S
 from ddpdoctor.callback.step_clock import FLOOR_S, SLOWEST_WINDOW, StepClock
 
 # A hang is named one watchdog tick at most after its allowance has run out.
