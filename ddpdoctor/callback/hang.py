@@ -11,7 +11,7 @@ the ranks waiting in a collective are its victims; with every rank in a collecti
 in another collective or step than the rest (a desync) are the cause.
 
 Here only what needs no torch: the records, the frames, the process states and the verdict.
-`Doctor` (doctor.py) builds its record from its own comm hook and main thread and runs the exchange.
+`Doctor`'s hang watch (hang_watch.py) builds its record from its comm hook and main thread and runs the exchange.
 """
 
 from __future__ import annotations
