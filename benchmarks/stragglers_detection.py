@@ -95,13 +95,14 @@ def _pinned_ranks(cmd: list[str], world: int, env: dict) -> None:
         proc.wait(timeout=600)
 
 
-def outside_run(place: str, inject: Optional[str], world: int, seconds: float) -> dict:
+def outside_run(place: str, inject: Optional[str], world: int, seconds: float, keep: Optional[str] = None,
+                tag: str = "report") -> dict:
     """One run in one place; the findings of the place's code, and the median step (stragglers probe)."""
     from ddpdoctor.runtime import outside_faults
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "report.json")
+        path = os.path.join(keep or tmp, f"{tag}.json")
         if place == "callback":
             cmd = [sys.executable, LOOP, "--case", "healthy", "--json", path, "--epochs", "14"]
             made = None
@@ -147,7 +148,7 @@ def outside_run(place: str, inject: Optional[str], world: int, seconds: float) -
 
 
 def outside_table(runs: int, seconds: float, max_load: float, places: list[str], patience_s: float,
-                  healthy: bool, cases: str) -> None:
+                  healthy: bool, cases: str, keep: Optional[str] = None) -> None:
     import statistics
 
     print(f"outside faults on rank 1, {runs} runs per cell; right / wrong / missed; slowdown: the stragglers probe's "
@@ -159,7 +160,7 @@ def outside_table(runs: int, seconds: float, max_load: float, places: list[str],
         loads, results = [], []
         for _ in range(runs):
             loads.append(wait_for_quiet(max_load, patience_s))
-            results.append(outside_run(place, None, world, seconds))
+            results.append(outside_run(place, None, world, seconds, keep, f"healthy-{world}-{place}-{len(results)}"))
         if world == 2 and place == "stragglers":
             healthy_steps = [r["step_ms"] for r in results if r["step_ms"]]
         alarms = sum(bool(r["named"]) for r in results)
@@ -172,7 +173,8 @@ def outside_table(runs: int, seconds: float, max_load: float, places: list[str],
             loads, results = [], []
             for _ in range(runs):
                 loads.append(wait_for_quiet(max_load, patience_s))
-                results.append(outside_run(place, inject, 2, seconds))
+                results.append(outside_run(place, inject, 2, seconds, keep,
+                                           f"{name.replace(' ', '_')}-{place}-{len(results)}"))
             right = sum(r["named"] == [1] and r["causes"] == [cause] for r in results)
             wrong = sum(bool(r["named"]) and not (r["named"] == [1] and r["causes"] == [cause]) for r in results)
             missed = runs - right - wrong
@@ -208,7 +210,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.outside:
         outside_table(args.runs, args.seconds, args.max_load, [p for p in args.places.split(",") if p], args.patience,
-                      not args.no_healthy, args.cases)
+                      not args.no_healthy, args.cases, args.keep)
         return 0
     cases: list[tuple[str, Optional[str], Optional[int], Optional[str]]] = []
     if not args.no_healthy:

@@ -50,6 +50,9 @@ MEMORY_UNEVEN_SHARE = 0.25
 MEMORY_UNEVEN_BYTES = 256 * 2**20
 COMM_BOUND_SHARE = 0.5
 UTIL_GAP_POINTS = 20.0
+# Of a rank's extra work (against its peers) that its extra wait for a CPU must cover for the CPU
+# denied to be the cause even when its best steps are slow too.
+EXPLAINS_SHARE = 0.5
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown",
                     "sw_power_cap", "board_limit", "reliability")
 
@@ -331,7 +334,12 @@ def diagnose_stragglers(facts: ByRank, run: RunView) -> list[Finding]:
     # for a CPU, having more to do); the CPU denied explains the others, extra time outside both, and
     # any rank whose cgroup throttled it or whose process was stopped (counted directly, DIRECT).
     starved = {r: v for r, v in _denied_cpu(facts, scores, uneven_batch).items()
-               if r not in slow or v[0].cause in DIRECT or _cause(facts, scores, r)[0] == "host overhead"}
+               if r not in slow or v[0].cause in DIRECT or _denied_explains(facts, scores, r, v[0])}
+    if starved:
+        # Its peers share the job with it: waiting for it (and waking from that wait) slows them
+        # too, in their own timings. Another rank is named beside it only if they wait for that one too.
+        waited = _peer_waits(facts, scores)
+        slow = [r for r in slow if r in starved or _waited_for(waited, scores, r)]
     slow = sorted(set(slow) | set(starved))
     for r in slow:
         findings.append(_starved(scores, run, starved[r]) if r in starved else _straggler(facts, scores, run, r))
@@ -365,11 +373,25 @@ def _denied_cpu(facts: ByRank, scores: Scores, skip: set[int]) -> dict[int, tupl
         if r in skip:
             continue
         why = denied(contention, r, scores.peers(r))
-        usual = _median([waited[p] for p in scores.peers(r)])
-        if why is not None and (waited[r] - usual >= scores.threshold_pct
-                                or held_apart(contention, r, scores.peers(r))):
-            out[r] = (why, waited[r], usual)
+        if why is not None and (_waited_for(waited, scores, r) or held_apart(contention, r, scores.peers(r))):
+            out[r] = (why, waited[r], _median([waited[p] for p in scores.peers(r)]))
     return out
+
+
+def _waited_for(waited: Mapping[int, float], scores: Scores, rank: int) -> bool:
+    """Its peers waited for it the threshold longer (in % of the step) than for the median of them."""
+    return waited[rank] - _median([waited[p] for p in scores.peers(rank)]) >= scores.threshold_pct
+
+
+def _denied_explains(facts: ByRank, scores: Scores, rank: int, why: Denied) -> bool:
+    """A rank slow in its good steps too is denied the CPU, not slow by itself, when the time it waited
+    for a CPU beyond its peers covers most of its extra work (a neighbour running the whole time
+    slows every step, the best too); a rank that computes more spends its extra time on a CPU."""
+    if _cause(facts, scores, rank)[0] == "host overhead":
+        return True
+    steps = _floats(facts[rank].steps.step_ms)[:scores.steps]
+    denied_ms = (why.lost_pct - why.peers_lost_pct) / 100.0 * statistics.fmean(steps)
+    return denied_ms >= EXPLAINS_SHARE * _excess(scores, rank)["work"]
 
 
 def _starved(scores: Scores, run: RunView, found: tuple[Denied, float, float]) -> Finding:

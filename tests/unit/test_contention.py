@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from ddpdoctor.callback.online_checks import merge_contention
+from ddpdoctor.callback.online_checks import History, RankWindow, merge_contention
 from ddpdoctor.callback.row import GatheredRow, contention_fields, pack, unpack
 from ddpdoctor.core.errors import UsageError
 from ddpdoctor.core.faults import parse_faults
@@ -165,3 +165,54 @@ def test_a_quota_is_set_and_removed_or_refused_with_the_reason():
     finally:
         target.kill()
         target.wait()
+
+
+def _fixture(name: str) -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "stragglers_callback" / name).read_text())["facts"]
+
+
+def _named(facts) -> list[tuple[tuple[int, ...], str]]:
+    from ddpdoctor.probes.base import RunView
+    from ddpdoctor.probes.stragglers.scores import diagnose_stragglers
+
+    return [(f.ranks, f.evidence["cause"]) for f in diagnose_stragglers(facts, RunView(world_size=len(facts)))
+            if f.code == "STR001"]
+
+
+@pytest.mark.parametrize("name", ["quota30_callback_a.json", "quota30_callback_b.json"])
+def test_beside_a_rank_denied_the_cpu_a_healthy_peer_its_peers_do_not_wait_for_is_not_named(name):
+    """Recorded: the callback on 2 ranks, rank 1 under a 30% quota. Rank 0's best-case work is 15% above
+    rank 1's in most windows (0.4 of a 3.9 ms comm-bound step), which the older score took for a slow
+    rank 0 (`compute`), beside rank 1 named for its quota; rank 1 is the one its peer waits for."""
+    from ddpdoctor.probes.base import RunView
+    from ddpdoctor.probes.stragglers.scores import _persistent, by_rank, score
+
+    facts = by_rank(_fixture(name))
+    scores = score(facts, RunView(world_size=2))
+    assert scores is not None and _persistent(scores.ranks[0], scores.threshold_pct)  # what misled the score
+    assert _named(facts) == [((1,), "CPU quota")]
+
+
+def _loop(rank: int, work_ms: float, wait_ms: float, delay_pct: float, corunners=()) -> RankWindow:
+    n = 40
+    jitter = [0.02 * (i % 5) for i in range(n)]  # never two equal steps: a window's low quantile is a real one
+    return RankWindow(rank=rank, host="vm", step=n, step_ms=[work_ms + wait_ms + j for j in jitter],
+                      data_ms=[0.2] * n, wait_ms=[wait_ms] * n, samples=[32.0] * n, fingerprint=0, loader_len=-1,
+                      stale_epoch=False, peak_mem_bytes=0,
+                      contention=_facts(delay_pct, corunners=corunners).to_json())
+
+
+@pytest.mark.parametrize("delay, cause", [(45.0, "CPU contention"), (27.0, "compute")])
+def test_a_rank_slow_in_every_step_is_denied_the_cpu_when_its_wait_for_a_cpu_covers_its_extra_work(delay, cause):
+    """A neighbour running the whole time slows a rank's best steps too (its work 6 ms against 1.6 ms):
+    that is CPU contention when the time it waited for a CPU beyond its peer's (35% of an 8 ms step:
+    2.8 ms) covers most of its extra work (4.4 ms); a rank that waited 17 points more (1.4 ms) is still
+    slow by itself, its extra time spent on a CPU."""
+    history = History()
+    hog = [Corunner(pid=77, name="ddpdoctor-hog", cpu_pct=50.0)]
+    history.add({0: _loop(0, 1.6, 4.6, 10.0), 1: _loop(1, 6.0, 0.2, delay, hog)})
+    named = _named(history.facts())
+    assert named == [((1,), cause)]
