@@ -182,6 +182,7 @@ def test_twenty_runs_three_nodes_one_drifts(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 20 rounds of 3 checks: about 15 s a round on 2 loaded cores
 @_TWO_CPUS
 @_FIFO
 def test_twenty_runs_per_node_node_c_drifts_from_its_tenth(tmp_path: Path) -> None:
