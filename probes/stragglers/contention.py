@@ -102,10 +102,26 @@ def denied(contention: Mapping[int, Optional[ContentionFacts]], rank: int,
     if lost is None or lost - peers_lost < LOST_GAP_PTS:
         return None
     found = classify(rank, me, peers_lost)
+    if found is not None and found.cause == "CPU contention" and _same_cores(me, contention, peers):
+        return None
     if found is not None:
         found.evidence["lost_cpu_pct_by_rank"] = {
             r: (None if c is None else lost_cpu(c)) for r, c in sorted(contention.items())}
     return found
+
+
+def _same_cores(me: ContentionFacts, contention: Mapping[int, Optional[ContentionFacts]],
+                peers: Sequence[int]) -> bool:
+    """The rank may run on exactly the CPUs its peers may run on: they time-share the same cores.
+
+    Then another process on those cores takes its time from every rank alike, and which rank
+    the scheduler happened to keep waiting longer over a few seconds is chance, not a fault of
+    that rank (measured: unpinned healthy ranks beside other sessions' processes on the 2-core
+    VM differed by 17-23 points). That is the host's load (HOM015), not a straggler. A
+    neighbour on the rank's own core (ranks pinned apart), a spent quota or a stopped process
+    belong to the rank and are still named."""
+    theirs = [c.cpus for p in peers if (c := contention.get(p)) is not None]
+    return bool(me.cpus) and bool(theirs) and all(cpus == me.cpus for cpus in theirs)
 
 
 def held_apart(contention: Mapping[int, Optional[ContentionFacts]], rank: int, peers: Sequence[int]) -> bool:

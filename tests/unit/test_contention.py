@@ -22,9 +22,9 @@ from ddpdoctor.probes.stragglers.contention import LOST_GAP_PTS, classify, denie
 from ddpdoctor.runtime import outside_faults
 
 
-def _facts(delay: float, off: float = 0.0, throttled: float = 0.0, corunners=(), stopped: float = 0.0
-           ) -> ContentionFacts:
-    return ContentionFacts(wall_s=2.0, run_delay_pct=delay, off_cpu_pct=off, throttled_pct=throttled, cpus="1",
+def _facts(delay: float, off: float = 0.0, throttled: float = 0.0, corunners=(), stopped: float = 0.0,
+           cpus: str = "1") -> ContentionFacts:
+    return ContentionFacts(wall_s=2.0, run_delay_pct=delay, off_cpu_pct=off, throttled_pct=throttled, cpus=cpus,
                            corunners=list(corunners), stopped_pct=stopped)
 
 
@@ -62,7 +62,7 @@ def test_the_cause_is_named_from_what_the_kernel_counted(facts, cause, said):
 def test_ranks_that_time_share_cores_evenly_are_not_denied_and_one_that_loses_more_is():
     even = {r: _facts(48 + r) for r in range(4)}
     assert all(denied(even, r, [p for p in even if p != r]) is None for r in even)
-    one = {0: _facts(5), 1: _facts(5 + LOST_GAP_PTS + 10), 2: _facts(6)}
+    one = {0: _facts(5, cpus="0"), 1: _facts(5 + LOST_GAP_PTS + 10, cpus="1"), 2: _facts(6, cpus="2")}
     assert denied(one, 1, [0, 2]) is not None and denied(one, 0, [1, 2]) is None
 
 
@@ -202,7 +202,7 @@ def _loop(rank: int, work_ms: float, wait_ms: float, delay_pct: float, corunners
     return RankWindow(rank=rank, host="vm", step=n, step_ms=[work_ms + wait_ms + j for j in jitter],
                       data_ms=[0.2] * n, wait_ms=[wait_ms] * n, samples=[32.0] * n, fingerprint=0, loader_len=-1,
                       stale_epoch=False, peak_mem_bytes=0,
-                      contention=_facts(delay_pct, corunners=corunners).to_json())
+                      contention=_facts(delay_pct, corunners=corunners, cpus=str(rank)).to_json())
 
 
 @pytest.mark.parametrize("delay, cause", [(45.0, "CPU contention"), (27.0, "compute")])
