@@ -82,7 +82,9 @@ def test_a_slow_link_between_two_ranks_is_localised(tmp_path):
     assert bw["1-2"] < 0.5 * statistics.median([bw["0-1"], bw["2-3"], bw["3-0"]])
     # Blamed only after a second timing: the slow pair was timed twice, the others once.
     pairs = {r: f["pairs"] for r, f in probe_section(run.report, "allreduce")["facts"].items()}
-    assert all(p["retimed"] == ["1-2"] for p in pairs.values()), pairs
+    # On a busy host a pair that noise slowed may be timed again too (retiming suspects is the
+    # point); every rank retimes the same pairs, and the injected one among them.
+    assert all("1-2" in p["retimed"] and p["retimed"] == pairs["0"]["retimed"] for p in pairs.values()), pairs
     assert len(pairs["1"]["times_s"]["1-2"]) == 2 * len(pairs["1"]["times_s"]["0-1"])
     assert_nothing_left(run)
 
@@ -94,7 +96,9 @@ def test_a_pair_slow_once_is_timed_again_and_not_blamed(tmp_path):
     assert run.returncode == 0, run.explain()
     assert not run.findings("BW003") and not run.findings("BW002"), run.explain()
     pairs = {r: f["pairs"] for r, f in probe_section(run.report, "allreduce")["facts"].items()}
-    assert all(p["retimed"] == ["1-2"] for p in pairs.values()), pairs
+    # On a busy host a pair that noise slowed may be timed again too (retiming suspects is the
+    # point); every rank retimes the same pairs, and the injected one among them.
+    assert all("1-2" in p["retimed"] and p["retimed"] == pairs["0"]["retimed"] for p in pairs.values()), pairs
     first, again = pairs["1"]["times_s"]["1-2"][:10], pairs["1"]["times_s"]["1-2"][10:]
     assert min(first) > 2 * min(again), (first, again)  # the best call: slow the first time, not after
     assert_nothing_left(run)
