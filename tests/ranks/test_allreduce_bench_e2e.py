@@ -85,7 +85,9 @@ def test_a_slow_link_between_two_ranks_is_localised(tmp_path):
     # On a busy host a pair that noise slowed may be timed again too (retiming suspects is the
     # point); every rank retimes the same pairs, and the injected one among them.
     assert all("1-2" in p["retimed"] and p["retimed"] == pairs["0"]["retimed"] for p in pairs.values()), pairs
-    assert len(pairs["1"]["times_s"]["1-2"]) == 2 * len(pairs["1"]["times_s"]["0-1"])
+    times = pairs["1"]["times_s"]
+    once = [q for q in ("0-1", "2-3", "3-0") if q not in pairs["1"]["retimed"]]
+    assert all(len(times["1-2"]) == 2 * len(times[q]) for q in once), pairs
     assert_nothing_left(run)
 
 
