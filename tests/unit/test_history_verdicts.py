@@ -92,7 +92,8 @@ def test_one_gpu_of_8_drifting_at_run_10_of_20_is_named_with_its_node_and_nothin
     assert abs(int(drift.evidence["since_run"][1:4]) - 10) <= 1 and 15 <= drift.evidence["drop_pct"] <= 25
     row = verdicts.summaries[0]  # the node's row first, its GPU row carries the verdict
     assert row.node == "node01" and [g.gpu for g in row.gpus] == [f"GPU-node01-{g}" for g in range(8)]
-    assert [g.gpu for g in row.gpus if g.findings] == ["GPU-node01-5"] and row.gpus[5].trend_pct < -10
+    trend = row.gpus[5].trend_pct
+    assert [g.gpu for g in row.gpus if g.findings] == ["GPU-node01-5"] and trend is not None and trend < -10
     assert all(not g.findings for s in verdicts.summaries[1:] for g in s.gpus)
 
 
