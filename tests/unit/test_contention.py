@@ -171,7 +171,7 @@ def _fixture(name: str) -> dict:
     import json
     from pathlib import Path
 
-    return json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "stragglers_callback" / name).read_text())["facts"]
+    return json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "stragglers_outside" / name).read_text())["facts"]
 
 
 def _named(facts) -> list[tuple[tuple[int, ...], str]]:
@@ -216,3 +216,14 @@ def test_a_rank_slow_in_every_step_is_denied_the_cpu_when_its_wait_for_a_cpu_cov
     history.add({0: _loop(0, 1.6, 4.6, 10.0), 1: _loop(1, 6.0, 0.2, delay, hog)})
     named = _named(history.facts())
     assert named == [((1,), cause)]
+
+
+def test_a_recorded_rank_with_a_busy_neighbour_on_its_core_is_named_for_contention_not_compute():
+    """Recorded: the probe, rank 1 sharing its core with a busy process the whole run, slow in its best
+    steps too; it waited for a CPU far more than its peer, which covers its extra work."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "stragglers_outside" / "hog_100_rank1.json"
+    named = _named(json.loads(path.read_text())["facts"])
+    assert named == [((1,), "CPU contention")]
