@@ -168,6 +168,7 @@ _TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2
 _FIFO = pytest.mark.skipif(not _may_use_fifo(), reason="the fault needs SCHED_FIFO (root or CAP_SYS_NICE)")
 
 
+@pytest.mark.timeout(300)  # 7 rounds of ~10 s, ~17 s on 2 cores at load 7 (seen: past the default 120 s)
 @_TWO_CPUS
 @_FIFO
 def test_twenty_runs_three_nodes_one_drifts(tmp_path: Path) -> None:
