@@ -71,6 +71,9 @@ def test_a_hang_in_a_5_ms_loop_is_named_within_30_s_with_no_deadline_set(tmp_pat
     assert any(d["allowance_s"] == 10.0 and "typical step" in d["rule"] for d in said), evidence
 
 
+# The slow tier (18.6 s of the default suite's budget): the hang case above crosses the same loop and
+# clock; the healthy irregular runs are simulated step by step in tests/unit/test_step_clock.py.
+@pytest.mark.slow
 def test_a_healthy_run_with_irregular_steps_is_never_called_hung(tmp_path):
     tag = uuid.uuid4().hex
     proc = torchrun(tmp_path, tag, "--case", "healthy", "--steps", "1500")
