@@ -89,13 +89,11 @@ def trend_pct(points: Sequence[Point]) -> Optional[float]:
     return (last / first - 1.0) * 100.0 if first > 0 else None
 
 
-@dataclass
-class GpuSummary:
-    """One GPU of a node: its own compute speed against the fleet's GPUs of the model, and its verdicts."""
+class _SpeedSeries:
+    """What a table row reads off its speed series and findings: a node's and a GPU's alike."""
 
-    gpu: str
-    speed: list[Point] = field(default_factory=list)  # compute_speed, oldest first
-    findings: list[Finding] = field(default_factory=list)
+    speed: list[Point]
+    findings: list[Finding]
 
     @property
     def latest(self) -> Optional[Point]:
@@ -108,6 +106,15 @@ class GpuSummary:
     @property
     def worst(self) -> Severity:
         return max((f.severity for f in self.findings), default=Severity.OK)
+
+
+@dataclass
+class GpuSummary(_SpeedSeries):
+    """One GPU of a node: its own compute speed against the fleet's GPUs of the model, and its verdicts."""
+
+    gpu: str
+    speed: list[Point] = field(default_factory=list)  # compute_speed, oldest first
+    findings: list[Finding] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"gpu": self.gpu, "latest_speed": self.latest.value if self.latest else None,
@@ -117,7 +124,7 @@ class GpuSummary:
 
 
 @dataclass
-class NodeSummary:
+class NodeSummary(_SpeedSeries):
     """One row of the history table."""
 
     node: str
@@ -127,18 +134,6 @@ class NodeSummary:
     speed: list[Point] = field(default_factory=list)  # compute_speed, oldest first
     findings: list[Finding] = field(default_factory=list)
     gpus: list[GpuSummary] = field(default_factory=list)  # by id; none on CPU ranks
-
-    @property
-    def latest(self) -> Optional[Point]:
-        return self.speed[-1] if self.speed else None
-
-    @property
-    def trend_pct(self) -> Optional[float]:
-        return trend_pct(self.speed)
-
-    @property
-    def worst(self) -> Severity:
-        return max((f.severity for f in self.findings), default=Severity.OK)
 
 
 @dataclass

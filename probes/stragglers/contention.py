@@ -52,10 +52,6 @@ class Denied:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-def _median(values: Sequence[float]) -> float:
-    return float(statistics.median(values)) if values else 0.0
-
-
 def _who(f: ContentionFacts) -> str:
     if not f.corunners:
         steal = f" (steal {f.steal_pct:g}% of its CPUs: the hypervisor's other guests)" if f.steal_pct else ""
@@ -98,7 +94,7 @@ def denied(contention: Mapping[int, Optional[ContentionFacts]], rank: int,
     known = [v for v in theirs if v is not None]
     if me is None or not known:
         return None
-    lost, peers_lost = lost_cpu(me), _median(known)
+    lost, peers_lost = lost_cpu(me), statistics.median(known)
     if lost is None or lost - peers_lost < LOST_GAP_PTS:
         return None
     found = classify(rank, me, peers_lost)
@@ -133,7 +129,7 @@ def held_apart(contention: Mapping[int, Optional[ContentionFacts]], rank: int, p
 
     me = contention.get(rank)
     theirs = [held(c) for p in peers if (c := contention.get(p)) is not None]
-    return me is not None and bool(theirs) and held(me) - _median(theirs) >= LOST_GAP_PTS
+    return me is not None and bool(theirs) and held(me) - statistics.median(theirs) >= LOST_GAP_PTS
 
 
 def peer_wait_pct(waits: Mapping[int, Sequence[float]], steps: Sequence[float], rank: int,
@@ -145,5 +141,5 @@ def peer_wait_pct(waits: Mapping[int, Sequence[float]], steps: Sequence[float], 
     if not peers or total <= 0:
         return 0.0
     n = min([len(waits[rank])] + [len(waits[p]) for p in peers])
-    extra = sum(max(0.0, _median([waits[p][i] for p in peers]) - waits[rank][i]) for i in range(n))
+    extra = sum(max(0.0, statistics.median([waits[p][i] for p in peers]) - waits[rank][i]) for i in range(n))
     return 100.0 * extra / total
