@@ -10,8 +10,10 @@ findings name exactly the injected rank with the expected cause (or, healthy, na
 
 --outside: each fault a separate process makes on rank 1 (runtime/outside_faults.py) at two strengths, judged by
 the default `check`, the `stragglers` probe and the training callback (tests/ranks/doctor_loop.py, a plain loop):
-named right / named wrong / missed, with the job's slowdown (the stragglers probe's median step against the healthy
-runs'); then healthy runs (2 ranks on 2 cores, 4 ranks on 2 cores, the callback's plain loop): false alarms. Two-rank
+named right / named wrong / missed, with the job's slowdown (the median step of the probe and of the callback's loop
+against the healthy runs' in the same place); first the healthy runs (2 ranks on 2 cores in each place and in a
+Lightning fit with the adapter, tests/ranks/adapter_fit.py, where --lightning-python has lightning; 4 ranks on 2
+cores in check and probe): false alarms. Two-rank
 runs are pinned one rank to a core (`taskset`, as srun --cpu-bind=cores does). Before each run the 1-minute load
 average must be at most --max-load (waits up to --patience seconds): the table says the median load its runs saw.
 """
@@ -67,7 +69,8 @@ OUTSIDE_CASES = [
     ("mempressure 2 GiB", "mempressure:rank=1:mb=2048", None),
 ]
 LOOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ranks", "doctor_loop.py")
-CODES = {"check": "HOM006", "stragglers": "STR001", "callback": "STR001"}
+FIT = os.path.join(os.path.dirname(LOOP), "adapter_fit.py")
+CODES = {"check": "HOM006", "stragglers": "STR001", "callback": "STR001", "lightning": "STR001"}
 
 
 def wait_for_quiet(max_load: float, patience_s: float = 120.0) -> float:
@@ -95,36 +98,48 @@ def _pinned_ranks(cmd: list[str], world: int, env: dict) -> None:
         proc.wait(timeout=600)
 
 
-def outside_run(place: str, inject: Optional[str], world: int, seconds: float, keep: Optional[str] = None,
-                tag: str = "report") -> dict:
-    """One run in one place; the findings of the place's code, and the median step (stragglers probe)."""
+def _loop_run(cmd: list[str], env: dict, inject: Optional[str]) -> None:
+    """Two ranks of a user's script, pinned one to a core, the fault made on rank 1 from outside."""
     from ddpdoctor.runtime import outside_faults
 
+    made = None
+    port = _port()
+    procs = [subprocess.Popen(["taskset", "-c", str(r % (os.cpu_count() or 1))] + cmd,
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]
+    try:
+        if inject:
+            kind, rest = inject.split(":", 1)
+            opts = dict(kv.split("=") for kv in rest.split(":")[1:])
+            made = outside_faults.start(kind, procs[1].pid, pct=float(opts.get("pct", 100)),
+                                        mb=float(opts.get("mb", 512)), cpu=1)
+        for proc in procs:
+            proc.wait(timeout=600)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        if made is not None:
+            made.stop()
+
+
+def outside_run(place: str, inject: Optional[str], world: int, seconds: float, keep: Optional[str] = None,
+                tag: str = "report", lightning_python: str = sys.executable) -> dict:
+    """One run in one place; the findings of the place's code, and the job's median step (the
+    stragglers probe's rank 0, or the callback's last verdict's steps on rank 0)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    step = None
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(keep or tmp, f"{tag}.json")
         if place == "callback":
-            cmd = [sys.executable, LOOP, "--case", "healthy", "--json", path, "--epochs", "14"]
-            made = None
-            port = _port()
-            procs = [subprocess.Popen(["taskset", "-c", str(r % (os.cpu_count() or 1))] + cmd,
-                                      env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                                               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]
-            try:
-                if inject:
-                    kind, rest = inject.split(":", 1)
-                    opts = dict(kv.split("=") for kv in rest.split(":")[1:])
-                    made = outside_faults.start(kind, procs[1].pid, pct=float(opts.get("pct", 100)),
-                                                mb=float(opts.get("mb", 512)), cpu=1)
-                for proc in procs:
-                    proc.wait(timeout=600)
-            finally:
-                for proc in procs:
-                    if proc.poll() is None:
-                        proc.kill()
-                if made is not None:
-                    made.stop()
+            _loop_run([sys.executable, LOOP, "--case", "healthy", "--json", path, "--epochs", "14",
+                       "--facts", f"{path}.facts"], env, inject)
+            judged = json.load(open(f"{path}.facts"))
+            steps = judged[-1]["facts"]["0"]["steps"]["step_ms"] if judged else []
+            step = sorted(steps)[len(steps) // 2] if steps else None
+        elif place == "lightning":
+            _loop_run([lightning_python, FIT, "lightning", "--json", path], env, inject)
         else:
             cmd = [sys.executable, "-m", "ddpdoctor", "check", "--no-live", "--json", path]
             if place == "stragglers":
@@ -138,7 +153,6 @@ def outside_run(place: str, inject: Optional[str], world: int, seconds: float, k
                                stderr=subprocess.DEVNULL, timeout=600)
         report = json.load(open(path))
     named = [f for f in report["findings"] if f["code"] == CODES[place]]
-    step = None
     for probe in report.get("probes", []):
         if probe.get("name") == "stragglers" and probe.get("facts"):
             steps = probe["facts"]["0"]["steps"]["step_ms"]
@@ -147,46 +161,54 @@ def outside_run(place: str, inject: Optional[str], world: int, seconds: float, k
             "causes": [f["evidence"].get("cause") for f in named], "step_ms": step}
 
 
-def outside_table(runs: int, seconds: float, max_load: float, places: list[str], patience_s: float,
-                  healthy: bool, cases: str, keep: Optional[str] = None) -> None:
+def _has_lightning(python: str) -> bool:
+    return subprocess.run([python, "-c", "import lightning"], capture_output=True).returncode == 0
+
+
+def outside_table(runs: int, healthy_runs: int, seconds: float, max_load: float, places: list[str], patience_s: float,
+                  cases: str, keep: Optional[str] = None, lightning_python: str = sys.executable) -> None:
     import statistics
 
-    print(f"outside faults on rank 1, {runs} runs per cell; right / wrong / missed; slowdown: the stragglers probe's "
-          "median step against the healthy 2-rank runs'")
-    healthy_steps: list[float] = []
+    print(f"outside faults on rank 1, {runs} runs per fault cell, {healthy_runs} per healthy one; right / wrong / "
+          "missed; slowdown: the job's median step (the stragglers probe, the callback's loop) against the healthy "
+          "2-rank runs' in the same place", flush=True)
+    base: dict[str, float] = {}
     rows = []
-    for name, world, place in ([("healthy 2 ranks/2 cores", 2, p) for p in places] +
-                               [("healthy 4 ranks/2 cores", 4, p) for p in places if p != "callback"]) * healthy:
+
+    def cell(place: str, inject: Optional[str], world: int, n: int, tag: str) -> tuple[list[dict], float]:
         loads, results = [], []
-        for _ in range(runs):
+        for i in range(n):
             loads.append(wait_for_quiet(max_load, patience_s))
-            results.append(outside_run(place, None, world, seconds, keep, f"healthy-{world}-{place}-{len(results)}"))
-        if world == 2 and place == "stragglers":
-            healthy_steps = [r["step_ms"] for r in results if r["step_ms"]]
+            results.append(outside_run(place, inject, world, seconds, keep, f"{tag}-{place}-{i}", lightning_python))
+        return results, statistics.median(loads)
+
+    healthy = [("healthy 2 ranks/2 cores", 2, p) for p in places]
+    if "callback" in places and healthy_runs and _has_lightning(lightning_python):
+        healthy.append(("healthy 2 ranks/2 cores, Lightning fit", 2, "lightning"))
+    healthy += [("healthy 4 ranks/2 cores", 4, p) for p in places if p in ("check", "stragglers")]
+    for name, world, place in healthy if healthy_runs else []:
+        results, load = cell(place, None, world, healthy_runs, f"healthy-{world}")
+        steps = [r["step_ms"] for r in results if r["step_ms"]]
+        if world == 2 and steps:
+            base[place] = statistics.median(steps)
         alarms = sum(bool(r["named"]) for r in results)
-        rows.append(f"| {name} | {place} | {alarms}/{runs} false alarms | | {statistics.median(loads):.1f} |")
+        odd = sorted({f"{r['named']} {'/'.join(map(str, r['causes']))}" for r in results if r["named"]})
+        rows.append(f"| {name} | {place} | {alarms}/{healthy_runs} false alarms{f' ({chr(59).join(odd)})' if odd else ''}"
+                    f" | | {load:.1f} |")
         print(rows[-1], flush=True)
-    base = statistics.median(healthy_steps) if healthy_steps else None
     for name, inject, cause in [c for c in OUTSIDE_CASES if not cases or c[0].split()[0] in cases.split(",")]:
-        slowdown = ""
-        for place in places:
-            loads, results = [], []
-            for _ in range(runs):
-                loads.append(wait_for_quiet(max_load, patience_s))
-                results.append(outside_run(place, inject, 2, seconds, keep,
-                                           f"{name.replace(' ', '_')}-{place}-{len(results)}"))
+        for place in [p for p in places if p != "lightning"]:
+            results, load = cell(place, inject, 2, runs, name.replace(" ", "_"))
             right = sum(r["named"] == [1] and r["causes"] == [cause] for r in results)
             wrong = sum(bool(r["named"]) and not (r["named"] == [1] and r["causes"] == [cause]) for r in results)
             missed = runs - right - wrong
             steps = [r["step_ms"] for r in results if r["step_ms"]]
-            if place == "stragglers" and steps and base:
-                slowdown = f"{statistics.median(steps) / base:.2f}x"
+            slowdown = f"{statistics.median(steps) / base[place]:.2f}x" if steps and place in base else ""
             verdict = (f"{right} / {wrong} / {missed}" if cause else f"not a slowdown: {wrong} named")
             odd = sorted({f"{r['named']} {'/'.join(map(str, r['causes']))}" for r in results
                           if r["named"] and not (r["named"] == [1] and r["causes"] == [cause])})
             verdict += f" (wrong: {'; '.join(odd)})" if odd else ""
-            rows.append(f"| {name} | {place} | {verdict} | {slowdown if place == 'stragglers' else ''} | "
-                        f"{statistics.median(loads):.1f} |")
+            rows.append(f"| {name} | {place} | {verdict} | {slowdown} | {load:.1f} |")
             print(rows[-1], flush=True)
     print("\n| case | where | right / wrong / missed | job slowdown | load |\n|---|---|---|---|---|")
     print("\n".join(rows))
@@ -207,10 +229,15 @@ def main() -> int:
     parser.add_argument("--max-load", type=float, default=3.0, help="with --outside: wait for this 1-minute load")
     parser.add_argument("--patience", type=float, default=120.0, help="with --outside: seconds to wait for it")
     parser.add_argument("--cases", default="", help="with --outside: only these kinds (e.g. hog,quota)")
+    parser.add_argument("--healthy-runs", type=int, default=None, help="with --outside: runs per healthy cell "
+                        "(default: twice --runs; 0: none)")
+    parser.add_argument("--lightning-python", default=sys.executable,
+                        help="with --outside: a python with lightning installed, for the healthy Lightning fit row")
     args = parser.parse_args()
     if args.outside:
-        outside_table(args.runs, args.seconds, args.max_load, [p for p in args.places.split(",") if p], args.patience,
-                      not args.no_healthy, args.cases, args.keep)
+        healthy_runs = 0 if args.no_healthy else (2 * args.runs if args.healthy_runs is None else args.healthy_runs)
+        outside_table(args.runs, healthy_runs, args.seconds, args.max_load, [p for p in args.places.split(",") if p],
+                      args.patience, args.cases, args.keep, args.lightning_python)
         return 0
     cases: list[tuple[str, Optional[str], Optional[int], Optional[str]]] = []
     if not args.no_healthy:

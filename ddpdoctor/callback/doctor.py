@@ -127,10 +127,13 @@ class Doctor:
         self._dp_done = self._dp.ids is None
         self._emit_setup_findings(model, measure_comm)
         self._store = default_store()
-        self._hosts: dict[int, str] = {self.rank: self.host}
+        # Where each rank runs, its node and its CPU set: the verdicts need both (ranks on the same
+        # cores time-share them; a neighbour on a rank's own cores is that rank's), and they travel
+        # through the job's own store, read once per rank, not in every check's collective.
+        cpus = contention.cpu_list(self._cpu.cpus)
+        self._where: dict[int, tuple[str, Optional[str]]] = {self.rank: (self.host, cpus)}
         if self._store is not None:
-            # The node names travel through the job's own store, not a collective.
-            self._store.set(keys.callback_host(self.rank), self.host)
+            self._store.set(keys.callback_host(self.rank), json.dumps({"host": self.host, "cpus": cpus}))
             # So a peer can tell this rank dead or frozen when a hang finds it silent.
             self._store.set(keys.callback_pid(self.rank), json.dumps({"pid": os.getpid(), "host": self.host}))
         self._hang = HangWatch(self)  # the step watchdog, and the hang's verdict across ranks
@@ -344,7 +347,7 @@ class Doctor:
         rows = {}
         for values in gathered.cpu().reshape(self.world_size, -1).tolist():
             row = unpack(values)
-            rows[row.rank] = row.to_window(self._host_of(row.rank))
+            rows[row.rank] = row.to_window(*self._where_of(row.rank))
         return rows
 
     def _judge(self, rows: dict[int, RankWindow]) -> list[Finding]:
@@ -389,15 +392,17 @@ class Doctor:
                                             and f.evidence.get("cost_ms_per_step", 0.0)
                                             >= MIN_COST_SHARE * f.evidence.get("median_step_ms", 0.0)))]
 
-    def _host_of(self, rank: int) -> str:
-        if rank not in self._hosts and self._store is not None:
+    def _where_of(self, rank: int) -> tuple[str, Optional[str]]:
+        """(node, CPU set) of a rank, as it published them; ("rankN", None) until it has."""
+        if rank not in self._where and self._store is not None:
             key = keys.callback_host(rank)
             try:
                 if self._store.check([key]):
-                    self._hosts[rank] = self._store.get(key).decode("utf-8", "replace")
+                    where = json.loads(self._store.get(key).decode("utf-8", "replace"))
+                    self._where[rank] = (str(where["host"]), where.get("cpus"))
             except Exception:
                 pass
-        return self._hosts.get(rank, f"rank{rank}")
+        return self._where.get(rank, (f"rank{rank}", None))
 
     def _record(self) -> torch.cuda.Event:
         import torch

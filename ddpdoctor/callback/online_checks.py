@@ -81,16 +81,31 @@ class History:
 
 
 def merge_contention(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """Two windows' readings as one: shares weighted by wall time, the latest co-runners named."""
+    """Two windows' readings as one: shares weighted by wall time. A co-runner's share too, counted 0
+    in a window it was not seen in: a neighbour is judged by what it took over the whole span, not
+    by its busiest window (a 60 ms window sees a duty-cycled process at 0 or 100%)."""
     if a is None or b is None:
         return a or b
     wa, wb = float(a.get("wall_s") or 0.0), float(b.get("wall_s") or 0.0)
-    out = dict(b, wall_s=round(wa + wb, 3), corunners=b.get("corunners") or a.get("corunners") or [])
+    out = dict(b, wall_s=round(wa + wb, 3), corunners=_merge_corunners(a, wa, b, wb))
     for key, value in b.items():
         if key.endswith("_pct") or key == "nonvoluntary_per_s":
             if isinstance(value, (int, float)) and isinstance(a.get(key), (int, float)) and wa + wb > 0:
                 out[key] = round((a[key] * wa + value * wb) / (wa + wb), 1)
     return out
+
+
+def _merge_corunners(a: dict[str, Any], wa: float, b: dict[str, Any], wb: float) -> list[dict[str, Any]]:
+    if wa + wb <= 0:
+        return list(b.get("corunners") or a.get("corunners") or [])
+    merged: dict[Any, dict[str, Any]] = {}
+    for reading, wall in ((a, wa), (b, wb)):
+        for c in reading.get("corunners") or []:
+            entry = merged.setdefault(c.get("pid"), dict(c, cpu_pct=0.0))
+            entry.update({k: v for k, v in c.items() if k != "cpu_pct"})
+            entry["cpu_pct"] += float(c.get("cpu_pct") or 0.0) * wall
+    out = [dict(c, cpu_pct=round(c["cpu_pct"] / (wa + wb), 1)) for c in merged.values()]
+    return sorted(out, key=lambda c: -c["cpu_pct"])
 
 
 def _nodes(rows: dict[int, RankWindow], ranks: Sequence[int]) -> tuple[str, ...]:

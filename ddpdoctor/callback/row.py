@@ -52,22 +52,23 @@ class GatheredRow:
     wait_ms: list[float] = field(default_factory=list)  # the gradient all-reduce wait (0 when not measured)
     samples: list[float] = field(default_factory=list)  # the batch's first dimension (0: not known)
 
-    def to_window(self, host: str) -> RankWindow:
+    def to_window(self, host: str, cpus: Optional[str] = None) -> RankWindow:
         """What the judges read: unknowns become the sentinels `online_checks` expects
-        (loader length -1, fingerprint 0: none, peak memory 0)."""
+        (loader length -1, fingerprint 0: none, peak memory 0). `cpus`: the rank's CPU set, as it
+        published it beside its node's name (not a number the gather could carry)."""
         return RankWindow(rank=self.rank, host=host, step=self.steps_done, step_ms=self.step_ms,
                           data_ms=self.data_ms, wait_ms=self.wait_ms, samples=self.samples,
                           fingerprint=_or(self.batch_fingerprint, 0),
                           loader_len=_or(self.loader_len_batches, -1), stale_epoch=self.stale_epoch,
                           peak_mem_bytes=_or(self.peak_mem_bytes, 0), wait_measured=self.wait_measured,
-                          contention=self._contention(host))
+                          contention=self._contention(host, cpus))
 
-    def _contention(self, host: str) -> Optional[dict[str, object]]:
+    def _contention(self, host: str, cpus: Optional[str]) -> Optional[dict[str, object]]:
         if self.wall_s is None:
             return None
         facts = ContentionFacts(wall_s=self.wall_s, run_delay_pct=self.run_delay_pct, off_cpu_pct=self.off_cpu_pct,
                                 stopped_pct=self.stopped_pct, throttled_pct=self.throttled_pct,
-                                steal_pct=self.steal_pct, cpu_quota=self.cpu_quota)
+                                steal_pct=self.steal_pct, cpu_quota=self.cpu_quota, cpus=cpus)
         if self.corunner_pid is not None:
             facts.corunners = [Corunner(pid=self.corunner_pid, name=process_name(self.corunner_pid, host),
                                         cpu_pct=self.corunner_cpu_pct or 0.0)]

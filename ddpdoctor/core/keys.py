@@ -116,7 +116,8 @@ def watch_reported(rank: int) -> str:
 
 
 def callback_host(rank: int) -> str:
-    """`Doctor`: this rank's host name, read once by every rank for the findings' nodes."""
+    """`Doctor`: where this rank runs, JSON {"host", "cpus"}, read once by rank 0 for the findings' nodes
+    and the CPU-contention verdict (ranks on the same cores)."""
     return f"ddpdoctor/host/{rank}"
 
 

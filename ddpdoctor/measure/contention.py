@@ -132,6 +132,18 @@ def affinity() -> frozenset[int]:
     return frozenset(range(os.cpu_count() or 1))
 
 
+def cpu_count(cpus: Optional[str]) -> int:
+    """How many CPUs a `taskset -c` list names ("0-3,8": 5); 0 for none or unreadable."""
+    n = 0
+    for part in (cpus or "").split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            n += int(hi or lo) - int(lo) + 1
+        except ValueError:
+            return 0
+    return n
+
+
 def cpu_list(cpus: frozenset[int]) -> str:
     """`0-3,6` as taskset writes it."""
     out: list[str] = []

@@ -17,12 +17,20 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from ddpdoctor.measure.contention import ContentionFacts, lost_cpu, summary
+from ddpdoctor.measure.contention import ContentionFacts, cpu_count, lost_cpu, summary
 
 # Percentage points of the wall time more than the median of its peers lost. Healthy ranks on the
 # 2-core VM, 2 and 4 of them, differ by under 8 points (benchmarks/stragglers_detection.py).
 LOST_GAP_PTS = 15.0
 MIN_LOST_PCT = 15.0
+# Where the processes that took the time are seen: other processes used this share of the rank's own
+# cores (no peer runs on them) beyond what they used of its peers' cores, and then a smaller gap in
+# lost time suffices. Measured with the callback's tiny steps (1 to 3 ms, 80 steps judged: a quarter
+# of a second), a process busy half of every 100 ms on rank 1's core took 25 to 29% of it and slowed
+# the job 2.2x, yet rank 1 lost only 8 to 20 points more than rank 0, while healthy pinned ranks, who
+# wait for their own communication threads on their one core, differ by up to 13 points.
+NEIGHBOUR_PCT = 10.0
+NEIGHBOUR_GAP_PTS = 7.5
 MIN_THROTTLED_PCT = 5.0
 # Causes the kernel counts directly (a cgroup's throttled time, the process stopped): they explain a
 # rank's slowness even where its good steps are slow too; run delay alone may come of having more to do.
@@ -95,7 +103,8 @@ def denied(contention: Mapping[int, Optional[ContentionFacts]], rank: int,
     if me is None or not known:
         return None
     lost, peers_lost = lost_cpu(me), statistics.median(known)
-    if lost is None or lost - peers_lost < LOST_GAP_PTS:
+    peer_facts = [c for p in peers if (c := contention.get(p)) is not None]
+    if lost is None or lost - peers_lost < _gap_needed(me, peer_facts):
         return None
     found = classify(rank, me, peers_lost)
     if found is not None and found.cause == "CPU contention" and _same_cores(me, contention, peers):
@@ -120,16 +129,45 @@ def _same_cores(me: ContentionFacts, contention: Mapping[int, Optional[Contentio
     return bool(me.cpus) and bool(theirs) and all(cpus == me.cpus for cpus in theirs)
 
 
+def neighbour_pct(f: ContentionFacts) -> float:
+    """Of the rank's CPUs, the share other processes used (the co-runners it saw, summed)."""
+    return sum(c.cpu_pct for c in f.corunners) / max(cpu_count(f.cpus), 1)
+
+
+def _own_cores(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> bool:
+    """No peer may run on exactly its CPUs: a process on them takes from it alone."""
+    return bool(me.cpus) and bool(theirs) and all(c.cpus and c.cpus != me.cpus for c in theirs)
+
+
+def _gap_needed(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> float:
+    """LOST_GAP_PTS, or NEIGHBOUR_GAP_PTS where a neighbour is seen on its own cores (NEIGHBOUR_PCT)."""
+    if _own_cores(me, theirs) and (
+            neighbour_pct(me) - statistics.median([neighbour_pct(c) for c in theirs]) >= NEIGHBOUR_PCT):
+        return NEIGHBOUR_GAP_PTS
+    return LOST_GAP_PTS
+
+
 def held_apart(contention: Mapping[int, Optional[ContentionFacts]], rank: int, peers: Sequence[int]) -> bool:
-    """Its process was stopped or its cgroup throttled LOST_GAP_PTS more of the time than its peers':
-    such a rank holds every collective (its communication threads stop too), so its peers waited
-    for it even where its own wait in the collective (it was held in it) hides whose wait it was."""
+    """Its whole process was held off the CPU LOST_GAP_PTS more of the time than its peers': stopped,
+    throttled, or runnable behind another process on cores no peer shares. Such a rank holds every
+    collective (its communication threads are held too), so its peers waited for it even where its
+    own wait in the collective (it was held in it) hides whose wait it was: measured on 2 ranks
+    pinned apart with a busy process on rank 1's core, the job's step went from 1.5 to 3 ms, almost
+    all of it in both ranks' all-reduce wait, and the peers' wait for rank 1 exceeded rank 1's wait for
+    them by only 7 to 8% of the step while rank 1 lost 34% of its time off a CPU and rank 0 5%
+    (benchmarks/stragglers_detection.py --outside, tests/fixtures/stragglers_outside).
+    On the same cores as its peers a neighbour takes from every rank alike (`_same_cores`), and
+    there only the stopped and throttled time counts."""
     def held(c: ContentionFacts) -> float:
-        return (c.stopped_pct or 0.0) + (c.throttled_pct or 0.0)
+        direct = (c.stopped_pct or 0.0) + (c.throttled_pct or 0.0)
+        return max(direct, lost_cpu(c) or 0.0) if own_cores else direct
 
     me = contention.get(rank)
-    theirs = [held(c) for p in peers if (c := contention.get(p)) is not None]
-    return me is not None and bool(theirs) and held(me) - statistics.median(theirs) >= LOST_GAP_PTS
+    theirs = [c for p in peers if (c := contention.get(p)) is not None]
+    if me is None or not theirs:
+        return False
+    own_cores = _own_cores(me, theirs)
+    return held(me) - statistics.median([held(c) for c in theirs]) >= _gap_needed(me, theirs)
 
 
 def peer_wait_pct(waits: Mapping[int, Sequence[float]], steps: Sequence[float], rank: int,

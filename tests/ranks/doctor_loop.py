@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import time
 
@@ -40,6 +41,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--spawn", type=int, default=0, help="start this many ranks with mp.spawn")
     parser.add_argument("--port", type=int, default=0, help="the MASTER_PORT an mp.spawn job hard-codes")
     parser.add_argument("--hold", type=float, default=0.0, help="seconds to stay initialised after training")
+    parser.add_argument("--facts", help="rank 0 writes the merged windows it judged last here (JSON), for fixtures")
     return parser.parse_args()
 
 
@@ -56,6 +58,22 @@ def wrap(model: nn.Module, how: str) -> nn.Module:
                 fully_shard(layer)
         return fully_shard(model)
     return DistributedDataParallel(model)
+
+
+def record_verdicts(doctor: ddpdoctor.Doctor, judged: list[dict]) -> None:
+    """Keep each straggler verdict with the merged windows it judged and each window's CPU reading
+    (tests/fixtures/stragglers_outside's shape), for `--facts`."""
+    judge = doctor._stragglers
+
+    def recorded(rows: dict) -> list:
+        found = judge(rows)
+        judged.append({"step": doctor._steps, "facts": doctor._history.facts(),
+                       "contention_by_window": [{r: row.contention for r, row in window.items()}
+                                                for window in doctor._history.windows],
+                       "findings": [[f.code, list(f.ranks), f.evidence.get("cause")] for f in found]})
+        return found
+
+    setattr(doctor, "_stragglers", recorded)
 
 
 def train(rank: int, world: int, args: argparse.Namespace) -> None:
@@ -90,6 +108,9 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
         loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
     doctor = ddpdoctor.Doctor(model, optimizer, loader=loader, every=args.every, json_path=args.json,
                               step_deadline_s=3.0, on_hang="exit")
+    judged: list[dict] = []
+    if args.facts and rank == 0:
+        record_verdicts(doctor, judged)
     loss_fn = nn.CrossEntropyLoss()
     step = 0
     for epoch in range(args.epochs):
@@ -111,6 +132,9 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
                 optimizer.step()
             step += 1
     doctor.close()
+    if args.facts and rank == 0:
+        with open(args.facts, "w") as f:
+            json.dump(judged, f)
     time.sleep(args.hold)
     dist.barrier()  # rank 0 hosts the store: nobody leaves while another still needs it
     # FSDP's state holds gloo work objects; released here, not at interpreter teardown, where a

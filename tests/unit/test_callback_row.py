@@ -61,6 +61,15 @@ def test_unknowns_reach_the_judges_as_their_sentinels():
     assert full.step_ms == FULL.step_ms and full.samples == FULL.samples and full.stale_epoch
 
 
+def test_the_cpu_set_a_rank_published_reaches_its_contention_reading():
+    """The gather carries numbers; the CPU set (the same-cores rule needs it) comes from the store."""
+    row = GatheredRow(rank=1, steps_done=20, wall_s=0.5, run_delay_pct=30.0)
+    reading = row.to_window("node1", "4-7").contention
+    assert reading is not None and reading["cpus"] == "4-7" and reading["run_delay_pct"] == 30.0
+    unknown = row.to_window("node1").contention
+    assert unknown is not None and unknown["cpus"] is None
+
+
 @pytest.fixture
 def gloo_group():
     assert not dist.is_initialized()

@@ -88,11 +88,13 @@ def test_the_row_carries_the_reading_and_rank_0_reads_it_back():
 
 
 def test_windows_merge_weighted_by_their_wall_time():
-    a = {"wall_s": 1.0, "run_delay_pct": 10.0, "corunners": [{"pid": 1}]}
-    b = {"wall_s": 3.0, "run_delay_pct": 50.0, "corunners": []}
+    a = {"wall_s": 1.0, "run_delay_pct": 10.0, "corunners": [{"pid": 1, "name": "hog", "cpu_pct": 80.0}]}
+    b = {"wall_s": 3.0, "run_delay_pct": 50.0, "corunners": [{"pid": 2, "name": "cc1", "cpu_pct": 30.0}]}
     merged = merge_contention(a, b)
     assert merged is not None and merged["run_delay_pct"] == 40.0 and merged["wall_s"] == 4.0
-    assert merged["corunners"] == [{"pid": 1}] and merge_contention(None, b) == b
+    # A co-runner's share over the whole span, 0 where it was not seen: 80% of 1 s, 30% of 3 s.
+    assert merged["corunners"] == [{"pid": 2, "name": "cc1", "cpu_pct": 22.5}, {"pid": 1, "name": "hog", "cpu_pct": 20.0}]
+    assert merge_contention(None, b) == b
 
 
 def test_the_outside_faults_grammar():
@@ -227,3 +229,60 @@ def test_a_recorded_rank_with_a_busy_neighbour_on_its_core_is_named_for_contenti
     path = Path(__file__).resolve().parents[1] / "fixtures" / "stragglers_outside" / "hog_100_rank1.json"
     named = _named(json.loads(path.read_text())["facts"])
     assert named == [((1,), "CPU contention")]
+
+
+def test_a_rank_its_own_neighbour_holds_is_named_though_the_stalled_all_reduce_hides_whose_wait_it_was():
+    """Recorded: the callback, rank 1 sharing its own core with a busy process, rank 0 on another core.
+    Rank 1's neighbour stalls it inside the all-reduce too, so both ranks wait there alike: its peer
+    waited for it only 8% of the step more than it waited for its peer (the threshold is 10%), while
+    it lost 32% of its time off a CPU and rank 0 4%. On cores no peer shares that loss is its own."""
+    from ddpdoctor.probes.base import RunView
+    from ddpdoctor.probes.stragglers.scores import _peer_waits, _waited_for, by_rank, score
+
+    facts = by_rank(_fixture("hog100_callback_step80.json"))
+    scores = score(facts, RunView(world_size=2))
+    assert scores is not None and not _waited_for(_peer_waits(facts, scores), scores, 1)  # the wait alone misses it
+    assert _named(facts) == [((1,), "CPU contention")]
+    # The same readings with both ranks on the same cores: a neighbour there takes from both alike.
+    for f in facts.values():
+        assert f.contention is not None
+        f.contention.cpus = "0-1"
+    assert _named(facts) == []
+
+
+def test_a_victim_that_waits_longer_than_its_peer_in_the_all_reduce_is_not_named_for_its_slower_steps():
+    """Recorded: the same run's next verdict. Rank 0, idle in the all-reduce 80% of each step while
+    rank 1 shared its core with a busy process, computed 0.45 ms a step against 0.30 (43% in the score):
+    a straggler arrives last and waits least, and rank 0 waited 2.5 ms a step against rank 1's 1.9."""
+    from ddpdoctor.probes.base import RunView
+    from ddpdoctor.probes.stragglers.scores import _persistent, by_rank, score
+
+    facts = by_rank(_fixture("hog100_callback_step100.json"))
+    scores = score(facts, RunView(world_size=2))
+    assert scores is not None and _persistent(scores.ranks[0], scores.threshold_pct)  # what misled the score
+    assert scores.ranks[0].comm_wait_ms > scores.ranks[1].comm_wait_ms
+    # Rank 1 lost 11 points more of its time than rank 0 and a process took a third of its core.
+    assert _named(facts) == [((1,), "CPU contention")]
+
+
+def test_a_neighbour_seen_on_a_rank_s_own_core_is_named_with_a_smaller_gap_and_only_there():
+    """A process busy half of every 100 ms on rank 1's core slowed the callback's loop 2.2x while rank 1
+    lost 8 to 20 points more than rank 0; healthy pinned ranks differ by up to 13 points, with nobody
+    else on their cores. Seen on its own core, 12 points suffice; unseen, or on shared cores, they do not."""
+    from ddpdoctor.probes.stragglers.contention import denied
+
+    hog = [Corunner(pid=77, name="ddpdoctor-hog", cpu_pct=28.0)]
+    seen = {0: _facts(11.0, cpus="0"), 1: _facts(23.0, corunners=hog, cpus="1")}
+    found = denied(seen, 1, [0])
+    assert found is not None and found.cause == "CPU contention" and "ddpdoctor-hog" in found.sentence
+    assert denied({0: _facts(11.0, cpus="0"), 1: _facts(23.0, cpus="1")}, 1, [0]) is None  # nobody seen
+    shared = {0: _facts(11.0, corunners=hog, cpus="0-1"), 1: _facts(23.0, corunners=hog, cpus="0-1")}
+    assert denied(shared, 1, [0]) is None  # the same cores: the neighbour takes from both
+    both = {0: _facts(11.0, corunners=hog, cpus="0"), 1: _facts(23.0, corunners=hog, cpus="1")}
+    assert denied(both, 1, [0]) is None  # as busy on its peer's core: nothing of its own
+
+
+def test_cpu_lists_are_counted_as_taskset_writes_them():
+    from ddpdoctor.measure.contention import cpu_count
+
+    assert [cpu_count(c) for c in ("0", "0-3,8", "0,2,4-5", "", None, "x")] == [1, 5, 4, 0, 0, 0]
