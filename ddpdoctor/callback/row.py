@@ -39,6 +39,8 @@ class GatheredRow:
     # The CPU the training thread got over the window (measure/contention.py), in % of the wall time.
     wall_s: Optional[float] = None
     run_delay_pct: Optional[float] = None
+    cpu_pct: Optional[float] = None  # the training thread's CPU time
+    process_cpu_pct: Optional[float] = None  # every thread's: the rest is its own other threads'
     off_cpu_pct: Optional[float] = None
     stopped_pct: Optional[float] = None
     throttled_pct: Optional[float] = None
@@ -67,6 +69,7 @@ class GatheredRow:
         if self.wall_s is None:
             return None
         facts = ContentionFacts(wall_s=self.wall_s, run_delay_pct=self.run_delay_pct, off_cpu_pct=self.off_cpu_pct,
+                                cpu_pct=self.cpu_pct, process_cpu_pct=self.process_cpu_pct,
                                 stopped_pct=self.stopped_pct, throttled_pct=self.throttled_pct,
                                 steal_pct=self.steal_pct, cpu_quota=self.cpu_quota, cpus=cpus)
         if self.corunner_pid is not None:
@@ -79,6 +82,7 @@ def contention_fields(c: ContentionFacts) -> dict[str, Any]:
     """A window's contention reading as the row's scalars (the gather carries numbers only)."""
     top = c.corunners[0] if c.corunners else None
     return {"wall_s": c.wall_s, "run_delay_pct": c.run_delay_pct, "off_cpu_pct": c.off_cpu_pct,
+            "cpu_pct": c.cpu_pct, "process_cpu_pct": c.process_cpu_pct,
             "stopped_pct": c.stopped_pct, "throttled_pct": c.throttled_pct, "steal_pct": c.steal_pct, "cpu_quota": c.cpu_quota,
             "corunner_pid": None if top is None else top.pid, "corunner_cpu_pct": None if top is None else top.cpu_pct}
 

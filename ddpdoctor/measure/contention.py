@@ -37,6 +37,7 @@ class Counters:
     cpu_s: Optional[float]  # this thread's time on a CPU
     run_delay_s: Optional[float]  # this thread's time runnable but waiting for a CPU
     process_run_delay_s: Optional[float]  # every thread's of the process, summed (its comm threads too)
+    process_cpu_s: Optional[float]  # every thread's time on a CPU, summed
     nonvoluntary: Optional[int]  # involuntary context switches of this thread
     steal_s: Optional[float]  # steal time of the CPUs it may run on, summed
     ticks_s: Optional[float]  # every /proc/stat tick of those CPUs, summed (the steal's denominator)
@@ -59,6 +60,9 @@ class ContentionFacts(Facts):
     cpu_pct: Optional[float] = None  # CPU time got / wall time, of the working thread
     run_delay_pct: Optional[float] = None  # runnable but not running / wall time
     process_run_delay_pct: Optional[float] = None  # the same, every thread of the process summed
+    # CPU time of every thread of the process / wall time: beside `cpu_pct`, what its own other
+    # threads (communication, loaders in threads, samplers) took, on its cores too.
+    process_cpu_pct: Optional[float] = None
     # Of the wall time, how much of its own work (compute: time it never waits on purpose) it spent
     # off a CPU: run delay, a spent quota, or stopped from outside (which no other counter sees).
     off_cpu_pct: Optional[float] = None
@@ -99,20 +103,23 @@ def _schedstat() -> tuple[Optional[float], Optional[float]]:
         return None, None
 
 
-def _process_run_delay() -> Optional[float]:
-    total, seen = 0, False
+def _process_schedstat() -> tuple[Optional[float], Optional[float]]:
+    """(run delay, time on a CPU) of every thread of the process, summed, in seconds."""
+    delay, on_cpu, seen = 0, 0, False
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
-        return None
+        return None, None
     for tid in tasks:
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[1])
+                fields = f.read().split()
+                on_cpu += int(fields[0])
+                delay += int(fields[1])
                 seen = True
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended meanwhile
-    return total / 1e9 if seen else None
+    return (delay / 1e9, on_cpu / 1e9) if seen else (None, None)
 
 
 def _nonvoluntary() -> Optional[int]:
@@ -227,10 +234,11 @@ def cpu_quota(directory: Optional[str]) -> Optional[float]:
 def read_counters(cpus: Optional[frozenset[int]] = None, cgroup: Optional[str] = None) -> Counters:
     cpus = cpus if cpus is not None else affinity()
     on_cpu, delay = _schedstat()
+    process_delay, process_cpu = _process_schedstat()
     steal, ticks = _steal(cpus)
     throttled, periods = _throttled(cgroup)
     return Counters(wall_s=time.monotonic(), cpu_s=on_cpu, run_delay_s=delay,
-                    process_run_delay_s=_process_run_delay(), nonvoluntary=_nonvoluntary(),
+                    process_run_delay_s=process_delay, process_cpu_s=process_cpu, nonvoluntary=_nonvoluntary(),
                     steal_s=steal, ticks_s=ticks, throttled_s=throttled, throttled_periods=periods)
 
 
@@ -357,6 +365,7 @@ class Window:
             wall_s=round(wall, 3), cpu_pct=_pct(end.cpu_s, start.cpu_s, wall), stopped_pct=stopped,
             run_delay_pct=_pct(end.run_delay_s, start.run_delay_s, wall), off_cpu_pct=off,
             process_run_delay_pct=_pct(end.process_run_delay_s, start.process_run_delay_s, wall),
+            process_cpu_pct=_pct(end.process_cpu_s, start.process_cpu_s, wall),
             nonvoluntary_per_s=switches, steal_pct=steal,
             throttled_pct=_pct(end.throttled_s, start.throttled_s, wall),
             cpu_quota=cpu_quota(self.cgroup), cpus=cpu_list(self.cpus))

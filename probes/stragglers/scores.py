@@ -25,7 +25,8 @@ from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
-from ddpdoctor.probes.stragglers.contention import DIRECT, Denied, denied, peer_wait_pct, held_apart
+from ddpdoctor.probes.stragglers.contention import (DIRECT, Denied, denied, held_apart, own_threads_excess,
+                                                   peer_wait_pct)
 from ddpdoctor.probes.stragglers.facts import SampledFacts, StragglersFacts, Summary
 
 NAME = "stragglers"
@@ -330,7 +331,7 @@ def diagnose_stragglers(facts: ByRank, run: RunView) -> list[Finding]:
     uneven_batch = {r for f in findings if f.code == "STR003" for r in f.ranks}
     slow = [r for r, s in sorted(scores.ranks.items())
             if _persistent(s, scores.threshold_pct) and r not in uneven_batch and _excess(scores, r)["work"] > 0
-            and _arrives_last(scores, r)]
+            and _arrives_last(scores, r) and not _own_threads_explain(facts, scores, r)]
     # A rank slow in its good steps too, in its data or compute, is slow by itself (it also waits longer
     # for a CPU, having more to do); the CPU denied explains the others, extra time outside both, and
     # any rank whose cgroup throttled it or whose process was stopped (counted directly, DIRECT).
@@ -352,6 +353,22 @@ def diagnose_stragglers(facts: ByRank, run: RunView) -> list[Finding]:
     if not any(f.severity >= Severity.WARN for f in findings):
         findings.insert(0, _all_clear(scores, run))
     return findings
+
+
+def _own_threads_explain(facts: ByRank, scores: Scores, rank: int) -> bool:
+    """Its own other threads took more of its cores than its peers' did (stragglers/contention.py
+    `_own_threads_excess`), enough to cover half its extra work: the same work its peers' threads do
+    while they wait, landing in its own steps instead. Recorded on 2 healthy ranks pinned one to a
+    core: rank 0's transport thread took 48% of its core against 16%, its work was 2.75 ms a step
+    above rank 1's, and the job's step was as long as when neither rank was behind
+    (tests/fixtures/stragglers_outside/healthy_pinned_own_threads.json)."""
+    me = facts[rank].contention
+    theirs = [c for p in scores.peers(rank) if (c := facts[p].contention) is not None]
+    if me is None or not theirs:
+        return False
+    steps = _floats(facts[rank].steps.step_ms)[:scores.steps]
+    own_ms = own_threads_excess(me, theirs) / 100.0 * statistics.fmean(steps)
+    return own_ms > 0 and own_ms >= EXPLAINS_SHARE * _excess(scores, rank)["work"]
 
 
 def _arrives_last(scores: Scores, rank: int) -> bool:

@@ -87,6 +87,17 @@ def test_check_names_a_rank_stopped_from_outside(tmp_path):
     _no_helper_left(run.tag)
 
 
+@pytest.mark.slow  # the quota in all three places: one default-tier test per place has it or another fault
+def test_check_names_a_rank_under_a_cpu_quota(tmp_path):
+    if not _quota_possible():
+        pytest.skip("no writable cpu cgroup (cgroup v2 cpu.max or v1 cpu.cfs_quota_us) here")
+    run = run_check(tmp_path, "--nproc", "2", "--inject", "quota:rank=1:pct=30", timeout_s=120)
+    named = {f["ranks"][0]: f["evidence"]["cause"] for f in run.findings("HOM006")}
+    assert named == {1: "CPU quota"}, run.explain()
+    assert_nothing_left(run)
+    _no_helper_left(run.tag)
+
+
 # -- the stragglers probe -----------------------------------------------------------------------
 
 def test_the_stragglers_probe_names_a_rank_under_a_cpu_quota(tmp_path):
@@ -119,6 +130,17 @@ def test_the_stragglers_probe_names_the_rank_its_peers_wait_for_and_why(tmp_path
     _no_helper_left(tag)
 
 
+@pytest.mark.slow
+def test_the_stragglers_probe_names_a_rank_stopped_from_outside(tmp_path):
+    run = run_check(tmp_path, "--nproc", "2", "--probes", "stragglers", "--straggler-seconds", "2",
+                    "--inject", "preempt:rank=1:pct=40", timeout_s=120)
+    [slow] = run.findings("STR001")
+    assert slow["ranks"] == [1] and slow["evidence"]["cause"] == "stopped from outside", run.explain()
+    assert probe_section(run.report, "stragglers")["facts"]["1"]["contention"]["stopped_pct"] > 15
+    assert_nothing_left(run)
+    _no_helper_left(run.tag)
+
+
 def test_ranks_that_time_share_the_cores_evenly_are_not_stragglers(tmp_path):
     run = run_check(tmp_path, "--nproc", "4", "--probes", "stragglers", "--straggler-seconds", "2", timeout_s=120)
     assert not run.findings("STR001"), run.explain()
@@ -141,7 +163,8 @@ def _loop(tmp_path: Path, fault: str | None, epochs: int = 14) -> tuple[dict, li
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
     made = None
     try:
-        made = outside_faults.start(fault, procs[1].pid, pct=100 if fault == "hog" else 40) if fault else None
+        pct = {"hog": 100.0, "quota": 30.0}.get(fault or "", 40.0)
+        made = outside_faults.start(fault, procs[1].pid, pct=pct) if fault else None
         results = [(p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs]
     finally:
         for p in procs:
@@ -155,8 +178,11 @@ def _loop(tmp_path: Path, fault: str | None, epochs: int = 14) -> tuple[dict, li
 
 @needs_two_cores
 @pytest.mark.parametrize("fault, cause", [pytest.param("hog", "CPU contention", marks=pytest.mark.slow),
+                                          pytest.param("quota", "CPU quota", marks=pytest.mark.slow),
                                           ("preempt", "stopped from outside")])
 def test_the_callback_names_the_rank_slowed_from_outside(tmp_path, fault, cause):
+    if fault == "quota" and not _quota_possible():
+        pytest.skip("no writable cpu cgroup (cgroup v2 cpu.max or v1 cpu.cfs_quota_us) here")
     report, results = _loop(tmp_path, fault)
     assert [rc for rc, _ in results] == [0, 0], results[0][1][-2000:]
     named = [f for f in report["findings"] if f["code"] == "STR001"]

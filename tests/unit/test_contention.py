@@ -286,3 +286,18 @@ def test_cpu_lists_are_counted_as_taskset_writes_them():
     from ddpdoctor.measure.contention import cpu_count
 
     assert [cpu_count(c) for c in ("0", "0-3,8", "0,2,4-5", "", None, "x")] == [1, 5, 4, 0, 0, 0]
+
+
+def test_time_a_rank_s_own_threads_took_on_its_core_is_not_a_neighbour_s():
+    """Recorded: healthy ranks pinned one to a core. Rank 0's training thread lost 30% of its time
+    against 6% and rank 1 waited for it, but its own transport thread took 48% of its core against
+    16% on rank 1, and the job's step was as long as in runs where both lost alike: no straggler."""
+    from ddpdoctor.probes.stragglers.contention import own_threads_pct
+
+    facts = _fixture("healthy_pinned_own_threads.json")
+    contention = {r: ContentionFacts.from_json(f["contention"]) for r, f in facts.items()}
+    assert [round(own_threads_pct(contention[r]) or 0) for r in ("0", "1")] == [48, 16]
+    assert _named(facts) == []
+    # The same loss without its own threads' extra CPU is a neighbour's, and named.
+    facts["0"]["contention"]["process_cpu_pct"] = facts["1"]["contention"]["process_cpu_pct"] + 10
+    assert _named(facts) == [((0,), "CPU contention")]
