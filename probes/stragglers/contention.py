@@ -81,7 +81,9 @@ def classify(rank: int, f: ContentionFacts, peers_lost: float) -> Optional[Denie
         cause = "CPU quota"
         quota = f" of {f.cpu_quota:.2g} CPUs" if f.cpu_quota else ""
         detail = f"its cgroup's CPU quota{quota} was spent and it was throttled {throttled:.0f}% of the time"
-    elif (f.stopped_pct or 0.0) >= 0.5 * lost:
+    elif (f.stopped_pct or 0.0) >= 0.5 * max(lost - peers_lost, MIN_THROTTLED_PCT):
+        # Of what it lost beyond its peers (their run delay is its too: its own threads, the
+        # machine): a rank stopped 14% of the time with 15% run delay, its peer's 13%, is stopped.
         cause = "stopped from outside"
         detail = f"its process was stopped {f.stopped_pct:.0f}% of the time (SIGSTOP, preemption, a frozen cgroup)"
     else:

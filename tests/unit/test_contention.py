@@ -301,3 +301,16 @@ def test_time_a_rank_s_own_threads_took_on_its_core_is_not_a_neighbour_s():
     # The same loss without its own threads' extra CPU is a neighbour's, and named.
     facts["0"]["contention"]["process_cpu_pct"] = facts["1"]["contention"]["process_cpu_pct"] + 10
     assert _named(facts) == [((0,), "CPU contention")]
+
+
+def test_a_stop_is_the_cause_when_it_covers_what_the_rank_lost_beyond_its_peers():
+    """Measured (`preempt:rank=1:pct=20`, the probe): rank 1 stopped 14.4% of the time with 14.7% run
+    delay, rank 0 13.2% run delay; the stop was under half of all it lost, and it was called CPU
+    contention in 3 of 10 runs. Beyond its peers it lost 15.9 points, 14.4 of them stopped."""
+    from ddpdoctor.probes.stragglers.contention import denied
+
+    found = denied({0: _facts(13.2, cpus="0"), 1: _facts(14.7, stopped=14.4, cpus="1")}, 1, [0])
+    assert found is not None and found.cause == "stopped from outside"
+    hog = [Corunner(pid=77, name="ddpdoctor-hog", cpu_pct=60.0)]
+    busy = denied({0: _facts(5.0, cpus="0"), 1: _facts(35.0, stopped=0.6, corunners=hog, cpus="1")}, 1, [0])
+    assert busy is not None and busy.cause == "CPU contention"
