@@ -54,6 +54,8 @@ UTIL_GAP_POINTS = 20.0
 # Of a rank's extra work (against its peers) that its extra wait for a CPU must cover for the CPU
 # denied to be the cause even when its best steps are slow too.
 EXPLAINS_SHARE = 0.5
+# Of a rank's extra work, how much later than its peers it must arrive at the all-reduce to be slow.
+ARRIVES_SHARE = 0.5
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown",
                     "sw_power_cap", "board_limit", "reliability")
 
@@ -377,11 +379,21 @@ def _arrives_last(scores: Scores, rank: int) -> bool:
     look slower beside a rank denied the CPU (measured on the 2-core VM: a healthy rank 0 idling in
     the all-reduce 80% of each step while rank 1 shared its core with a busy process computed 0.45
     ms a step against 0.30 ms, and waited 2.5 ms against rank 1's 1.9). Not judged where the waits
-    were not measured (all zero)."""
+    were not measured (all zero).
+
+    Where the arrival times are known (clock-corrected, the probe), it must also arrive later than
+    its peers by half its extra work at least (ARRIVES_SHARE): extra work that does not delay its
+    arrival is time counted as work after the previous all-reduce (waking from it), not time the
+    job waits for. Measured: a rank really 1.2x slower arrives 0.94 ms late on 1.11 ms of extra work
+    (tests/fixtures/stragglers/slow_compute_x1.2_rank2.json); the one healthy 2-rank run of 20 that
+    scored a rank 12% slower had it arrive 0.05 ms late on 0.13 ms
+    (tests/fixtures/stragglers_outside/healthy_pinned_not_late.json)."""
     waits = [s.comm_wait_ms for s in scores.ranks.values()]
-    if not any(w > 0 for w in waits):
-        return True
-    return scores.ranks[rank].comm_wait_ms <= _median([scores.ranks[p].comm_wait_ms for p in scores.peers(rank)])
+    me = scores.ranks[rank]
+    if any(w > 0 for w in waits) and me.comm_wait_ms > _median([scores.ranks[p].comm_wait_ms
+                                                              for p in scores.peers(rank)]):
+        return False
+    return me.late_ms is None or me.late_ms >= ARRIVES_SHARE * _excess(scores, rank)["work"]
 
 
 def _peer_waits(facts: ByRank, scores: Scores) -> dict[int, float]:

@@ -314,3 +314,22 @@ def test_a_stop_is_the_cause_when_it_covers_what_the_rank_lost_beyond_its_peers(
     hog = [Corunner(pid=77, name="ddpdoctor-hog", cpu_pct=60.0)]
     busy = denied({0: _facts(5.0, cpus="0"), 1: _facts(35.0, stopped=0.6, corunners=hog, cpus="1")}, 1, [0])
     assert busy is not None and busy.cause == "CPU contention"
+
+
+def test_a_rank_whose_extra_work_does_not_make_it_arrive_late_is_not_slow():
+    """Recorded: the one healthy 2-rank probe run of 120 the rules named (rank 1 `compute`, 12.0%
+    slower in 5 of 8 windows): it arrived 0.05 ms after rank 0 on 0.13 ms of extra work a step. A
+    rank really 1.2x slower arrives 0.94 ms late on 1.11 ms, and stays named."""
+    import json
+    from pathlib import Path
+
+    from ddpdoctor.probes.base import RunView
+    from ddpdoctor.probes.stragglers.scores import _persistent, by_rank, score
+
+    facts = by_rank(_fixture("healthy_pinned_not_late.json"))
+    scores = score(facts, RunView(world_size=2))
+    assert scores is not None and _persistent(scores.ranks[1], scores.threshold_pct)  # what misled the score
+    assert scores.ranks[1].late_ms is not None and scores.ranks[1].late_ms < 0.1
+    assert _named(facts) == []
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "stragglers" / "slow_compute_x1.2_rank2.json"
+    assert _named(json.loads(path.read_text())["facts"]) == [((2,), "compute")]
