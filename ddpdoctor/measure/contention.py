@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ddpdoctor.core.facts import Facts, nested_list
+from ddpdoctor.measure.host_layout import parse_cpulist
 
 # Processes named as running on the rank's CPUs: the busiest few that used at least this share.
 TOP = 3
@@ -141,14 +142,10 @@ def affinity() -> frozenset[int]:
 
 def cpu_count(cpus: Optional[str]) -> int:
     """How many CPUs a `taskset -c` list names ("0-3,8": 5); 0 for none or unreadable."""
-    n = 0
-    for part in (cpus or "").split(","):
-        lo, _, hi = part.strip().partition("-")
-        try:
-            n += int(hi or lo) - int(lo) + 1
-        except ValueError:
-            return 0
-    return n
+    try:
+        return len(parse_cpulist(cpus or ""))
+    except ValueError:
+        return 0
 
 
 def cpu_list(cpus: frozenset[int]) -> str:

@@ -101,21 +101,21 @@ def denied(contention: Mapping[int, Optional[ContentionFacts]], rank: int,
     """This rank lost LOST_GAP_PTS more of its time off a CPU than the median of its peers (less
     what its own threads may have taken, `own_threads_excess`)."""
     me = contention.get(rank)
-    theirs = [lost_cpu(c) for p in peers if (c := contention.get(p)) is not None]
-    known = [v for v in theirs if v is not None]
-    if me is None or not known:
+    theirs = [c for p in peers if (c := contention.get(p)) is not None]
+    known = [v for c in theirs if (v := lost_cpu(c)) is not None]
+    lost = lost_cpu(me) if me is not None else None
+    if me is None or lost is None or not known:
         return None
-    lost, peers_lost = lost_cpu(me), statistics.median(known)
-    peer_facts = [c for p in peers if (c := contention.get(p)) is not None]
-    found = classify(rank, me, peers_lost) if lost is not None else None
-    if found is None or lost is None:
+    peers_lost = statistics.median(known)
+    found = classify(rank, me, peers_lost)
+    if found is None:
         return None
     gap = lost - peers_lost
     if found.cause == "CPU contention":
-        if _same_cores(me, contention, peers):
+        if _same_cores(me, theirs):
             return None
-        gap -= own_threads_excess(me, peer_facts)
-    if gap < _gap_needed(me, peer_facts):
+        gap -= own_threads_excess(me, theirs)
+    if gap < _gap_needed(me, theirs):
         return None
     found.evidence["lost_cpu_pct_by_rank"] = {
         r: (None if c is None else lost_cpu(c)) for r, c in sorted(contention.items())}
@@ -146,8 +146,7 @@ def own_threads_excess(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -
     return max(0.0, mine - statistics.median(known))
 
 
-def _same_cores(me: ContentionFacts, contention: Mapping[int, Optional[ContentionFacts]],
-                peers: Sequence[int]) -> bool:
+def _same_cores(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> bool:
     """The rank may run on exactly the CPUs its peers may run on: they time-share the same cores.
 
     Then another process on those cores takes its time from every rank alike, and which rank
@@ -156,8 +155,7 @@ def _same_cores(me: ContentionFacts, contention: Mapping[int, Optional[Contentio
     VM differed by 17-23 points). That is the host's load (HOM015), not a straggler. A
     neighbour on the rank's own core (ranks pinned apart), a spent quota or a stopped process
     belong to the rank and are still named."""
-    theirs = [c.cpus for p in peers if (c := contention.get(p)) is not None]
-    return bool(me.cpus) and bool(theirs) and all(cpus == me.cpus for cpus in theirs)
+    return bool(me.cpus) and bool(theirs) and all(c.cpus == me.cpus for c in theirs)
 
 
 def neighbour_pct(f: ContentionFacts) -> float:
@@ -189,15 +187,16 @@ def held_apart(contention: Mapping[int, Optional[ContentionFacts]], rank: int, p
     (benchmarks/stragglers_detection.py --outside, tests/fixtures/stragglers_outside).
     On the same cores as its peers a neighbour takes from every rank alike (`_same_cores`), and
     there only the stopped and throttled time counts."""
-    def held(c: ContentionFacts, own_excess: float = 0.0) -> float:
-        direct = (c.stopped_pct or 0.0) + (c.throttled_pct or 0.0)
-        return max(direct, (lost_cpu(c) or 0.0) - own_excess) if own_cores else direct
-
     me = contention.get(rank)
     theirs = [c for p in peers if (c := contention.get(p)) is not None]
     if me is None or not theirs:
         return False
     own_cores = _own_cores(me, theirs)
+
+    def held(c: ContentionFacts, own_excess: float = 0.0) -> float:
+        direct = (c.stopped_pct or 0.0) + (c.throttled_pct or 0.0)
+        return max(direct, (lost_cpu(c) or 0.0) - own_excess) if own_cores else direct
+
     gap = held(me, own_threads_excess(me, theirs)) - statistics.median([held(c) for c in theirs])
     return gap >= _gap_needed(me, theirs)
 

@@ -359,7 +359,7 @@ def diagnose_stragglers(facts: ByRank, run: RunView) -> list[Finding]:
 
 def _own_threads_explain(facts: ByRank, scores: Scores, rank: int) -> bool:
     """Its own other threads took more of its cores than its peers' did (stragglers/contention.py
-    `_own_threads_excess`), enough to cover half its extra work: the same work its peers' threads do
+    `own_threads_excess`), enough to cover half its extra work: the same work its peers' threads do
     while they wait, landing in its own steps instead. Recorded on 2 healthy ranks pinned one to a
     core: rank 0's transport thread took 48% of its core against 16%, its work was 2.75 ms a step
     above rank 1's, and the job's step was as long as when neither rank was behind
@@ -368,9 +368,14 @@ def _own_threads_explain(facts: ByRank, scores: Scores, rank: int) -> bool:
     theirs = [c for p in scores.peers(rank) if (c := facts[p].contention) is not None]
     if me is None or not theirs:
         return False
+    excess_pct = own_threads_excess(me, theirs)
+    return excess_pct > 0 and _covers_extra_work(facts, scores, rank, excess_pct)
+
+
+def _covers_extra_work(facts: ByRank, scores: Scores, rank: int, pct_of_wall: float) -> bool:
+    """This share of the rank's wall time, per step, is at least EXPLAINS_SHARE of its extra work."""
     steps = _floats(facts[rank].steps.step_ms)[:scores.steps]
-    own_ms = own_threads_excess(me, theirs) / 100.0 * statistics.fmean(steps)
-    return own_ms > 0 and own_ms >= EXPLAINS_SHARE * _excess(scores, rank)["work"]
+    return pct_of_wall / 100.0 * statistics.fmean(steps) >= EXPLAINS_SHARE * _excess(scores, rank)["work"]
 
 
 def _arrives_last(scores: Scores, rank: int) -> bool:
@@ -432,9 +437,7 @@ def _denied_explains(facts: ByRank, scores: Scores, rank: int, why: Denied) -> b
     slows every step, the best too); a rank that computes more spends its extra time on a CPU."""
     if _cause(facts, scores, rank)[0] == "host overhead":
         return True
-    steps = _floats(facts[rank].steps.step_ms)[:scores.steps]
-    denied_ms = (why.lost_pct - why.peers_lost_pct) / 100.0 * statistics.fmean(steps)
-    return denied_ms >= EXPLAINS_SHARE * _excess(scores, rank)["work"]
+    return _covers_extra_work(facts, scores, rank, why.lost_pct - why.peers_lost_pct)
 
 
 def _starved(scores: Scores, run: RunView, found: tuple[Denied, float, float]) -> Finding:
