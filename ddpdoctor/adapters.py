@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.callback.doctor import Doctor
+from ddpdoctor.callback.options import checked
 
 
 def _ddp_holding(model: Any) -> Any:
@@ -32,11 +33,16 @@ def _ddp_holding(model: Any) -> Any:
 
 
 def lightning_callback(**options: Any) -> Any:
-    """A `lightning.pytorch.Callback` (or `pytorch_lightning.Callback`) running a Doctor."""
+    """A `lightning.pytorch.Callback` (or `pytorch_lightning.Callback`) running a Doctor.
+
+    `options` are `Doctor`'s, checked here: a bad one is a ValueError before the fit starts."""
+    checked(options)
+    import importlib
+
     try:
-        from lightning.pytorch.callbacks import Callback
+        Callback: Any = importlib.import_module("lightning.pytorch.callbacks").Callback
     except ImportError:
-        from pytorch_lightning.callbacks import Callback  # the older package name
+        Callback = importlib.import_module("pytorch_lightning.callbacks").Callback  # the older package name
 
     class DoctorCallback(Callback):
         def __init__(self) -> None:
@@ -65,7 +71,8 @@ def lightning_callback(**options: Any) -> Any:
 
 
 def hf_callback(**options: Any) -> Any:
-    """A `transformers.TrainerCallback` running a Doctor."""
+    """A `transformers.TrainerCallback` running a Doctor (`options` checked here, as Lightning's)."""
+    checked(options)
     from transformers import TrainerCallback
 
     class DoctorTrainerCallback(TrainerCallback):

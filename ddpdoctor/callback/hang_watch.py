@@ -159,19 +159,22 @@ class HangWatch:
             self._leave_after_hang(exchange, verdict)
 
     def _hang_record(self, error: Optional[BaseException]) -> hang.RankRecord:
-        """Where this rank is: in which collective (DDP's all-reduce pending in our comm hook, or one
-        the main thread called), at which line of the user's code, and its stack. `error`: the
+        """Where this rank is: in which collective (DDP's gradient all-reduce when the main thread is
+        inside a DDP model's backward, or one the main thread called), at which line of the user's
+        code, and its stack. `error`: the
         collective's failure, whose traceback holds the user's line (this is the main thread)."""
         d = self._doctor
         pairs = [(f, f.f_lineno) for f in hang.frames_of(main_thread_frame() if error is None else sys._getframe())]
         if error is not None:
             pairs += list(traceback.walk_tb(error.__traceback__))
         frames = [f for f, _ in pairs]
-        pending = d._timer is not None and d._timer.last_launch > d._timer.last_done
-        collective = hang.DDP_ALLREDUCE if pending else hang.user_collective(frames)
+        collective = hang.user_collective(frames)
         if not collective and hang.untimed_backward(frames):
-            # No hook of ours (FSDP, the job's own), or NCCL's, whose futures complete when queued.
-            collective = "backward (its gradient collectives, not timed)"
+            # Inside torch's backward past the step's allowance (ten times its typical length at least):
+            # a DDP model's backward is then waiting in its gradient all-reduce, for a peer. FSDP's
+            # collectives are not DDP's: said as what is known.
+            collective = (hang.DDP_ALLREDUCE if d.wait_measured or d._is_ddp
+                          else "backward (its gradient collectives, not timed)")
         where, stack = hang.describe(pairs)
         in_step = (bool(d._began) or error is not None) and not d._closed
         return hang.RankRecord(d.rank, d._steps + int(in_step), os.getpid(), d.host, collective, where, stack,

@@ -38,8 +38,9 @@ class RankWindow:
     # The CPU the training thread got over the window (measure/contention.py); None: not read.
     contention: Optional[dict[str, Any]] = None
 
-    def to_facts(self) -> dict[str, Any]:
+    def to_facts(self, device: str = "") -> dict[str, Any]:
         """In the `stragglers` probe's shape: the in-step work is 'forward', data is apart.
+        `device`: the job's device type ("cuda": the work is the GPU's, not the CPU's).
 
         Where the wait in collectives is not measured (FSDP, a job's own comm hook), the whole
         step may be waiting, so it counts as wait and only the data time is judged: a rank slow
@@ -47,7 +48,7 @@ class RankWindow:
         wait = self.wait_ms if self.wait_measured else list(self.step_ms)
         forward = [max(0.0, s - w) for s, w in zip(self.step_ms, wait)]
         zeros = [0.0] * len(self.step_ms)
-        return {"rank": self.rank, "host": self.host, "device": "", "samples": self.samples,
+        return {"rank": self.rank, "host": self.host, "device": device, "samples": self.samples,
                 "peak_mem_bytes": self.peak_mem_bytes, "contention": self.contention,
                 "steps": {"data_ms": self.data_ms, "forward_ms": forward, "backward_ms": zeros,
                           "comm_wait_ms": wait, "optimizer_ms": zeros,
@@ -60,6 +61,7 @@ class History:
 
     keep: int = 4
     windows: list[dict[int, RankWindow]] = field(default_factory=list)
+    device: str = ""  # the job's device type, as the judges read it ("cuda", "cpu")
 
     def add(self, rows: dict[int, RankWindow]) -> None:
         self.windows = (self.windows + [rows])[-self.keep:]
@@ -68,7 +70,7 @@ class History:
         merged: dict[int, dict[str, Any]] = {}
         for rows in self.windows:
             for r, row in rows.items():
-                f = row.to_facts()
+                f = row.to_facts(self.device)
                 if r not in merged:
                     merged[r] = f
                     continue

@@ -35,7 +35,10 @@ class GatheredRow:
     stale_epoch: bool = False  # a second pass over the loader began with the sampler's epoch unchanged
     peak_mem_bytes: Optional[int] = None  # None: reading it failed
     batch_fingerprint: Optional[int] = None  # of the last step's batch; None: no batch given, or it failed
-    wait_measured: bool = False  # the gradient all-reduce wait is timed (DDP's comm hook is ours)
+    wait_measured: bool = False  # the gradient all-reduce wait is read from DDP's reducer
+    wait_samples: int = 0  # of DDP's sampled iterations in the window: the wait column is their mean
+    window_steps: int = 0  # every step since the last check (the columns hold the last WINDOW_CAP)
+    window_s: float = 0.0  # the wall time since the last check: the slowest rank's step sets the next check
     # The CPU the training thread got over the window (measure/contention.py), in % of the wall time.
     wall_s: Optional[float] = None
     run_delay_pct: Optional[float] = None
@@ -51,7 +54,9 @@ class GatheredRow:
     # Per step of the window, oldest first; every column has one entry per step.
     step_ms: list[float] = field(default_factory=list)  # step begin to end
     data_ms: list[float] = field(default_factory=list)  # end of the previous step to begin (the loader)
-    wait_ms: list[float] = field(default_factory=list)  # the gradient all-reduce wait (0 when not measured)
+    # The gradient all-reduce wait: the window's mean over DDP's sampled iterations, the same for
+    # each step (0 when not measured); DDP's reducer keeps no per-step value we could read for free.
+    wait_ms: list[float] = field(default_factory=list)
     samples: list[float] = field(default_factory=list)  # the batch's first dimension (0: not known)
 
     def to_window(self, host: str, cpus: Optional[str] = None) -> RankWindow:
@@ -105,6 +110,8 @@ def _decoder(hint: object) -> Callable[[float], object]:
         return bool
     if hint is int:
         return int
+    if hint is float:
+        return float
     if hint == Optional[int]:
         return _optional_int
     if hint == Optional[float]:

@@ -7,11 +7,8 @@ torch is imported inside each, so importing this module costs nothing.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
-
-from ddpdoctor.runtime.workload import tensor_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -20,21 +17,31 @@ T = TypeVar("T")
 
 
 def fingerprint(batch: Any) -> int:
-    """52 bits of a SHA-1 over strided samples of the batch's first tensors (exact in a float64).
+    """52 bits of a SHA-1 over strided samples of the batch's first tensors; 0 for a batch with none.
 
-    Several tensors, so a constant first one (a mask, say) does not make two ranks' batches
-    look the same. Only on check steps: on a GPU reading the batch is a device-to-host copy."""
+    Of a batch already on the CPU (a GPU batch is read one check late: callback/gather.py)."""
+    from ddpdoctor.callback.gather import _digest, _sample
+
+    return _digest([_sample(t).cpu() for t in tensors(batch)[:4]]) or 0
+
+
+def batch_len(batch: Any) -> float:
+    """The batch's first dimension, as the step path reads it each step (0.0: not known).
+
+    The common shapes (a tensor, a tuple or list starting with one, a dict whose first value is
+    one) are read without a walk; anything else through `first_tensor`."""
     import torch
 
-    digest = hashlib.sha1()
-    for tensor in tensors(batch)[:4]:
-        flat = tensor.detach().reshape(-1)
-        stride = max(1, flat.numel() // 4096)
-        sample = flat[::stride][:4096].to("cpu", torch.float64).contiguous()
-        digest.update(tensor_bytes(sample))
-    if digest.digest() == hashlib.sha1().digest():  # no tensor in the batch
-        return 0
-    return int.from_bytes(digest.digest()[:7], "big") >> 4 or 1
+    if type(batch) in (tuple, list) and batch:
+        batch = batch[0]
+    elif type(batch) is dict and batch:
+        batch = next(iter(batch.values()))
+    if not isinstance(batch, torch.Tensor):
+        batch = first_tensor(batch)
+        if batch is None:
+            return 0.0
+    shape = batch.shape
+    return float(shape[0]) if shape else 0.0
 
 
 def safely(read: Callable[[], T]) -> Optional[T]:
@@ -89,6 +96,8 @@ def learning_rates(optimizer: Any) -> list[float]:
     for group in getattr(optimizer, "param_groups", None) or []:
         lr = group.get("initial_lr", group.get("lr"))
         if hasattr(lr, "item"):  # a tensor learning rate (capturable optimizers)
+            if getattr(lr, "is_cuda", False):
+                continue  # reading it would wait for the GPU: the rate is not known here
             lr = lr.item()
         if isinstance(lr, (int, float)):
             out.append(float(lr))

@@ -333,7 +333,8 @@ def diagnose_stragglers(facts: ByRank, run: RunView) -> list[Finding]:
     uneven_batch = {r for f in findings if f.code == "STR003" for r in f.ranks}
     slow = [r for r, s in sorted(scores.ranks.items())
             if _persistent(s, scores.threshold_pct) and r not in uneven_batch and _excess(scores, r)["work"] > 0
-            and _arrives_last(scores, r) and not _own_threads_explain(facts, scores, r)]
+            and _arrives_last(scores, r) and not _own_threads_explain(facts, scores, r)
+            and _extra_work_is_work(facts, scores, r)]
     # A rank slow in its good steps too, in its data or compute, is slow by itself (it also waits longer
     # for a CPU, having more to do); the CPU denied explains the others, extra time outside both, and
     # any rank whose cgroup throttled it or whose process was stopped (counted directly, DIRECT).
@@ -370,6 +371,30 @@ def _own_threads_explain(facts: ByRank, scores: Scores, rank: int) -> bool:
         return False
     excess_pct = own_threads_excess(me, theirs)
     return excess_pct > 0 and _covers_extra_work(facts, scores, rank, excess_pct)
+
+
+def _extra_work_is_work(facts: ByRank, scores: Scores, rank: int) -> bool:
+    """On CPU ranks, extra time in the step (not in data loading) is the rank's own only if it is
+    CPU time: its training thread got more CPU per step than its peers' by half that extra time at
+    least (EXPLAINS_SHARE). A rank given the same CPU time as its peers but taking longer did not
+    do more work: it waited for a CPU, its memory or its own threads, which the rules on the CPU
+    denied judge (they name a rank held off its cores; the scheduler's draw between ranks that
+    time-share cores they do not, as HOM015 says). Recorded on 2 healthy unpinned ranks on 2 cores
+    (callback, 2 ms steps): rank 1's in-step work was 0.25 ms above rank 0's, 24% of it, while
+    each training thread got 56% of the wall time, 0.04 ms a step apart; a rank really computing
+    20% more spins that much more CPU (tests/fixtures/stragglers_outside/healthy_unpinned_cpu_equal.json).
+    Not judged on GPU ranks (their work is the GPU's) nor where a CPU reading is missing."""
+    me, dev = facts[rank].contention, facts[rank].device
+    theirs = [c.cpu_pct for p in scores.peers(rank) if (c := facts[p].contention) is not None and c.cpu_pct is not None]
+    if dev.startswith("cuda") or me is None or me.cpu_pct is None or not theirs:
+        return True
+    ex = _excess(scores, rank)
+    in_step = ex["work"] - ex["data"]
+    if in_step <= 0.5 * ex["work"]:
+        return True  # mostly data loading: a loader may wait for a disk, the rule is not for it
+    step = statistics.fmean(_floats(facts[rank].steps.step_ms)[:scores.steps])
+    extra_cpu_ms = (me.cpu_pct - _median(theirs)) / 100.0 * step
+    return extra_cpu_ms >= EXPLAINS_SHARE * in_step
 
 
 def _covers_extra_work(facts: ByRank, scores: Scores, rank: int, pct_of_wall: float) -> bool:

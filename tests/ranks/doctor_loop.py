@@ -37,6 +37,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--json", required=True)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--every", type=int, default=20)
+    parser.add_argument("--check-every-s", type=float, default=0.0,
+                        help="the Doctor's check_every_s (0 here: checks by --every alone, at known steps)")
     parser.add_argument("--wrap", choices=("ddp", "fsdp", "fsdp2"), default="ddp")
     parser.add_argument("--spawn", type=int, default=0, help="start this many ranks with mp.spawn")
     parser.add_argument("--port", type=int, default=0, help="the MASTER_PORT an mp.spawn job hard-codes")
@@ -107,7 +109,7 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
         sampler = DistributedSampler(data, shuffle=True, seed=3)
         loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
     doctor = ddpdoctor.Doctor(model, optimizer, loader=loader, every=args.every, json_path=args.json,
-                              step_deadline_s=3.0, on_hang="exit")
+                              check_every_s=args.check_every_s, step_deadline_s=3.0, on_hang="exit")
     judged: list[dict] = []
     if args.facts and rank == 0:
         record_verdicts(doctor, judged)

@@ -31,7 +31,7 @@ def fit(tmp_path: Path, framework: str) -> tuple[list, dict]:
 def test_the_adapter_watches_a_real_fit_and_names_the_slow_rank(tmp_path, framework, module):
     pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[adapters]')")
     findings, summaries = fit(tmp_path, framework)
-    assert all(s["steps"] == 90 and s["comm_measured"] for s in summaries.values()), summaries
+    assert all(s["steps"] == 110 and s["comm_measured"] for s in summaries.values()), summaries
     codes = {f["code"]: f for f in findings}
     assert codes["STR001"]["ranks"] == [1] and codes["STR001"]["evidence"]["cause"] == "compute", findings
     assert "DOC008" not in codes and "DOC004" not in codes  # the frameworks shard and wrap: no false alarm

@@ -62,7 +62,7 @@ def test_a_real_doctor_publishes_at_every_check(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     seen, writer = [], _Writer()
     try:
-        doctor = Doctor(nn.Linear(4, 2), every=3, on_metrics=seen.append, tensorboard=writer)
+        doctor = Doctor(nn.Linear(4, 2), every=3, check_every_s=0, on_metrics=seen.append, tensorboard=writer)
         try:
             for _ in range(6):
                 with doctor.step(torch.zeros(8, 4)):

@@ -37,7 +37,7 @@ def test_an_unknown_scalar_travels_as_nan_and_a_known_zero_does_not():
 
 def test_the_layout_is_the_fields_scalars_then_count_then_padded_columns():
     assert COLUMNS == ["step_ms", "data_ms", "wait_ms", "samples"]
-    assert HEADER == len(SCALARS) + 1 == 19
+    assert HEADER == len(SCALARS) + 1 == 22
     values = pack(FULL, 5)
     assert values[:2] == [3.0, 150.0] and values[HEADER - 1] == 3.0  # rank, steps done, ..., count
     assert values[HEADER:HEADER + 5] == [12.5, 13.25, 11.0, 0.0, 0.0]  # a column padded to the width
@@ -79,7 +79,7 @@ def gloo_group():
 
 
 def test_a_check_gathers_the_window_the_judges_then_read(gloo_group, monkeypatch):
-    doctor = Doctor(nn.Linear(4, 2), every=3)
+    doctor = Doctor(nn.Linear(4, 2), every=3, check_every_s=0)
     judged = []
     try:
         monkeypatch.setattr(doctor, "_judge", lambda rows: judged.append(rows) or [])
@@ -91,21 +91,23 @@ def test_a_check_gathers_the_window_the_judges_then_read(gloo_group, monkeypatch
     assert len(judged) == 2
     first, second = judged[0][0], judged[1][0]
     assert (first.rank, first.step, first.samples, len(first.step_ms)) == (0, 1, [5.0], 1)
-    # Step 1's check keeps its columns; step 3's sends the last `every` steps of them.
-    assert (second.step, second.samples, len(second.data_ms), len(second.wait_ms)) == (3, [5.0, 6.0, 7.0], 3, 3)
+    # Each check sends the steps since the one before: step 3's, steps 2 and 3.
+    assert (second.step, second.samples, len(second.data_ms), len(second.wait_ms)) == (3, [6.0, 7.0], 2, 2)
     assert second.loader_len == -1 and second.fingerprint != 0 and second.peak_mem_bytes > 0
-    assert not second.wait_measured  # not DDP: no comm hook of ours
+    assert not second.wait_measured  # not DDP: no reducer to read
 
 
-def test_a_ddp_model_gets_our_comm_hook_and_its_wait_is_measured(gloo_group):
-    """DDP refuses a comm hook whose annotations are not GradBucket and Future[Tensor] objects
-    (string annotations included): then every wait would go unmeasured and DOC011 would say the
-    job has its own hook. The healthy end-to-end loop caught that once; this catches it in a second."""
+def test_a_ddp_models_wait_is_read_from_its_reducer_and_no_hook_is_added(gloo_group):
+    """The wait comes from DDP's own timings: no comm hook of ours in the backward pass (the job may
+    register its own), and no DOC011."""
     from torch.nn.parallel import DistributedDataParallel
 
-    doctor = Doctor(DistributedDataParallel(nn.Linear(4, 2)), every=3)
+    model = DistributedDataParallel(nn.Linear(4, 2))
+    doctor = Doctor(model, every=3)
     try:
-        assert doctor._timer is not None
-        assert not any(f.code == "DOC011" for f in doctor.findings)
+        assert doctor.wait_measured
+        assert model.logger is not None and not any(f.code == "DOC011" for f in doctor.findings)
+        model.register_comm_hook(None, lambda state, bucket: __import__("torch").distributed.all_reduce(
+            bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0]))  # the job's own: accepted
     finally:
         doctor.close()

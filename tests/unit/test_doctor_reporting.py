@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from ddpdoctor.callback.doctor import Doctor, FindingRaised
+from ddpdoctor.callback.doctor import WINDOW_CAP, Doctor, FindingRaised
 from ddpdoctor.callback.user_objects import first_tensor as _first_tensor, fingerprint as _fingerprint
 from ddpdoctor.core.findings import Finding, Severity
 
@@ -63,10 +63,14 @@ def test_steps_without_a_process_group_are_timed_and_never_gathered():
         for _ in range(101):
             with doctor.step(torch.zeros(3, 4)):
                 pass
-        # Timed, and with no check to take the columns, only the last ones are kept: a long
+        # Timed, and with no check to take the columns, only the last WINDOW_CAP are kept: a long
         # single-process job does not grow a list per step.
-        assert doctor._steps == 101 and 2 <= len(doctor._columns["samples"]) <= 4
-        assert set(doctor._columns["samples"]) == {3.0} and len(doctor._columns["step"]) == len(doctor._columns["samples"])
+        assert doctor._steps == 101 and len(doctor._samples) == len(doctor._step_ms) == 101
+        assert set(doctor._samples) == {3.0}
+        for _ in range(WINDOW_CAP):
+            with doctor.step(torch.zeros(3, 4)):
+                pass
+        assert len(doctor._samples) == len(doctor._step_ms) == len(doctor._data_ms) == WINDOW_CAP
     finally:
         doctor.close()
 
@@ -162,7 +166,7 @@ def test_a_step_without_a_batch_counts_no_samples():
             pass
         with doctor.step(torch.randn(5, 2)):
             pass
-        assert doctor._columns["samples"] == [0.0, 5.0]
+        assert list(doctor._samples) == [0.0, 5.0]
         assert batch_scaling_finding({0: 0.0, 1: 0.0}, [0.1], nodes=["h"]) is None
     finally:
         doctor.close()

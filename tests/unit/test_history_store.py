@@ -251,7 +251,7 @@ def test_callback_records_at_close_and_a_bad_store_only_warns(tmp_path: Path, ca
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
 
         def train(store: Path, steps: int) -> None:
-            doctor = Doctor(model, history=str(store), every=2)
+            doctor = Doctor(model, history=str(store), every=2, check_every_s=0)
             for _ in range(steps):
                 doctor.step_begin()
                 model(torch.ones(4, 2)).sum().backward()
