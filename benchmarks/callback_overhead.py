@@ -1,16 +1,26 @@
-"""What does `ddpdoctor.Doctor` cost a training step? Side by side, in one run, on the same workload.
+"""What does `ddpdoctor.Doctor` cost a training step? Side by side, in one process, on short steps.
 
-Every rank trains two identical DDP models on the same batches, in alternating blocks of
-steps: one watched by a Doctor at its defaults (a comm hook, clocks per step, one
-all_gather every 50 steps), one not. The overhead is the ratio of their median step
-times, per block pair, then the median and the worst over pairs.
+For each step shape (a target step time: 0.5, 2 and 10 ms by default), every rank builds two
+identical DDP models on the same data, one watched by a Doctor at its defaults (checks every 50
+steps but at most every 2 s, the all-reduce wait read from DDP's reducer), one not, and trains them
+in alternating blocks of about --block-s seconds. A block's time is its whole wall time over its
+steps (a mean, so the checks are counted: a median would hide them). The overhead of a pair is the
+watched block's time over the bare one's; the table gives the median over --pairs pairs (the first
+pair warms up and is not counted), in percent and in microseconds a step, and the worst pair.
 
-    python benchmarks/callback_overhead.py --nproc 2 --blocks 20 --block-steps 50
+Beside it, the CPU time the Doctor's own threads took (the step watchdog, the stop clock) per second
+of wall time: they run through both kinds of block alike, so the pairs cannot see them.
+
+    python benchmarks/callback_overhead.py                          # 2 CPU ranks, 0.5/2/10 ms, 9 pairs
+    python benchmarks/callback_overhead.py --nproc 1 --pairs 15     # one rank: less noise from the other
+    python benchmarks/callback_overhead.py --device cuda --nproc 1  # on a GPU (NCCL)
+    python benchmarks/callback_overhead.py --check-every-s 0        # the checks by count alone (every 50)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -18,81 +28,209 @@ import subprocess
 import sys
 import time
 
+IN, OUT, BATCH = 256, 10, 64
+
+
+def _model(width: int, device: str):  # type: ignore[no-untyped-def]
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(IN, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, OUT)).to(device)
+
+
+def _ddp(width: int, device: str):  # type: ignore[no-untyped-def]
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(_model(width, device), device_ids=[torch.cuda.current_device()]
+                                    if device == "cuda" else None)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _steps(model, opt, x, y, n: int, doctor=None) -> float:  # type: ignore[no-untyped-def]
+    """n steps, the wall time they took (the GPU's queue drained at both ends)."""
+    import torch.nn.functional as F
+
+    _sync(x.device.type)
+    began = time.perf_counter()
+    for _ in range(n):
+        if doctor is not None:
+            doctor.step_begin((x, y))
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if doctor is not None:
+            doctor.step_end()
+    _sync(x.device.type)
+    return time.perf_counter() - began
+
+
+def _calibrate(target_ms: float, device: str) -> tuple[int, float]:
+    """The width whose bare DDP step takes about target_ms here, and the step it gives (rank 0 decides)."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.randn(BATCH, IN, device=device)
+    y = torch.randint(0, OUT, (BATCH,), device=device)
+    measured: dict[int, float] = {}
+    for width in (16, 64, 256, 1024, 2048, 4096):
+        model, opt = _ddp(width, device)
+        _steps(model, opt, x, y, 5)
+        n = 30
+        ms = torch.tensor([1e3 * _steps(model, opt, x, y, n) / n])
+        dist.broadcast(ms, 0)
+        measured[width] = float(ms)
+        if measured[width] >= target_ms:
+            break
+    widths = sorted(measured)
+    best = min(widths, key=lambda w: abs(measured[w] - target_ms))
+    above = [w for w in widths if measured[w] >= target_ms]
+    if above and above[0] != widths[0]:  # interpolate between the two around the target (compute ~ width^2)
+        hi = above[0]
+        lo = widths[widths.index(hi) - 1]
+        share = (target_ms - measured[lo]) / max(1e-9, measured[hi] - measured[lo])
+        best = int((lo ** 2 + share * (hi ** 2 - lo ** 2)) ** 0.5)
+    width = torch.tensor([best])
+    dist.broadcast(width, 0)
+    return int(width), measured.get(int(width), float("nan"))
+
+
+def _thread_cpu_s(prefix: str = "ddpdoctor") -> float:
+    """CPU seconds of this process's threads whose name starts with `prefix` (Linux /proc)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        if name.startswith(prefix):
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def shape(target_ms: float, args: argparse.Namespace) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import ddpdoctor
+
+    device = args.device
+    width, calibrated = _calibrate(target_ms, device)
+    bare, bare_opt = _ddp(width, device)
+    watched, watched_opt = _ddp(width, device)
+    options = {} if args.check_every_s is None else {"check_every_s": args.check_every_s}
+    doctor = ddpdoctor.Doctor(watched, watched_opt, **options)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randn(BATCH, IN, generator=g).to(device)
+    y = torch.randint(0, OUT, (BATCH,), generator=g).to(device)
+    steps = torch.tensor([max(20, int(args.block_s * 1e3 / max(calibrated, 0.05)))])
+    dist.broadcast(steps, 0)  # every rank runs as many steps a block: the collectives must match
+    n = int(steps)
+    bare_ms, watched_ms = [], []
+    threads_before, wall_before = _thread_cpu_s(), time.perf_counter()
+    counted_from = 0
+    for pair in range(args.pairs + 1):
+        order = ("bare", "watched") if pair % 2 else ("watched", "bare")
+        for name in order:
+            if name == "bare":
+                bare_ms.append(1e3 * _steps(bare, bare_opt, x, y, n) / n)
+            else:
+                if pair == 1:
+                    counted_from = doctor._steps
+                watched_ms.append(1e3 * _steps(watched, watched_opt, x, y, n, doctor) / n)
+    threads_cpu = _thread_cpu_s() - threads_before
+    wall = time.perf_counter() - wall_before
+    steps_watched = doctor._steps
+    findings = [f"{f.code} {f.severity.label}" for f in doctor.report()]
+    doctor.close()
+    ratios = [w / b for w, b in zip(watched_ms[1:], bare_ms[1:])]
+    extra_us = [1e3 * (w - b) for w, b in zip(watched_ms[1:], bare_ms[1:])]
+    return {"target_ms": target_ms, "width": width, "bare_ms": round(statistics.median(bare_ms[1:]), 4),
+            "watched_ms": round(statistics.median(watched_ms[1:]), 4), "steps_per_block": n, "pairs": len(ratios),
+            "overhead_pct": round(100 * (statistics.median(ratios) - 1), 2),
+            "overhead_us": round(statistics.median(extra_us), 1),
+            "worst_pct": round(100 * (max(ratios) - 1), 2), "best_pct": round(100 * (min(ratios) - 1), 2),
+            "pair_pcts": [round(100 * (r - 1), 1) for r in ratios],
+            "threads_cpu_ms_per_s": round(1e3 * threads_cpu / wall, 2),
+            "watched_steps": steps_watched - counted_from, "wait_measured": doctor.wait_measured,
+            "findings": findings}
+
 
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel
 
-    import ddpdoctor
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-
-    def make() -> tuple:
-        torch.manual_seed(0)
-        model = DistributedDataParallel(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512),
-                                                      nn.ReLU(), nn.Linear(512, 10)))
-        return model, torch.optim.SGD(model.parameters(), lr=0.01)
-
-    watched, watched_opt = make()
-    bare, bare_opt = make()
-    doctor = ddpdoctor.Doctor(watched, watched_opt)
-    loss_fn = nn.CrossEntropyLoss()
-    g = torch.Generator().manual_seed(rank)
-    x, y = torch.randn(32, 256, generator=g), torch.randint(0, 10, (32,), generator=g)
-
-    def step(model, opt) -> None:
-        loss = loss_fn(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    ratios = []
-    for block in range(args.blocks + 1):
-        times = {"bare": [], "watched": []}
-        for name in (("bare", "watched") if block % 2 else ("watched", "bare")):
-            for _ in range(args.block_steps):
-                t0 = time.perf_counter()
-                if name == "watched":
-                    with doctor.step((x, y)):
-                        step(watched, watched_opt)
-                else:
-                    step(bare, bare_opt)
-                times[name].append(time.perf_counter() - t0)
-        if block:  # the first pair warms up
-            ratios.append(statistics.median(times["watched"]) / statistics.median(times["bare"]))
-    doctor.close()
-    if rank == 0:
-        ordered = sorted(ratios)
-        print(f"step overhead over {len(ratios)} block pairs of {args.block_steps} steps: "
-              f"median {100 * (statistics.median(ratios) - 1):+.2f}%, worst {100 * (ordered[-1] - 1):+.2f}%, "
-              f"best {100 * (ordered[0] - 1):+.2f}%; findings: {[f.code for f in doctor.report()]}", flush=True)
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    torch.set_num_threads(1)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    rows = [shape(float(ms), args) for ms in args.shapes.split(",")]
+    if dist.get_rank() == 0:
+        print(json.dumps({"nproc": dist.get_world_size(), "device": args.device, "rows": rows}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--blocks", type=int, default=20)
-    parser.add_argument("--block-steps", type=int, default=50)
+    parser.add_argument("--shapes", default="0.5,2,10", help="target step times in ms (comma-separated)")
+    parser.add_argument("--pairs", type=int, default=9, help="block pairs counted (one more warms up)")
+    parser.add_argument("--block-s", type=float, default=2.5, help="seconds of steps per block")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--check-every-s", type=float, default=None, help="the Doctor's (default: its own)")
+    parser.add_argument("--json", help="write the table's numbers here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(args.nproc):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.nproc), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--blocks", str(args.blocks),
-                                       "--block-steps", str(args.block_steps)], env=env))
-    return max(p.wait(timeout=1800) for p in procs)
+    port = _port()
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--shapes", args.shapes, "--pairs", str(args.pairs),
+           "--block-s", str(args.block_s), "--device", args.device]
+    if args.check_every_s is not None:
+        cmd += ["--check-every-s", str(args.check_every_s)]
+    procs = [subprocess.Popen(cmd, env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.nproc),
+                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"),
+                              stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True)
+             for r in range(args.nproc)]
+    out, _ = procs[0].communicate()
+    for proc in procs[1:]:
+        proc.wait()
+    result = json.loads(out.strip().splitlines()[-1])
+    print(f"{result['nproc']} rank(s), {result['device']}, median of {args.pairs} alternated block pairs of "
+          f"~{args.block_s:g} s; the Doctor at its defaults" +
+          ("" if args.check_every_s is None else f" but check_every_s={args.check_every_s:g}"))
+    print("| target step | bare step | with Doctor | cost a step | cost | worst pair | Doctor's threads (CPU ms/s) | findings |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in result["rows"]:
+        print(f"| {r['target_ms']:g} ms | {r['bare_ms']:.3f} ms | {r['watched_ms']:.3f} ms | {r['overhead_us']:+.1f} µs | "
+              f"{r['overhead_pct']:+.2f}% | {r['worst_pct']:+.1f}% | {r['threads_cpu_ms_per_s']:.2f} | "
+              f"{', '.join(r['findings']) or 'none'} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":

@@ -52,8 +52,8 @@ def lightning_callback(**options: Any) -> Any:
             model = trainer.strategy.model if trainer.strategy.model is not None else pl_module
             optimizers = list(getattr(trainer, "optimizers", None) or [])
             # A fresh dict per fit: the next fit (or trainer) must not inherit this one's optimizer.
-            chosen = {"optimizer": optimizers[0] if optimizers else None, **options}
-            self.doctor = Doctor(_ddp_holding(model), loader=trainer.train_dataloader, **chosen)
+            chosen = {"optimizer": optimizers[0] if optimizers else None, "loader": trainer.train_dataloader, **options}
+            self.doctor = Doctor(_ddp_holding(model), **chosen)  # the user's optimizer or loader, if given, wins
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             if self.doctor is not None:
@@ -86,8 +86,9 @@ def hf_callback(**options: Any) -> Any:
                 # batches are not passed to callbacks: the batch per rank comes from the arguments.
                 batch = (int(getattr(args, "per_device_train_batch_size", 0) or 0)
                          * int(getattr(args, "gradient_accumulation_steps", 1) or 1) or None)
-                chosen = {"optimizer": kwargs.get("optimizer"), "batch_size": batch, **options}
-                self.doctor = Doctor(_ddp_holding(model), loader=train_dataloader, **chosen)
+                chosen = {"optimizer": kwargs.get("optimizer"), "batch_size": batch, "loader": train_dataloader,
+                          **options}
+                self.doctor = Doctor(_ddp_holding(model), **chosen)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.doctor is not None:

@@ -47,7 +47,7 @@ from ddpdoctor.callback.hang_watch import HangWatch
 from ddpdoctor.callback.online_checks import (History, RankWindow, batch_scaling_finding, data_findings,
                                               data_parallel_finding, memory_growth, setup_findings)
 from ddpdoctor.callback.metrics import MetricsSink
-from ddpdoctor.callback.options import DoctorOptions
+from ddpdoctor.callback.options import DoctorOptions, store_file
 from ddpdoctor.callback.reducer_wait import reducer_wait, unmeasured_wait
 from ddpdoctor.callback.row import GatheredRow, contention_fields, pack, unpack
 from ddpdoctor.callback.schedule import NEVER, next_check, slowest_step_s
@@ -158,7 +158,7 @@ class Doctor:
         self.on_hang = opts.on_hang
         self._metrics = MetricsSink(opts.on_metrics, opts.tensorboard)  # each check's numbers out (docs/fleet.md)
         # --history's store (or DDPDOCTOR_HISTORY): rank 0 appends the run at close (docs/fleet.md).
-        self.history = recording.store_path(opts.history, os.environ)
+        self.history = store_file("DDPDOCTOR_HISTORY", recording.store_path(opts.history, os.environ))
         self._started_at = time.time()
         self.loader = loader
         self.optimizer = optimizer

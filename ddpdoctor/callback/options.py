@@ -65,7 +65,8 @@ class DoctorOptions:
             raise ValueError(f"on_hang must be 'report' or 'exit', not {self.on_hang!r}")
         if self.batch_size is not None:
             _whole("batch_size", self.batch_size, minimum=1)
-        if self.tensorboard is not None and not (isinstance(self.tensorboard, (str, os.PathLike))
+        if self.tensorboard is not None and not ((isinstance(self.tensorboard, (str, os.PathLike))
+                                                  and os.fspath(self.tensorboard))
                                                  or callable(getattr(self.tensorboard, "add_scalar", None))):
             raise ValueError(f"tensorboard must be a log folder or a SummaryWriter, not {type(self.tensorboard).__name__}")
         if isinstance(self.tensorboard, os.PathLike):
@@ -108,6 +109,11 @@ def _callable(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a function (or None), not {type(value).__name__}")
 
 
+def store_file(name: str, value: Any) -> Optional[str]:
+    """`_file` for a path that did not come through the arguments (DDPDOCTOR_HISTORY)."""
+    return _file(name, value)
+
+
 def _file(name: str, value: Any) -> Optional[str]:
     """A file to write: its folder exists and is writable, and it is not itself a folder."""
     if value is None:
@@ -115,7 +121,7 @@ def _file(name: str, value: Any) -> Optional[str]:
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise ValueError(f"{name} must be a file path, not {value!r}")
     path = os.fspath(value)
-    if os.path.isdir(path):
+    if os.path.isdir(path) or path.endswith(os.sep):
         raise ValueError(f"{name} {path!r} is a folder: give a file in it, e.g. {os.path.join(path, 'ddpdoctor.json')!r}")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):

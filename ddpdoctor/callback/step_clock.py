@@ -62,6 +62,8 @@ SLOW_WINDOW = 20
 
 def valid_ceiling(value: Any) -> float:
     """`step_deadline_s` as a float, or a ValueError that says what was wrong with it."""
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"step_deadline_s must be a number of seconds, not {value!r}")
     try:
         seconds = float(value)
     except (TypeError, ValueError):
