@@ -58,21 +58,32 @@ def _sync(device: str) -> None:
 
 def _steps(model, opt, x, y, n: int, doctor=None) -> float:  # type: ignore[no-untyped-def]
     """n steps, the wall time they took (the GPU's queue drained at both ends)."""
+    return _timed(model, opt, x, y, n, doctor)[0]
+
+
+def _timed(model, opt, x, y, n: int, doctor=None) -> tuple[float, float, float, float]:  # type: ignore[no-untyped-def]
+    """n steps: (wall, this thread's CPU, the whole process's CPU, wall inside the Doctor's calls) seconds."""
     import torch.nn.functional as F
 
+    clock = time.perf_counter
+    inside = 0.0
     _sync(x.device.type)
-    began = time.perf_counter()
+    began, thread0, process0 = clock(), time.thread_time(), time.process_time()
     for _ in range(n):
         if doctor is not None:
+            t0 = clock()
             doctor.step_begin((x, y))
+            inside += clock() - t0
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if doctor is not None:
-            doctor.step_end()
+            t0 = clock()
+            doctor.step_end()  # the checks included
+            inside += clock() - t0
     _sync(x.device.type)
-    return time.perf_counter() - began
+    return clock() - began, time.thread_time() - thread0, time.process_time() - process0, inside
 
 
 def _calibrate(target_ms: float, device: str) -> tuple[int, float]:
@@ -102,23 +113,29 @@ def _calibrate(target_ms: float, device: str) -> tuple[int, float]:
         best = int((lo ** 2 + share * (hi ** 2 - lo ** 2)) ** 0.5)
     width = torch.tensor([best])
     dist.broadcast(width, 0)
-    return int(width), measured.get(int(width), float("nan"))
+    model, opt = _ddp(int(width), device)
+    _steps(model, opt, x, y, 5)
+    ms = torch.tensor([1e3 * _steps(model, opt, x, y, 30) / 30])
+    dist.broadcast(ms, 0)
+    return int(width), float(ms)
 
 
 def _thread_cpu_s(prefix: str = "ddpdoctor") -> float:
-    """CPU seconds of this process's threads whose name starts with `prefix` (Linux /proc)."""
+    """CPU seconds of this process's Python threads whose name starts with `prefix` (Linux /proc)."""
+    import threading
+
     total = 0.0
     tick = os.sysconf("SC_CLK_TCK")
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
+    for thread in threading.enumerate():
+        if not thread.name.startswith(prefix) or thread.native_id is None:
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        if name.startswith(prefix):
-            fields = stat[stat.rindex(")") + 2:].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
     return total
 
 
@@ -141,18 +158,25 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
     dist.broadcast(steps, 0)  # every rank runs as many steps a block: the collectives must match
     n = int(steps)
     bare_ms, watched_ms = [], []
+    cpu: dict[str, list[tuple[float, float]]] = {"bare": [], "watched": []}  # (thread, process) ms a step
+    inside_us: list[float] = []  # per counted watched block: µs a step inside step_begin and step_end
     threads_before, wall_before = _thread_cpu_s(), time.perf_counter()
     counted_from = 0
     for pair in range(args.pairs + 1):
         order = ("bare", "watched") if pair % 2 else ("watched", "bare")
         for name in order:
             if name == "bare":
-                bare_ms.append(1e3 * _steps(bare, bare_opt, x, y, n) / n)
+                wall, thread, process, _ = _timed(bare, bare_opt, x, y, n)
+                bare_ms.append(1e3 * wall / n)
             else:
                 if pair == 1:
                     counted_from = doctor._steps
-                watched_ms.append(1e3 * _steps(watched, watched_opt, x, y, n, doctor) / n)
-    threads_cpu = _thread_cpu_s() - threads_before
+                wall, thread, process, inside = _timed(watched, watched_opt, x, y, n, doctor)
+                watched_ms.append(1e3 * wall / n)
+                if pair:
+                    inside_us.append(1e6 * inside / n)
+            cpu[name].append((1e3 * thread / n, 1e3 * process / n))
+    threads_cpu = _thread_cpu_s() - threads_before  # the threads live as long as the Doctor: read before close
     wall = time.perf_counter() - wall_before
     steps_watched = doctor._steps
     findings = [f"{f.code} {f.severity.label}" for f in doctor.report()]
@@ -165,6 +189,16 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
             "overhead_us": round(statistics.median(extra_us), 1),
             "worst_pct": round(100 * (max(ratios) - 1), 2), "best_pct": round(100 * (min(ratios) - 1), 2),
             "pair_pcts": [round(100 * (r - 1), 1) for r in ratios],
+            # The CPU the training thread (and the whole process: gloo's, the Doctor's threads) spent a
+            # step more when watched: what the callback adds, without the wall clock's noise.
+            "thread_cpu_us": round(statistics.median(1e3 * (w[0] - b[0]) for w, b in zip(cpu["watched"][1:],
+                                                                                        cpu["bare"][1:])), 1),
+            "process_cpu_us": round(statistics.median(1e3 * (w[1] - b[1]) for w, b in zip(cpu["watched"][1:],
+                                                                                         cpu["bare"][1:])), 1),
+            "bare_thread_cpu_ms": round(statistics.median(b[0] for b in cpu["bare"][1:]), 4),
+            # Timed around the Doctor's calls in the watched blocks (checks included, amortised): the
+            # training thread's time the callback takes, measured directly, not as a noisy difference.
+            "inside_us": round(statistics.mean(inside_us), 2), "inside_us_max_block": round(max(inside_us), 2),
             "threads_cpu_ms_per_s": round(1e3 * threads_cpu / wall, 2),
             "watched_steps": steps_watched - counted_from, "wait_measured": doctor.wait_measured,
             "findings": findings}
@@ -174,6 +208,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
+    if args.pin:  # one core a rank: this VM's cores differ in speed, and a thread that moves between them
+        os.sched_setaffinity(0, {int(os.environ["RANK"]) % (os.cpu_count() or 1)})  # changes its step's CPU time
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     torch.set_num_threads(1)
@@ -199,6 +235,7 @@ def main() -> int:
     parser.add_argument("--block-s", type=float, default=2.5, help="seconds of steps per block")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--check-every-s", type=float, default=None, help="the Doctor's (default: its own)")
+    parser.add_argument("--pin", action="store_true", help="pin rank r to core r (as srun --cpu-bind=cores)")
     parser.add_argument("--json", help="write the table's numbers here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -210,6 +247,8 @@ def main() -> int:
            "--block-s", str(args.block_s), "--device", args.device]
     if args.check_every_s is not None:
         cmd += ["--check-every-s", str(args.check_every_s)]
+    if args.pin:
+        cmd.append("--pin")
     procs = [subprocess.Popen(cmd, env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.nproc),
                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"),
                               stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True)
@@ -218,15 +257,18 @@ def main() -> int:
     for proc in procs[1:]:
         proc.wait()
     result = json.loads(out.strip().splitlines()[-1])
-    print(f"{result['nproc']} rank(s), {result['device']}, median of {args.pairs} alternated block pairs of "
-          f"~{args.block_s:g} s; the Doctor at its defaults" +
-          ("" if args.check_every_s is None else f" but check_every_s={args.check_every_s:g}"))
-    print("| target step | bare step | with Doctor | cost a step | cost | worst pair | Doctor's threads (CPU ms/s) | findings |")
+    pinned = " pinned" if args.pin else ""
+    setting = "" if args.check_every_s is None else f" but check_every_s={args.check_every_s:g}"
+    print(f"{result['nproc']} rank(s){pinned}, {result['device']}, median of {args.pairs} alternated block pairs "
+          f"of ~{args.block_s:g} s; the Doctor at its defaults{setting}")
+    print("| target step | bare step | inside the Doctor a step | share of the step | wall, A/B pairs (worst) "
+          "| training thread's CPU, A/B | Doctor's threads (CPU ms/s) | findings |")
     print("|---|---|---|---|---|---|---|---|")
     for r in result["rows"]:
-        print(f"| {r['target_ms']:g} ms | {r['bare_ms']:.3f} ms | {r['watched_ms']:.3f} ms | {r['overhead_us']:+.1f} µs | "
-              f"{r['overhead_pct']:+.2f}% | {r['worst_pct']:+.1f}% | {r['threads_cpu_ms_per_s']:.2f} | "
-              f"{', '.join(r['findings']) or 'none'} |")
+        print(f"| {r['target_ms']:g} ms | {r['bare_ms']:.3f} ms | {r['inside_us']:.1f} µs (worst block "
+              f"{r['inside_us_max_block']:.1f}) | {100 * r['inside_us'] / 1e3 / r['bare_ms']:.2f}% | "
+              f"{r['overhead_pct']:+.2f}% ({r['worst_pct']:+.1f}%) | {r['thread_cpu_us']:+.1f} µs | "
+              f"{r['threads_cpu_ms_per_s']:.2f} | {', '.join(r['findings']) or 'none'} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

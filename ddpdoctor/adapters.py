@@ -37,12 +37,10 @@ def lightning_callback(**options: Any) -> Any:
 
     `options` are `Doctor`'s, checked here: a bad one is a ValueError before the fit starts."""
     checked(options)
-    import importlib
-
     try:
-        Callback: Any = importlib.import_module("lightning.pytorch.callbacks").Callback
-    except ImportError:
-        Callback = importlib.import_module("pytorch_lightning.callbacks").Callback  # the older package name
+        from lightning.pytorch.callbacks import Callback
+    except ImportError:  # the older package name (mypy sees two classes where both are installed)
+        from pytorch_lightning.callbacks import Callback  # type: ignore[assignment,no-redef,unused-ignore]
 
     class DoctorCallback(Callback):
         def __init__(self) -> None:

@@ -111,7 +111,6 @@ class _Expect:
         d = self._doctor
         inside = bool(d._began)
         d._slow = self._what
-        d._allowance = d._clock.allowance_s(slow=True)
         if not inside:  # between steps: watched as a slow step of its own
             self._began = d._began = time.perf_counter()
 
@@ -120,7 +119,7 @@ class _Expect:
         if self._began:
             d._began = 0.0
             d._slow = ""
-            d._clock.finished(time.perf_counter() - self._began, slow=True)
+            d._finished.append(self._began - time.perf_counter())  # negative: a step marked slow
 
 
 class Doctor:
@@ -139,15 +138,20 @@ class Doctor:
         import torch
         import torch.distributed as dist
 
+        # The judges' modules, now: imported at the first straggler verdict they cost 0.4 s inside a step.
+        import ddpdoctor.probes.stragglers.scores  # noqa: F401
+
         opts = DoctorOptions(every=every, check_every_s=check_every_s, step_deadline_s=step_deadline_s,
                              json_path=json_path, on_finding=on_finding, raise_on_finding=raise_on_finding,
                              on_hang=on_hang, measure_comm=measure_comm, batch_size=batch_size, history=history,
                              on_metrics=on_metrics, tensorboard=tensorboard)
         _check_objects(model, optimizer)
         self.options = opts
-        # The step deadline is learned from the job's own steps; step_deadline_s is its ceiling.
+        # The step deadline is learned from the job's own steps; step_deadline_s is its ceiling. The
+        # step path only appends each step's duration to `_finished` (negative: marked slow); the
+        # watchdog thread feeds them to the clock and asks it for the running step's allowance.
         self._clock = StepClock(opts.step_deadline_s)
-        self._allowance = self._clock.allowance_s()  # the running step's, read by the watchdog
+        self._finished: deque[float] = deque(maxlen=4096)
         self._slow = ""  # what the running step was marked slow for ("" when it was not)
         self.every = opts.every
         self.check_every_s = opts.check_every_s
@@ -182,13 +186,17 @@ class Doctor:
         self._step_ms: deque[float] = deque(maxlen=WINDOW_CAP)
         self._data_ms: deque[float] = deque(maxlen=WINDOW_CAP)
         self._samples: deque[float] = deque(maxlen=WINDOW_CAP)
-        self._window_steps = 0  # all the steps since the last check, and when it ended
+        self._window_from = 0  # the steps done at the last check, and when it ended
         self._window_began = time.perf_counter()
         self._began = 0.0
         self._last_end = 0.0
+        self._first_end = 0.0
         self._batch: Any = None
         self._epoch0 = getattr(self.sampler, "epoch", None)
         self._next_check = 1 if self.distributed else NEVER
+        # Steps are timed one by one only from here (the last WINDOW_CAP before the next check: what
+        # its row carries); the others are only counted. Without a process group, always.
+        self._detail_from = 0
         self._first_row_step = 0  # the steps_done of the first row judged (the setup check's)
         # NCCL gathers CUDA tensors on the rank's own GPU, which is the model's: the mp.spawn tutorial
         # moves the model with .to(rank) and never calls set_device, so "current device" would be
@@ -246,38 +254,49 @@ class Doctor:
 
     def step_begin(self, batch: Any = None, slow: bool = False) -> None:
         now = time.perf_counter()
-        self._data_ms.append((now - self._last_end) * 1e3 if self._last_end else 0.0)
-        self._batch = batch
+        if self._steps >= self._detail_from:
+            self._data_ms.append((now - self._last_end) * 1e3 if self._last_end else 0.0)
+            self._batch = batch
         if slow:
             self._slow = "step marked slow"
-            self._allowance = self._clock.allowance_s(True)
-        else:
-            self._allowance = self._clock.ordinary_s  # before _began: the watchdog reads both
-        self._began = now
+        self._began = now  # last: the watchdog reads it, with _slow
 
     def step_end(self) -> None:
         now = time.perf_counter()
         began = self._began
-        self._step_ms.append((now - began) * 1e3)
-        # 0: not known (no batch given, or a scalar): DOC010 is then not said rather than guessed.
-        self._samples.append(batch_len(self._batch))
-        self._steps += 1
-        self._window_steps += 1
+        if not began:  # no step_begin before it (or the step already ended): nothing to time
+            return
+        steps = self._steps = self._steps + 1
+        if steps > self._detail_from:
+            self._step_ms.append((now - began) * 1e3)
+            # 0: not known (no batch given, or a scalar): DOC010 is then not said rather than guessed.
+            self._samples.append(batch_len(self._batch))
         try:
-            if self._steps == self._next_check:
+            if steps == self._next_check:
                 self._check()  # still inside the step for the watchdog: a stuck gather is a stuck step
-            if self._steps == TUNE_STEP and self._wait is not None:
-                self._wait.tune(_median(list(self._step_ms)))
+            if steps == TUNE_STEP and self._wait is not None:  # the mean step since the first one ended
+                self._wait.tune((time.perf_counter() - self._first_end) * 1e3 / (TUNE_STEP - 1))
             if not self._dp_done:
                 self._data_parallel_step()
         finally:
             # Also when a check raised (raise_on_finding): a step that is over must not be taken for a hang.
             self._began = 0.0
-            self._last_end = time.perf_counter()
-            # The whole step as the watchdog saw it, check included, teaches the clock.
-            if began:
-                self._clock.finished(self._last_end - began, slow=bool(self._slow))
+            self._last_end = end = time.perf_counter()
+            if steps == 1:
+                self._first_end = end
+            # The whole step as the watchdog saw it, check included, teaches the clock (negative: marked slow).
+            self._finished.append(end - began if not self._slow else began - end)
             self._slow = ""
+
+    def allowance_s(self) -> float:
+        """The running step's allowance before it is called hung: asked by the watchdog thread, which
+        alone feeds the clock the steps finished since it last asked."""
+        finished = self._finished
+        clock = self._clock
+        while finished:
+            seconds = finished.popleft()
+            clock.finished(abs(seconds), slow=seconds < 0)
+        return clock.allowance_s(slow=bool(self._slow))
 
     def expect_slow(self, what: str = "slow work") -> _Expect:
         """Code known to be slow (`with doctor.expect_slow("checkpoint"): save(...)`): a longer allowance.
@@ -332,16 +351,15 @@ class Doctor:
         self._step_ms.clear()
         self._data_ms.clear()
         self._samples.clear()
-        self._window_steps = 0
+        self._window_from = self._steps
         self._window_began = time.perf_counter()
         gathered = self._gather.exchange(pack(row, WINDOW_CAP))
-        if gathered is None:  # a GPU's first check: its table is read at the next one
-            self._next_check = next_check(self._steps, self.every, self.check_every_s, None)
-            return
-        rows = self._rows(gathered)
+        rows = self._rows(gathered) if gathered is not None else {}  # None: a GPU's first check, read at the next
         self._next_check = next_check(self._steps, self.every, self.check_every_s,
                                       slowest_step_s((r.window_steps, r.window_s) for r in rows.values()))
-        self._judge_rows({r: row.to_window(*self._where_of(r)) for r, row in rows.items()})
+        self._detail_from = max(self._steps, self._next_check - WINDOW_CAP)
+        if rows:
+            self._judge_rows({r: row.to_window(*self._where_of(r)) for r, row in rows.items()})
 
     def _judge_rows(self, rows: dict[int, RankWindow], may_raise: bool = True) -> None:
         try:
@@ -369,13 +387,18 @@ class Doctor:
         data = list(self._data_ms)[-len(steps):] if steps else []
         wait = self._wait.take() if self._wait is not None else None
         wait_ms = wait.mean_ms if wait is not None and wait.mean_ms is not None else 0.0
+        # The reducer gives the window's mean wait, not each step's: each step gets the window's share
+        # of its length (a short step, a short wait), so its work (step minus wait) is never negative and
+        # the windows' low quantiles compare like with like. Step minus the mean would make a quick
+        # step's work negative, and the straggler's score with it (seen: -500% for a rank 4x slower).
+        share = min(1.0, wait_ms / (sum(steps) / len(steps))) if steps and sum(steps) > 0 else 0.0
         loader_len, stale, peak, fingerprint = self._local_facts()
         window_s = time.perf_counter() - self._window_began
         return GatheredRow(rank=self.rank, steps_done=self._steps, loader_len_batches=loader_len,
                            stale_epoch=stale, peak_mem_bytes=peak, batch_fingerprint=fingerprint,
                            wait_measured=self._wait is not None, wait_samples=wait.samples if wait else 0,
-                           window_steps=self._window_steps, window_s=window_s,
-                           step_ms=steps, data_ms=data, wait_ms=[wait_ms] * len(steps),
+                           window_steps=self._steps - self._window_from, window_s=window_s,
+                           step_ms=steps, data_ms=data, wait_ms=[share * step for step in steps],
                            samples=list(self._samples)[-len(steps):] if steps else [],
                            **contention_fields(self._cpu.take(wait_s=(wait_ms * len(steps) + sum(data)) / 1e3)))
 
@@ -542,11 +565,6 @@ class Doctor:
                                "findings": [f.to_json() for f in self.report()]}, path)
         except OSError as exc:
             log.error("ddpdoctor: cannot write %s: %s", path, exc)
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if ordered else 0.0
 
 
 def _check_objects(model: Any, optimizer: Any) -> None:

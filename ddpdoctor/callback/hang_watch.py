@@ -63,22 +63,23 @@ class HangWatch:
         reported = 0.0
         while not self._stop.wait(min(WATCH_TICK_S, d.deadline_s / 4)):
             began = d._began
-            if not began or began == reported or time.perf_counter() - began < d._allowance:
-                self._answer_peers(began)
+            allowance = d.allowance_s()
+            if not began or began == reported or time.perf_counter() - began < allowance:
+                self._answer_peers(began, allowance)
                 continue
             reported = began
             # Read while the main thread is stuck in the step, so the clock is not being fed.
             self._describe_deadline()
             self._emit_hang(time.perf_counter() - began)
 
-    def _answer_peers(self, began: float) -> None:
+    def _answer_peers(self, began: float, allowance: float) -> None:
         """A peer's step hung: answer its exchange from here, between steps (a data loader stuck)
         or inside a step not yet past its allowance. The store is read only once this rank has
         itself gone half its allowance without finishing a step: a healthy job never reads it here."""
         d = self._doctor
         since = began or d._last_end
         if (d._store is None or d.world_size < 2 or not since or self._hanging
-                or time.perf_counter() - since < d._allowance / 2):
+                or time.perf_counter() - since < allowance / 2):
             return
         try:
             started = hang.Exchange(d._store, d.rank, d.world_size, self._hangs + 1, d.host).started()

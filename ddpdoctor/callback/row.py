@@ -54,8 +54,9 @@ class GatheredRow:
     # Per step of the window, oldest first; every column has one entry per step.
     step_ms: list[float] = field(default_factory=list)  # step begin to end
     data_ms: list[float] = field(default_factory=list)  # end of the previous step to begin (the loader)
-    # The gradient all-reduce wait: the window's mean over DDP's sampled iterations, the same for
-    # each step (0 when not measured); DDP's reducer keeps no per-step value we could read for free.
+    # The gradient all-reduce wait: the window's mean over DDP's sampled iterations, shared out over
+    # the steps in proportion to their length (0 when not measured); DDP's reducer keeps no per-step
+    # value we could read for free.
     wait_ms: list[float] = field(default_factory=list)
     samples: list[float] = field(default_factory=list)  # the batch's first dimension (0: not known)
 
