@@ -38,6 +38,7 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from ddpdoctor.core import keys
@@ -49,6 +50,7 @@ from ddpdoctor.callback.online_checks import (History, RankWindow, batch_scaling
 from ddpdoctor.callback.metrics import MetricsSink
 from ddpdoctor.callback.options import DoctorOptions, store_file
 from ddpdoctor.callback.reducer_wait import reducer_wait, unmeasured_wait
+from ddpdoctor.callback.replicas import BYPASS_STEPS, ReplicaWatch, bypass_finding
 from ddpdoctor.callback.row import GatheredRow, contention_fields, pack, unpack
 from ddpdoctor.callback.schedule import NEVER, next_check, slowest_step_s
 from ddpdoctor.callback.step_clock import StepClock
@@ -56,6 +58,7 @@ from ddpdoctor.callback.user_objects import (batch_len, default_store, gather_de
                                              safely, unsharded_sampler)
 from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.history import recording
+from ddpdoctor.judge.replicas import findings as replica_findings
 from ddpdoctor.measure import contention
 
 log = logging.getLogger("ddpdoctor")
@@ -205,6 +208,8 @@ class Doctor:
         self._gather = Gather(self.world_size, gather_device(nccl, self.device))
         self._print = BatchPrint()
         self._wait = reducer_wait(model, opts.measure_comm, self.distributed, self.device.type)
+        self._replicas = ReplicaWatch(model, optimizer, self.world_size, self._gather.device, self._gather.late)
+        self._bypass_said = False
         self._dp = DataParallelGpus(model)
         self._dp_done = self._dp.ids is None
         self._dp_steps: list[float] = []
@@ -244,6 +249,9 @@ class Doctor:
                                       unmeasured_wait=unmeasured_wait(model, is_ddp, self._wait, measure_comm,
                                                                       self.distributed)):
             self._emit(finding)
+        if self.distributed:
+            for finding in self._replicas.setup_findings(self.rank, self.host):
+                self._emit(finding)
 
     # -- the loop's side: a few microseconds a step, nothing that waits for a GPU ----------------
     def step(self, batch: Any = None, slow: bool = False) -> _Step:
@@ -358,8 +366,34 @@ class Doctor:
         self._next_check = next_check(self._steps, self.every, self.check_every_s,
                                       slowest_step_s((r.window_steps, r.window_s) for r in rows.values()))
         self._detail_from = max(self._steps, self._next_check - WINDOW_CAP)
+        windows = {r: row.to_window(*self._where_of(r)) for r, row in rows.items()}
         if rows:
-            self._judge_rows({r: row.to_window(*self._where_of(r)) for r, row in rows.items()})
+            self._judge_rows(windows)
+        self._compare_replicas(rows, windows)
+
+    def _compare_replicas(self, rows: dict[int, GatheredRow], windows: dict[int, RankWindow]) -> None:
+        """Every rank's replica against the others' (callback/replicas.py), when due: decided from the
+        gathered table, so every rank takes part in the same collectives at the same check."""
+        window_s = max((r.window_s for r in rows.values()), default=0.0)
+        slowest = max((r.digest_ms for r in rows.values()), default=0.0)
+        bypassed = bool(rows) and self._wait is not None and any(
+            r.reducer_iteration == 0 and r.steps_done >= BYPASS_STEPS for r in rows.values())
+        found: list[Finding] = []
+        if bypassed and not self._bypass_said:
+            self._bypass_said = True
+            found.append(bypass_finding(rows, {r: w.host for r, w in windows.items()}))
+        try:
+            result = self._replicas.check(self._steps, self._replicas.due(window_s, slowest))
+        except Exception as exc:  # a bug of ours must not end the user's job (every rank runs the same code)
+            log.warning("ddpdoctor: comparing replicas failed on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
+            self._replicas.done = True
+            return
+        if result is not None:
+            comparison, seen = result
+            hosts = {r: w.host for r, w in windows.items()} or {self.rank: self.host}
+            found += replica_findings(comparison, replace(seen, bypassed_ddp=bypassed), hosts)
+        if found:
+            self._take_new(found)
 
     def _judge_rows(self, rows: dict[int, RankWindow], may_raise: bool = True) -> None:
         try:
@@ -398,6 +432,8 @@ class Doctor:
                            stale_epoch=stale, peak_mem_bytes=peak, batch_fingerprint=fingerprint,
                            wait_measured=self._wait is not None, wait_samples=wait.samples if wait else 0,
                            window_steps=self._steps - self._window_from, window_s=window_s,
+                           digest_ms=self._replicas.digest_ms,
+                           reducer_iteration=self._wait.iteration if self._wait is not None else -1,
                            step_ms=steps, data_ms=data, wait_ms=[share * step for step in steps],
                            samples=list(self._samples)[-len(steps):] if steps else [],
                            **contention_fields(self._cpu.take(wait_s=(wait_ms * len(steps) + sum(data)) / 1e3)))

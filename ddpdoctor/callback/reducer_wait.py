@@ -73,6 +73,7 @@ class ReducerWait:
         self._comm_ns = 0.0
         self._overlap_ns = 0.0
         self._last: Optional[WindowWait] = None
+        self.iteration = 0  # the last iteration the reducer recorded: 0 while DDP's forward is never called
         data = self._read()
         if data is not None and int(data.get("iteration", 0) or 0) >= ALWAYS_SAMPLED:
             self._rate_settable = False  # joined late: the rate may have been anything so far
@@ -115,7 +116,8 @@ class ReducerWait:
             return None
 
     def _update(self, data: dict[str, Any]) -> None:
-        count = sampled_count(int(data.get("iteration", 0) or 0), self.rate)
+        self.iteration = int(data.get("iteration", 0) or 0)
+        count = sampled_count(self.iteration, self.rate)
         if count <= 0 or "avg_backward_comm_time" not in data:
             return
         self._count = count

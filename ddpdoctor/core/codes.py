@@ -204,11 +204,51 @@ _ENTRIES = (
                'Pass batch_size= to Doctor when a step accumulates several batches.')),
     _code("DOC011", _INFO, "callback",
           why=('A synchronous step takes as long on every rank as on the slowest: only the time each rank waits for '
-               "the others tells the slow one from the waiting ones. ddpdoctor measures that wait through DDP's comm "
-               "hook; FSDP's collectives (and a job's own comm hook) are not timed, so a rank slow to compute cannot "
-               'be named here. A rank slow to load data still is (STR001, cause data loading).'),
+               "the others tells the slow one from the waiting ones. ddpdoctor reads that wait from DDP's own reducer "
+               "timings; FSDP's collectives are not timed there (nor is DDP's with measure_comm=False), so a rank slow "
+               'to compute cannot be named here. A rank slow to load data still is (STR001, cause data loading).'),
           fix=('Run `ddpdoctor check --probes stragglers` on the same nodes for a compute verdict, or measure with a '
                'DDP-wrapped copy of the model.')),
+    _code("DOC012", _WARN, "callback",
+          why=("DDP averages the gradients of the parameters of the module it wraps, and only of those it found "
+               "requiring a gradient when it was built. A tensor the optimizer also steps (a learnable temperature "
+               "made with torch.ones(1, requires_grad=True), a loss module's nn.Parameter, a parameter frozen when DDP "
+               "was built, a module replaced after wrapping) gets each rank's own gradient: every rank trains its own "
+               "copy, and the checkpoint keeps rank 0's."),
+          fix=("Register it as an nn.Parameter of the module DDP wraps before DDP(...) (or wrap the loss module in "
+               "DDP too), build DDP after freezing and unfreezing is settled, or all-reduce its gradient yourself "
+               "before optimizer.step().")),
+    _code("DOC013", frozenset({Severity.WARN, Severity.CRITICAL}), "callback",
+          severity_rule=("CRITICAL when the norms of a differing tensor are a millionth or more apart (or non-finite), "
+                         "WARN when they differ in the last bits only"),
+          per_case="the cause and its fix are read from the numbers: see docs/callback.md, 'Ranks out of sync'"),
+    _code("DOC014", _CRITICAL, "callback",
+          why=("DDP keeps replicas identical only if every rank applies the averaged gradient with the same "
+               "optimizer settings; a learning rate computed from rank-local progress, a scheduler stepped on one "
+               "rank or fed a rank-local loss (ReduceLROnPlateau), or different parameter groups make the weights "
+               "drift apart at the next step."),
+          fix=("Compute learning rates and schedules from values that are the same on every rank (all-reduce a "
+               "validation loss before ReduceLROnPlateau, step schedulers on every rank), and build the same "
+               "parameter groups everywhere.")),
+    _code("DOC015", _CRITICAL, "callback",
+          why=("DDP averages gradients only for a backward that follows a forward through the DDP model itself with "
+               "gradient sync on (its forward arms the reducer). A loss computed with model.module(...) or a helper "
+               "method of the inner module, or gradient accumulation that keeps even the last micro-batch under "
+               "no_sync(), trains every rank on its own batch alone."),
+          fix=("Call the DDP-wrapped model in the training step (ddp_model(x), not ddp_model.module(x)), and run the "
+               "last micro-batch of each accumulation outside no_sync().")),
+    _code("DOC016", _INFO, "callback",
+          why=("With broadcast_buffers=False (forward_sync_buffers=False) DDP does not copy rank 0's buffers to the "
+               "other ranks: BatchNorm's running mean and variance are each rank's own, by design; a checkpoint "
+               "saved by rank 0 keeps rank 0's statistics, and evaluation on other ranks uses theirs."),
+          fix=("Information. For statistics over the whole batch use SyncBatchNorm (convert_sync_batchnorm); to "
+               "evaluate with one set of statistics, broadcast the buffers from rank 0 before evaluating.")),
+    _code("DOC017", _CRITICAL, "callback",
+          why=("A NaN or inf in one rank's weights while its peers' are finite: a step was skipped, or taken, on "
+               "some ranks only (an `if torch.isfinite(loss)` decided per rank), after which the replicas differ "
+               "for good."),
+          fix=("Make skip decisions on every rank alike (all-reduce the non-finite flag before acting on it), and "
+               "find where the NaN comes from (a learning rate too high, an fp16 overflow, a bad batch).")),
     _code("GPU000", frozenset({Severity.OK, Severity.INFO}), "gpu-count",
           severity_rule='OK when every rank sees its GPU, INFO when the check ran without GPUs'),
     _code("GPU001", _CRITICAL, "gpu-count",

@@ -1,0 +1,239 @@
+"""The live check that every rank trains the same model: at the callback's checks, within its budget.
+
+At a check that is due (callback/doctor.py decides, from the gathered table, so every rank
+agrees), each rank sums the bits of every tensor its optimizer steps (measure/replica_digest.py)
+and the ranks all-reduce those sums with MAX, beside their negatives: where the maximum equals
+the minimum everywhere, every rank holds the same weights and the same optimizer settings. That
+costs one read of the weights and one all-reduce of a few thousand numbers, whatever the number
+of ranks. Only when something differs do the ranks gather the details (each rank's sums, its
+gradients' sums, both norms): which tensors, which ranks, how far apart, and the cause
+(judge/replicas.py, shared with ddp-smoke).
+
+On a GPU the sums are computed on the device and the all-reduce's result is read at the next
+check (as the timing gather is: callback/gather.py), so the check never waits for the GPU.
+
+A check is due when the last one cost at most FREE_MS, or BUDGET of the training time since: on a
+small model that is every check, on 100M parameters on a CPU (35 ms a read) one check in 7 s.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from ddpdoctor.core import codes
+from ddpdoctor.core.findings import Finding
+from ddpdoctor.judge import replicas as judge
+from ddpdoctor.measure import replica_digest as rd
+
+if TYPE_CHECKING:
+    import torch
+
+BUDGET = 0.005  # of the wall time between checks the comparison may take
+FREE_MS = 5.0  # a comparison this cheap runs at every check (at the default 2 s between checks, 0.25%)
+BYPASS_STEPS = 20  # steps after which a DDP whose reducer counted no iteration was never called
+
+
+@dataclass
+class _Pending:
+    kind: str  # "reduce" | "gather"
+    step: int
+    host: Any  # pinned host tensor
+    event: Any
+
+
+class ReplicaWatch:
+    """One rank's side of the comparison: its optimizer's tensors, named from the model."""
+
+    def __init__(self, model: Any, optimizer: Any, world_size: int, device: torch.device, late: bool) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        inner = getattr(model, "_orig_mod", model)
+        self.ddp = inner if isinstance(inner, DistributedDataParallel) else None
+        self.optimizer = optimizer
+        self.world_size = world_size
+        self.device = device  # where the collectives run (the model's GPU under NCCL, else CPU)
+        self.late = late
+        self.layout = rd.layout(optimizer, inner, rd.averaged_by(self.ddp) if self.ddp is not None else None)
+        self.digest_ms = 0.0  # this rank's last comparison, in ms of its own time
+        self.since_s = 0.0  # training time since the last comparison (from the gathered table: all ranks alike)
+        self.last_equal_step: Optional[int] = None
+        self.first_seen_step: Optional[int] = None
+        self._pending: Optional[_Pending] = None
+        self.done = optimizer is None or world_size < 2  # nothing to compare, or once a divergence is named
+
+    # -- at construction -------------------------------------------------------
+    def setup_findings(self, rank: int, host: str) -> list[Finding]:
+        """DOC012 (tensors the optimizer steps that DDP does not average) and DOC016 (BatchNorm with
+        broadcast_buffers=False), from the objects alone, before the first step: said by rank 0 for every rank."""
+        if rank != 0 or self.world_size < 2 or self.ddp is None:
+            return []
+        out = []
+        outside = [e for e in self.layout.entries if not e.averaged]
+        if outside and self.optimizer is not None:
+            names = [n for e in outside for n in e.names]
+            shown = ", ".join(names[:judge.SHOWN]) + (f" and {len(names) - judge.SHOWN} more" if len(names) > judge.SHOWN
+                                                       else "")
+            out.append(codes.finding(
+                "DOC012", judge.PROBE,
+                (f"The optimizer steps {len(names)} tensor{'s' if len(names) != 1 else ''} whose gradient DDP does not "
+                 f"average ({shown}): each rank will train its own copy"),
+                ranks=tuple(range(self.world_size)), nodes=(),
+                evidence={"tensors": names[:64], "count": len(names)}))
+        if not getattr(self.ddp, "broadcast_buffers", True) and _batchnorm(self.ddp.module):
+            out.append(codes.finding(
+                "DOC016", judge.PROBE,
+                ("broadcast_buffers=False with BatchNorm: each rank keeps its own running statistics, and a checkpoint "
+                 "saved by rank 0 keeps rank 0's"),
+                ranks=tuple(range(self.world_size)), nodes=(), evidence={"broadcast_buffers": False}))
+        return out
+
+    # -- at the checks ---------------------------------------------------------
+    def due(self, window_s: float, slowest_digest_ms: float) -> bool:
+        """Whether this check compares: the last comparison (the slowest rank's) took at most BUDGET of
+        the training time since. Called with the gathered table's numbers, so every rank agrees."""
+        if self.done:
+            return False
+        self.since_s += window_s
+        return (slowest_digest_ms <= max(FREE_MS, BUDGET * 1e3 * self.since_s) or self.last_equal_step is None)
+
+    def check(self, step: int, due: bool) -> Optional[tuple[judge.Comparison, judge.Seen]]:
+        """The comparison's progress at this check: what differs, once the ranks have gathered it."""
+        if self.late:
+            return self._check_late(step, due)
+        if not due:
+            return None
+        self.since_s = 0.0
+        differ = self._differ(self._reduce(self._timed(self._vector)).tolist())
+        if not differ:
+            self.last_equal_step = step
+            return None
+        return self._compare(self._gather(self._timed(self._detail)).tolist(), step)
+
+    def _timed(self, make: Any) -> torch.Tensor:
+        """`make()`, its time kept as this rank's cost (its own work: not the collective's wait for its peers)."""
+        began = time.perf_counter()
+        try:
+            return make()
+        finally:
+            self.digest_ms = 1e3 * (time.perf_counter() - began)
+
+    def _check_late(self, step: int, due: bool) -> Optional[tuple[judge.Comparison, judge.Seen]]:
+        """A GPU's: the previous check's collective read now, the next one launched."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if not pending.event.query():  # a whole check interval behind: wait, as every rank does
+                pending.event.synchronize()
+            values = pending.host.tolist()
+            if pending.kind == "gather":
+                return self._compare(values, pending.step)
+            if not self._differ(values):
+                self.last_equal_step = pending.step
+            else:
+                self._pending = self._launch("gather", self._gather(self._timed(self._detail)), step)
+                return None
+        if due:
+            self.since_s = 0.0
+            self._pending = self._launch("reduce", self._reduce(self._timed(self._vector)), step)
+        return None
+
+    def _launch(self, kind: str, result: torch.Tensor, step: int) -> _Pending:
+        import torch
+
+        host = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
+        host.copy_(result, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return _Pending(kind, step, host, event)
+
+    # -- the numbers -----------------------------------------------------------
+    def _settings(self) -> torch.Tensor:
+        import torch
+
+        values = torch.tensor(rd.settings(self.optimizer), dtype=torch.float64)
+        return values.pin_memory().to(self.device, non_blocking=True) if self.late else values
+
+    def _padded(self, values: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        import torch
+
+        out = torch.full((rd.MAX_ENTRIES,), fill, dtype=torch.float64, device=self.device)
+        out[:values.numel()] = values.to(self.device)
+        return out
+
+    def _vector(self) -> torch.Tensor:
+        """What every rank must hold alike: the settings, the entries' count and their bit sums."""
+        import torch
+
+        count = torch.full((1,), float(len(self.layout.entries)), dtype=torch.float64, device=self.device)
+        return torch.cat([self._settings(), count, self._padded(rd.digest(self.layout))])
+
+    def _detail(self) -> torch.Tensor:
+        """On a difference: the settings, the bit sums of weights and gradients, and both norms."""
+        import torch
+
+        return torch.cat([self._settings(), self._padded(rd.digest(self.layout)),
+                          self._padded(rd.digest(self.layout, grads=True), -1.0),
+                          self._padded(rd.norms(self.layout)), self._padded(rd.norms(self.layout, grads=True), -1.0)])
+
+    def _reduce(self, vector: torch.Tensor) -> torch.Tensor:
+        import torch
+        import torch.distributed as dist
+
+        both = torch.cat([vector, -vector])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        return both
+
+    def _gather(self, vector: torch.Tensor) -> torch.Tensor:
+        import torch
+        import torch.distributed as dist
+
+        out = torch.empty(self.world_size * vector.numel(), dtype=torch.float64, device=vector.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, vector)
+        return out
+
+    @staticmethod
+    def _differ(reduced: list[float]) -> bool:
+        half = len(reduced) // 2
+        return any(hi != -lo for hi, lo in zip(reduced[:half], reduced[half:]))
+
+    def _compare(self, gathered: list[float], step: int) -> tuple[judge.Comparison, judge.Seen]:
+        settings = len(rd.settings_names())
+        width = settings + 4 * rd.MAX_ENTRIES
+        digests = {}
+        for rank in range(self.world_size):
+            row = gathered[rank * width:(rank + 1) * width]
+            at = settings
+            params, grads, pnorms, gnorms = (row[at + k * rd.MAX_ENTRIES: at + (k + 1) * rd.MAX_ENTRIES] for k in range(4))
+            digests[rank] = judge.RankDigest(rank, params, row[:settings], grads, pnorms, gnorms)
+        comparison = judge.compare(digests, [e.names for e in self.layout.entries],
+                                   [e.averaged for e in self.layout.entries], rd.settings_names())
+        if not comparison.entries:  # only the settings differ (so far): the weights were still equal here
+            self.last_equal_step = step
+            return comparison, judge.Seen(step, self.last_equal_step)
+        if self.first_seen_step is None:
+            self.first_seen_step = step
+        # Named once: replicas that differ do not come back together, and each further look costs a read of
+        # every tensor and a gather.
+        self.done = True
+        return comparison, judge.Seen(self.first_seen_step, self.last_equal_step)
+
+
+def _batchnorm(module: Any) -> bool:
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return any(isinstance(m, _BatchNorm) and m.track_running_stats for m in module.modules())
+
+
+def bypass_finding(rows: Any, hosts: dict[int, str]) -> Finding:
+    """DOC015: DDP's reducer recorded no iteration while the loop ran BYPASS_STEPS steps and more."""
+    ranks = sorted(r for r, row in rows.items() if row.reducer_iteration == 0)
+    steps = max(row.steps_done for row in rows.values())
+    return codes.finding(
+        "DOC015", judge.PROBE,
+        (f"DDP averaged no gradient in {steps} steps on rank {', '.join(map(str, ranks))}: its forward never ran with "
+         "gradient sync on (the loss is computed through model.module(...), or every backward is under no_sync()), "
+         "so every rank trains alone"),
+        ranks=tuple(ranks), nodes=tuple(sorted({hosts[r] for r in ranks if r in hosts})),
+        evidence={"steps": steps, "ddp_iterations_recorded": {str(r): rows[r].reducer_iteration for r in ranks}})

@@ -1,0 +1,105 @@
+"""Ranks that stop training one model are named, with the tensors and the cause; healthy loops are quiet.
+
+tests/ranks/divergence_loop.py: every case its own DDP model, optimizer and Doctor (checks every 10
+steps), all trained side by side in one pair of CPU ranks; each bug written the way users write it
+(the public reports are in the loop's docstring and docs/callback.md, "Ranks out of sync").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .harness import free_port, run_script_ranks
+
+pytestmark = pytest.mark.ranks
+LOOP = Path(__file__).with_name("divergence_loop.py")
+HEALTHY = ["plain", "batchnorm", "amp", "static_graph", "fp16_hook", "accumulate"]
+BUGS = ["temperature", "clamp_rank0", "lr_by_rank", "sched_rank0", "ema_rank0", "resume_rank0", "all_no_sync",
+        "module_forward", "unfrozen", "nan_skip", "bn_no_broadcast"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("divergence")
+    port = free_port()
+    results = run_script_ranks(LOOP, ["--json", str(tmp / "r"), "--cases", ",".join(HEALTHY + BUGS), "--steps", "60"],
+                               {0: port, 1: port}, timeout_s=110)
+    assert [rc for rc, _ in results] == [0, 0], results
+
+    def found(case: str) -> dict[str, dict]:
+        path = tmp / f"r.{case}"
+        return {f["code"]: f for f in json.loads(path.read_text())["findings"]} if path.exists() else {}
+
+    return found
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", HEALTHY)
+def test_a_healthy_loop_raises_nothing(run, case):
+    assert set(run(case)) <= {"DOC010"}, run(case)
+
+
+def _diverged(found: dict, cause: str, tensors: list[str], since: tuple) -> dict:
+    weights = found["DOC013"]
+    assert weights["severity"] == "critical" and "Weights differ between ranks" in weights["title"]
+    assert cause in weights["evidence"]["cause"], weights["evidence"]["cause"]
+    named = [n for t in weights["evidence"]["tensors"] for n in t["names"]]
+    assert all(any(t in n for n in named) for t in tensors), named
+    assert (weights["evidence"]["last_equal_step"], weights["evidence"]["first_seen_step"]) == since
+    return weights
+
+
+@pytest.mark.timeout(180)
+def test_a_tensor_ddp_does_not_average_is_said_at_once_and_named_when_it_drifts(run):
+    found = run("temperature")
+    assert "outside the model" in found["DOC012"]["title"] and found["DOC012"]["severity"] == "warn"
+    weights = _diverged(found, "whose gradients DDP does not average", ["outside the model"], (None, 1))
+    assert weights["evidence"]["explained_by"] == "DOC012" and weights["evidence"]["tensors_differing"] == 1
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case, since", [("clamp_rank0", (None, 1)), ("ema_rank0", (10, 20)), ("resume_rank0", (None, 1))])
+def test_weights_changed_on_one_rank_outside_the_optimizer_are_named_as_such(run, case, since):
+    weights = _diverged(run(case), "changed outside the optimizer", ["fc1.weight", "fc2.bias"], since)
+    assert all(t["gradients_equal"] for t in weights["evidence"]["tensors"])
+
+
+@pytest.mark.timeout(180)
+def test_learning_rates_that_differ_are_named_with_their_values_before_and_beside_the_drift(run):
+    by_rank = run("lr_by_rank")
+    assert "group 0 lr is 0.05 on rank 0, 0.1 on rank 1" in by_rank["DOC014"]["title"]
+    _diverged(by_rank, "settings differ", ["fc1.weight"], (None, 1))
+    scheduled = run("sched_rank0")  # StepLR(10) stepped on rank 0 only: its first change at step 10
+    assert "at step 10: group 0 lr is 0.025 on rank 0, 0.05 on rank 1" in scheduled["DOC014"]["title"]
+    _diverged(scheduled, "settings differ", ["fc1.weight"], (10, 20))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", ["all_no_sync", "module_forward"])
+def test_a_loop_whose_gradients_ddp_never_averages_is_named(run, case):
+    found = run(case)
+    assert "DDP averaged no gradient in 20 steps" in found["DOC015"]["title"]
+    weights = _diverged(found, "DDP did not average them", ["fc1.weight", "fc2.weight"], (None, 1))
+    assert not any(t["gradients_equal"] for t in weights["evidence"]["tensors"])
+
+
+@pytest.mark.timeout(180)
+def test_a_layer_unfrozen_after_ddp_was_built_drifts_alone(run):
+    weights = _diverged(run("unfrozen"), "DDP did not average them", ["fc1.weight", "fc1.bias"], (None, 1))
+    assert weights["evidence"]["tensors_differing"] == 2  # fc2 stays equal
+
+
+@pytest.mark.timeout(180)
+def test_a_step_skipped_on_one_rank_for_a_nan_is_named_with_the_rank_whose_weights_went_nan(run):
+    found = run("nan_skip")  # rank 1's loss is NaN from step 30: rank 0 steps into NaN weights, rank 1 skips
+    assert found["DOC017"]["ranks"] == [0] and "rank 1's are finite" in found["DOC017"]["title"]
+    _diverged(found, "non-finite", ["fc1.weight"], (30, 40))
+
+
+@pytest.mark.timeout(180)
+def test_batchnorm_without_buffer_broadcast_is_information_only(run):
+    found = run("bn_no_broadcast")
+    assert found["DOC016"]["severity"] == "info" and set(found) <= {"DOC016", "DOC010"}, found
