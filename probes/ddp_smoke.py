@@ -99,14 +99,31 @@ def _weights_differ(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> list[Fi
         who = " vs ".join(f"rank {rank_ranges(g)}" for g in sorted(groups.values()))
     sums = {r: float(facts[r].param_sum) for r in present}
     ref = statistics.median(sums.values())
+    tensors = _differing_tensors(facts, present)
+    named = f" in {', '.join(tensors[:4])}{f' and {len(tensors) - 4} more' if len(tensors) > 4 else ''}" if tensors else ""
     return [codes.finding(
-        "DDP002", NAME, f"Weights differ across ranks after training: {who}", ranks=tuple(odd),
+        "DDP002", NAME, f"Weights differ across ranks after training{named}: {who}", ranks=tuple(odd),
         nodes=run.nodes_of(odd),
         evidence={
             "weight_groups": {sha[:12]: rank_ranges(rs) for sha, rs in groups.items()},
             "param_sum": sums,
             "max_abs_sum_diff": max(abs(v - ref) for v in sums.values()),
+            "tensors_differing": tensors,
         })]
+
+
+def _differing_tensors(facts: Mapping[int, DdpSmokeFacts], present: list[int]) -> list[str]:
+    """The tensors whose bits differ between the ranks, by the callback's own comparison (judge/replicas.py);
+    none where a recording predates the per-tensor sums."""
+    from ddpdoctor.judge.replicas import RankDigest, compare
+
+    first = facts[present[0]]
+    if not first.param_bitsums or any(len(facts[r].param_bitsums) != len(first.param_bitsums) for r in present):
+        return []
+    digests = {r: RankDigest(r, list(facts[r].param_bitsums), []) for r in present}
+    names = [(n,) for n in first.param_names] or [(f"tensor {i}",) for i in range(len(first.param_bitsums))]
+    comparison = compare(digests, names, [True] * len(names), [])
+    return [n for e in comparison.entries for n in e.names]
 
 
 def _trained(facts: Mapping[int, DdpSmokeFacts], run: RunView) -> Finding:

@@ -48,6 +48,10 @@ class WorkloadResult(Facts):
     comm_bytes: int = 0
     param_sha256: str = ""
     param_sum: float = 0.0
+    # Per tensor the optimizer steps, its name and the exact sum of its bits (measure/replica_digest.py):
+    # what the replicas are compared by, with the training callback's rule (judge/replicas.py).
+    param_names: list[str] = field(default_factory=list)
+    param_bitsums: list[float] = field(default_factory=list)
     peak_mem_bytes: int = 0
     loss_first: float = 0.0
     loss_last: float = 0.0
@@ -241,6 +245,11 @@ def run_workload(ctx: RankContext) -> WorkloadResult:
         flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in model.parameters()])
         result.param_sha256 = weights_sha256(flat)
         result.param_sum = float(flat.double().sum())
+        from ddpdoctor.measure import replica_digest
+
+        replicas = replica_digest.layout(optimizer, model)
+        result.param_names = [" + ".join(e.names) for e in replicas.entries]
+        result.param_bitsums = [float(v) for v in replica_digest.digest(replicas).tolist()]
         result.comm_calls, result.comm_bytes = timer.calls, timer.bytes
         result.peak_mem_bytes = peak_mem(device)
 

@@ -93,6 +93,10 @@ def test_diverged_weights_are_caught(tmp_path):
     assert run.returncode == 2, run.explain()
     diverged = run.findings("DDP002")
     assert len(diverged) == 1 and diverged[0]["ranks"] == [2], run.explain()
+    # The callback's comparison (judge/replicas.py) names the one tensor the fault moved: DDP averages the
+    # same gradient into every replica, so the others stay equal.
+    [tensor] = diverged[0]["evidence"]["tensors_differing"]
+    assert tensor in diverged[0]["title"] and tensor.endswith("weight"), diverged[0]
     assert not run.findings("DDP001")
     assert_nothing_left(run)
 
