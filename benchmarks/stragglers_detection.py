@@ -7,13 +7,17 @@ findings name exactly the injected rank with the expected cause (or, healthy, na
     python benchmarks/stragglers_detection.py --runs 10 --factors 1.05,1.1,1.15   # the smallest slowdown detected
     python benchmarks/stragglers_detection.py --runs 3 --keep /tmp/runs    # keep every JSON report
     python benchmarks/stragglers_detection.py --outside --runs 10          # faults made from outside the rank
+    python benchmarks/stragglers_detection.py --shapes 0.5,2,10,50 --runs 20 --seconds 9   # the callback's false alarms
 
 --outside: each fault a separate process makes on rank 1 (runtime/outside_faults.py) at two strengths, judged by
 the default `check`, the `stragglers` probe and the training callback (tests/ranks/doctor_loop.py, a plain loop):
 named right / named wrong / missed, with the job's slowdown (the median step of the probe and of the callback's loop
 against the healthy runs' in the same place); first the healthy runs (2 ranks on 2 cores in each place and in a
 Lightning fit with the adapter, tests/ranks/adapter_fit.py, where --lightning-python has lightning; 4 ranks on 2
-cores in check and probe): false alarms. Two-rank
+cores in check and probe): false alarms.
+--shapes: the training callback's false-alarm matrix, healthy runs of tests/ranks/shape_loop.py at each target
+step time (its MLP's width calibrated here), 2 and 4 ranks on the 2 cores, pinned (rank r on core r mod 2) and
+not, a plain loop and a Lightning fit: a run with any warn or critical finding is a false alarm. Two-rank
 runs are pinned one rank to a core (`taskset`, as srun --cpu-bind=cores does). Before each run the 1-minute load
 average must be at most --max-load (waits up to --patience seconds): the table says the median load its runs saw.
 """
@@ -214,6 +218,73 @@ def outside_table(runs: int, healthy_runs: int, seconds: float, max_load: float,
     print("\n".join(rows))
 
 
+SHAPE_LOOP = os.path.join(os.path.dirname(LOOP), "shape_loop.py")
+
+
+def shape_run(step_ms: float, width: int, world: int, pinned: bool, lightning: bool, seconds: float, python: str,
+              keep: Optional[str], tag: str, extra: Optional[list[str]] = None) -> dict:
+    """One healthy run of tests/ranks/shape_loop.py (the Doctor at its defaults): its warn-or-worse findings
+    and its real mean step."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cores = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(keep or tmp, f"{tag}.json")
+        cmd = [python, SHAPE_LOOP, "--json", path, "--step-ms", str(step_ms), "--width", str(width),
+               "--seconds", str(seconds)] + (["--lightning"] if lightning else []) + (extra or [])
+        port = _port()
+        procs = [subprocess.Popen((["taskset", "-c", str(r % cores)] if pinned else []) + cmd,
+                                  env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(world)]
+        try:
+            codes = [proc.wait(timeout=600) for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        found = json.load(open(path))["findings"] if os.path.exists(path) else []
+        shape = json.load(open(f"{path}.shape")) if os.path.exists(f"{path}.shape") else {}
+    alarms = [f"{f['code']} {f['ranks']} {f['evidence'].get('cause', '')}".strip() for f in found
+              if f["severity"] in ("warn", "critical")]
+    return {"exit": codes, "alarms": alarms, "step_ms": shape.get("mean_step_ms"), "steps": shape.get("steps")}
+
+
+def shapes_table(shapes: list[float], worlds: list[int], runs: int, seconds: float, loops: list[str], max_load: float,
+                 patience_s: float, keep: Optional[str], lightning_python: str) -> None:
+    """The callback's false-alarm matrix: healthy runs of every step shape, rank count, pinning and loop."""
+    import statistics
+
+    widths = {}
+    for ms in shapes:
+        out = subprocess.run([sys.executable, SHAPE_LOOP, "--json", "x", "--step-ms", str(ms), "--calibrate"],
+                             env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+        widths[ms] = int(out.stdout.strip().splitlines()[-1])
+    print(f"healthy runs of tests/ranks/shape_loop.py, the Doctor at its defaults, {runs} runs a cell of about "
+          f"{seconds:g} s of training; false alarms: runs with a warn or critical finding", flush=True)
+    print("| target step | real step (median) | ranks on 2 cores | pinned | loop | false alarms | what was said | load |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    for ms in shapes:
+        for world in worlds:
+            for pinned in (True, False):
+                for loop in loops:
+                    if loop == "lightning" and not _has_lightning(lightning_python):
+                        continue
+                    results, loads = [], []
+                    for i in range(runs):
+                        loads.append(wait_for_quiet(max_load, patience_s))
+                        tag = f"shape{ms:g}-{world}-{'pin' if pinned else 'free'}-{loop}-{i}"
+                        results.append(shape_run(ms, widths[ms], world, pinned, loop == "lightning", seconds,
+                                                 lightning_python if loop == "lightning" else sys.executable, keep, tag))
+                    steps = [r["step_ms"] for r in results if r["step_ms"]]
+                    alarms = sum(bool(r["alarms"]) for r in results)
+                    failed = sum(any(c != 0 for c in r["exit"]) for r in results)
+                    said = sorted({a for r in results for a in r["alarms"]})
+                    print(f"| {ms:g} ms | {statistics.median(steps) if steps else float('nan'):.2f} ms | {world} | "
+                          f"{'yes' if pinned else 'no'} | {loop} | {alarms}/{runs}"
+                          f"{f' ({failed} runs failed)' if failed else ''} | {'; '.join(said)[:120]} | "
+                          f"{statistics.median(loads):.1f} |", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=4)
@@ -233,7 +304,15 @@ def main() -> int:
                         "(default: twice --runs; 0: none)")
     parser.add_argument("--lightning-python", default=sys.executable,
                         help="with --outside: a python with lightning installed, for the healthy Lightning fit row")
+    parser.add_argument("--shapes", help="the callback's false-alarm matrix at these target step times (ms, comma-"
+                        "separated): healthy runs, --runs a cell, 2 and 4 ranks, pinned and not, plain and Lightning")
+    parser.add_argument("--worlds", default="2,4", help="with --shapes: rank counts")
+    parser.add_argument("--loops", default="plain,lightning", help="with --shapes: plain, lightning")
     args = parser.parse_args()
+    if args.shapes:
+        shapes_table([float(x) for x in args.shapes.split(",")], [int(x) for x in args.worlds.split(",")], args.runs,
+                     args.seconds, args.loops.split(","), args.max_load, args.patience, args.keep, args.lightning_python)
+        return 0
     if args.outside:
         healthy_runs = 0 if args.no_healthy else (2 * args.runs if args.healthy_runs is None else args.healthy_runs)
         outside_table(args.runs, healthy_runs, args.seconds, args.max_load, [p for p in args.places.split(",") if p],

@@ -61,7 +61,9 @@ class ReplicaWatch:
         self.last_equal_step: Optional[int] = None
         self.first_seen_step: Optional[int] = None
         self._pending: Optional[_Pending] = None
-        self.done = optimizer is None or world_size < 2  # nothing to compare, or once a divergence is named
+        # Nothing to compare (no optimizer, one rank, or not DDP: FSDP's and DeepSpeed's ranks hold different
+        # shards by design), or, later, a divergence already named.
+        self.done = optimizer is None or world_size < 2 or self.ddp is None
 
     # -- at construction -------------------------------------------------------
     def setup_findings(self, rank: int, host: str) -> list[Finding]:

@@ -139,8 +139,13 @@ def norms(layout_: Layout, grads: bool = False) -> torch.Tensor:
         for i in idx:
             t = layout_.tensors[i]
             source = t.grad if grads else t
-            parts.append(torch.full((), -1.0, dtype=torch.float64, device=device) if source is None
-                         else source.detach().to(torch.float64).norm().to(device))
+            if source is None:
+                parts.append(torch.full((), -1.0, dtype=torch.float64, device=device))
+                continue
+            # In its own dtype (no float64 copy of a large tensor); a 16-bit one in float32, whose norm
+            # would otherwise overflow its 65504 and read as non-finite.
+            values = source.detach() if source.element_size() >= 4 else source.detach().float()
+            parts.append(values.norm().to(device, torch.float64))
         out.append(torch.stack(parts).square().sum().sqrt() if len(parts) > 1 else parts[0])
     return torch.stack(out)
 

@@ -120,6 +120,7 @@ def plain(args: argparse.Namespace, width: int) -> None:
     loss_fn = nn.CrossEntropyLoss()
     sampler.set_epoch(0)
     spin_s = args.spin_ms / 1e3 if rank == args.spin_rank else 0.0
+    began = time.perf_counter()
     for x, y in loader:
         with doctor.step((x, y)):
             if spin_s:
@@ -128,10 +129,14 @@ def plain(args: argparse.Namespace, width: int) -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+    wall = time.perf_counter() - began
     doctor.close()
     if args.facts and rank == 0:
         with open(args.facts, "w") as f:
             json.dump(judged, f)
+    if rank == 0:  # what the run really was: its steps and their mean time
+        with open(f"{args.json}.shape", "w") as f:
+            json.dump({"steps": doctor._steps, "mean_step_ms": 1e3 * wall / max(1, doctor._steps), "width": width}, f)
 
 
 def lightning_fit(args: argparse.Namespace, width: int) -> None:
@@ -153,11 +158,22 @@ def lightning_fit(args: argparse.Namespace, width: int) -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
+    class Timing(L.Callback):  # what the run really was, as the plain loop writes it
+        def on_train_start(self, trainer, module):  # noqa: ANN001
+            self.began = time.perf_counter()
+
+        def on_train_end(self, trainer, module):  # noqa: ANN001
+            steps = trainer.global_step
+            if trainer.global_rank == 0:
+                with open(f"{args.json}.shape", "w") as f:
+                    json.dump({"steps": steps, "mean_step_ms": 1e3 * (time.perf_counter() - self.began) / max(1, steps),
+                               "width": width}, f)
+
     torch.manual_seed(0)
     loader = DataLoader(data(world, args.seconds, args.step_ms), batch_size=BATCH, shuffle=True)
     trainer = L.Trainer(accelerator="cpu", devices=world, num_nodes=1, strategy="ddp", max_epochs=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[lightning_callback(**doctor_options(args))])
+                        enable_model_summary=False, callbacks=[lightning_callback(**doctor_options(args)), Timing()])
     trainer.fit(Module(), loader)
 
 

@@ -125,3 +125,23 @@ def test_gradients_that_differ_say_ddp_did_not_average_them_and_a_bypass_is_name
     assert weights.evidence["explained_by"] == ("DOC015" if bypassed else None)
     assert ("model.module" in weights.evidence["cause"]) and ("DDP did not average them" in weights.evidence["cause"]
                                                               or bypassed)
+
+
+def test_only_ddp_replicas_are_compared(tmp_path):
+    """FSDP's and DeepSpeed's ranks hold different shards by design: comparing them would name every rank."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ddpdoctor.callback.replicas import ReplicaWatch
+
+    plain = nn.Linear(2, 2)
+    assert ReplicaWatch(plain, torch.optim.SGD(plain.parameters(), lr=0.1), 2, torch.device("cpu"), False).done
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(nn.Linear(2, 2))
+        watch = ReplicaWatch(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), 2, torch.device("cpu"), False)
+        assert not watch.done and [e.names for e in watch.layout.entries] == [("weight",), ("bias",)]
+        assert all(e.averaged for e in watch.layout.entries)
+        assert not ReplicaWatch(ddp, None, 2, torch.device("cpu"), False).layout.entries
+    finally:
+        dist.destroy_process_group()

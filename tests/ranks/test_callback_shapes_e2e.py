@@ -1,0 +1,62 @@
+"""The callback at its defaults on healthy loops of several step shapes: quiet; a rank that really works more: named.
+
+tests/ranks/shape_loop.py: an MLP whose width gives about the step time asked for, a DistributedSampler,
+`Doctor(model, optimizer, loader=loader)` and nothing else, as a user writes it. The default checks are at
+least 2 s apart, and a straggler is named only from 3 checks and when the previous check named it too, so a
+run is 9 s of training. The full false-alarm matrix (0.5 to 50 ms, 2 and 4 ranks, pinned and not, plain and
+Lightning, 20 runs a cell) is benchmarks/stragglers_detection.py --shapes, in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .harness import free_port, run_script_ranks
+
+pytestmark = pytest.mark.ranks
+LOOP = Path(__file__).with_name("shape_loop.py")
+
+
+def run_shape(tmp_path: Path, width: int, world: int = 2, *flags: str, seconds: float = 9.0) -> dict:
+    report = tmp_path / "shape.json"
+    port = free_port()
+    results = run_script_ranks(LOOP, ["--json", str(report), "--width", str(width), "--seconds", str(seconds),
+                                      "--step-ms", "2", *flags], {r: port for r in range(world)}, timeout_s=120)
+    assert all(rc == 0 for rc, _ in results), results
+    return {"findings": json.loads(report.read_text())["findings"],
+            "shape": json.loads(Path(f"{report}.shape").read_text())}
+
+
+def loud(findings: list[dict]) -> list[str]:
+    return [f"{f['code']} {f['ranks']} {f['evidence'].get('cause')}" for f in findings
+            if f["severity"] in ("warn", "critical")]
+
+
+@pytest.mark.timeout(240)
+def test_a_healthy_loop_of_short_steps_at_the_defaults_raises_nothing(tmp_path):
+    """The shape of the user's report (2 unpinned ranks on 2 cores, steps of a few ms) that once raised a
+    STR001 in 2 runs of 4: the straggler rules now see its noise for what it is."""
+    run = run_shape(tmp_path, 128)
+    assert loud(run["findings"]) == [], run["findings"]
+    assert run["shape"]["steps"] > 1000  # thousands of steps, judged at several checks
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_that_computes_more_is_still_named_at_the_defaults(tmp_path):
+    # 0.6 ms more CPU work a step on rank 1: its work is half again its peer's, the job's step 15% longer.
+    run = run_shape(tmp_path, 128, 2, "--spin-rank", "1", "--spin-ms", "0.6")
+    [named] = [f for f in run["findings"] if f["code"] == "STR001"]
+    assert named["ranks"] == [1] and named["evidence"]["cause"] == "compute", run["findings"]
+    assert loud(run["findings"]) == ["STR001 [1] compute"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("width, world", [(16, 2), (1000, 2), (2100, 2), (128, 4)])
+def test_healthy_loops_of_other_shapes_raise_nothing(tmp_path, width, world):
+    """Widths of about 0.5, 10 and 50 ms steps on this VM, and 4 ranks on 2 cores: the default tier's run
+    crosses the same path at one shape."""
+    assert loud(run_shape(tmp_path, width, world)["findings"]) == []
