@@ -273,7 +273,10 @@ def shapes_table(shapes: list[float], worlds: list[int], runs: int, seconds: flo
                     for i in range(runs):
                         loads.append(wait_for_quiet(max_load, patience_s))
                         tag = f"shape{ms:g}-{world}-{'pin' if pinned else 'free'}-{loop}-{i}"
-                        results.append(shape_run(ms, widths[ms], world, pinned, loop == "lightning", seconds,
+                        # Enough checks to judge: 5 at every=50 on the slowest shapes (a straggler is named from
+                        # 3 checks and confirmed at the next).
+                        length = max(seconds, 5 * 50 * 2 * ms / 1e3)
+                        results.append(shape_run(ms, widths[ms], world, pinned, loop == "lightning", length,
                                                  lightning_python if loop == "lightning" else sys.executable, keep, tag))
                     steps = [r["step_ms"] for r in results if r["step_ms"]]
                     alarms = sum(bool(r["alarms"]) for r in results)

@@ -28,6 +28,7 @@ import ddpdoctor
 from ddpdoctor.measure.slow_compute import spin
 
 IN, OUT, BATCH = 32, 4, 64
+WARM = 20  # steps timed before the ranks agree how many more make --seconds
 
 
 def parse() -> argparse.Namespace:
@@ -76,9 +77,11 @@ def calibrated_width(step_ms: float) -> int:
     return int(min(8192, max(8, wanted ** 0.5)))
 
 
-def data(world: int, seconds: float, step_ms: float) -> TensorDataset:
-    steps = max(40, int(seconds * 1e3 / max(step_ms, 0.1)))
-    n = BATCH * steps * world
+EPOCH_STEPS = 256  # batches per rank and epoch; the loop runs as many epochs as its --seconds take
+
+
+def data(world: int) -> TensorDataset:
+    n = BATCH * EPOCH_STEPS * world
     g = torch.Generator().manual_seed(1)
     return TensorDataset(torch.randn(n, IN, generator=g), torch.randint(0, OUT, (n,), generator=g))
 
@@ -110,7 +113,7 @@ def plain(args: argparse.Namespace, width: int) -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(model_of(width))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    dataset = data(world, args.seconds, args.step_ms)
+    dataset = data(world)
     sampler = DistributedSampler(dataset, shuffle=True, seed=3)
     loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler)
     doctor = ddpdoctor.Doctor(model, optimizer, loader=loader, **doctor_options(args))
@@ -118,17 +121,29 @@ def plain(args: argparse.Namespace, width: int) -> None:
     if args.facts and rank == 0:
         record_verdicts(doctor, judged)
     loss_fn = nn.CrossEntropyLoss()
-    sampler.set_epoch(0)
     spin_s = args.spin_ms / 1e3 if rank == args.spin_rank else 0.0
     began = time.perf_counter()
-    for x, y in loader:
-        with doctor.step((x, y)):
-            if spin_s:
-                spin(spin_s)  # a rank that really computes more (a slower CPU, a bigger shard of work)
-            loss = loss_fn(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+    total, step, epoch, paced = 0, 0, 0, began  # total: agreed after WARM steps, from the slowest rank's pace
+    while not total or step < total:
+        sampler.set_epoch(epoch)
+        epoch += 1
+        for x, y in loader:
+            with doctor.step((x, y)):
+                if spin_s:
+                    spin(spin_s)  # a rank that really computes more (a slower CPU, a bigger shard of work)
+                loss = loss_fn(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            step += 1
+            if step == 5:
+                paced = time.perf_counter()  # the first steps warm up: the pace is timed after them
+            if step == WARM:  # every rank must run as many steps: the count comes from one collective
+                elapsed = torch.tensor([(time.perf_counter() - paced) / (WARM - 5)])
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                total = max(WARM, int(args.seconds / float(elapsed)))
+            if total and step >= total:
+                break
     wall = time.perf_counter() - began
     doctor.close()
     if args.facts and rank == 0:
@@ -170,8 +185,11 @@ def lightning_fit(args: argparse.Namespace, width: int) -> None:
                                "width": width}, f)
 
     torch.manual_seed(0)
-    loader = DataLoader(data(world, args.seconds, args.step_ms), batch_size=BATCH, shuffle=True)
-    trainer = L.Trainer(accelerator="cpu", devices=world, num_nodes=1, strategy="ddp", max_epochs=1,
+    loader = DataLoader(data(world), batch_size=BATCH, shuffle=True)
+    # Lightning's own time limit (its Timer broadcasts rank 0's decision to stop, so every rank stops alike).
+    seconds = int(round(args.seconds))
+    trainer = L.Trainer(accelerator="cpu", devices=world, num_nodes=1, strategy="ddp", max_epochs=-1,
+                        max_time={"seconds": seconds},
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[lightning_callback(**doctor_options(args)), Timing()])
     trainer.fit(Module(), loader)
