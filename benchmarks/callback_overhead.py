@@ -89,7 +89,6 @@ def _timed(model, opt, x, y, n: int, doctor=None) -> tuple[float, float, float, 
 def _calibrate(target_ms: float, device: str) -> tuple[int, float]:
     """The width whose bare DDP step takes about target_ms here, and the step it gives (rank 0 decides)."""
     import torch
-    import torch.distributed as dist
 
     x = torch.randn(BATCH, IN, device=device)
     y = torch.randint(0, OUT, (BATCH,), device=device)
@@ -98,9 +97,7 @@ def _calibrate(target_ms: float, device: str) -> tuple[int, float]:
         model, opt = _ddp(width, device)
         _steps(model, opt, x, y, 5)
         n = 30
-        ms = torch.tensor([1e3 * _steps(model, opt, x, y, n) / n])
-        dist.broadcast(ms, 0)
-        measured[width] = float(ms)
+        measured[width] = _from_rank0(1e3 * _steps(model, opt, x, y, n) / n, device)
         if measured[width] >= target_ms:
             break
     widths = sorted(measured)
@@ -111,13 +108,20 @@ def _calibrate(target_ms: float, device: str) -> tuple[int, float]:
         lo = widths[widths.index(hi) - 1]
         share = (target_ms - measured[lo]) / max(1e-9, measured[hi] - measured[lo])
         best = int((lo ** 2 + share * (hi ** 2 - lo ** 2)) ** 0.5)
-    width = torch.tensor([best])
-    dist.broadcast(width, 0)
-    model, opt = _ddp(int(width), device)
+    width = int(_from_rank0(best, device))
+    model, opt = _ddp(width, device)
     _steps(model, opt, x, y, 5)
-    ms = torch.tensor([1e3 * _steps(model, opt, x, y, 30) / 30])
-    dist.broadcast(ms, 0)
-    return int(width), float(ms)
+    return width, _from_rank0(1e3 * _steps(model, opt, x, y, 30) / 30, device)
+
+
+def _from_rank0(value: float, device: str) -> float:
+    """Rank 0's value on every rank (NCCL broadcasts device tensors only)."""
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.broadcast(tensor, 0)
+    return float(tensor.item())
 
 
 def _thread_cpu_s(prefix: str = "ddpdoctor") -> float:
@@ -154,9 +158,8 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
     g = torch.Generator().manual_seed(dist.get_rank())
     x = torch.randn(BATCH, IN, generator=g).to(device)
     y = torch.randint(0, OUT, (BATCH,), generator=g).to(device)
-    steps = torch.tensor([max(20, int(args.block_s * 1e3 / max(calibrated, 0.05)))])
-    dist.broadcast(steps, 0)  # every rank runs as many steps a block: the collectives must match
-    n = int(steps)
+    # Every rank runs as many steps a block: the collectives must match.
+    n = int(_from_rank0(max(20, int(args.block_s * 1e3 / max(calibrated, 0.05))), device))
     bare_ms, watched_ms = [], []
     cpu: dict[str, list[tuple[float, float]]] = {"bare": [], "watched": []}  # (thread, process) ms a step
     inside_us: list[float] = []  # per counted watched block: µs a step inside step_begin and step_end

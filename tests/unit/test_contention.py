@@ -333,3 +333,20 @@ def test_a_rank_whose_extra_work_does_not_make_it_arrive_late_is_not_slow():
     assert _named(facts) == []
     path = Path(__file__).resolve().parents[1] / "fixtures" / "stragglers" / "slow_compute_x1.2_rank2.json"
     assert _named(json.loads(path.read_text())["facts"]) == [((2,), "compute")]
+
+
+def test_extra_in_step_time_without_extra_cpu_time_is_not_a_ranks_own_compute():
+    """Recorded: the callback, 2 healthy unpinned ranks on 2 cores. Rank 1's in-step work was 24% above rank
+    0's while both training threads had 56% of the wall time: the rules before named it `compute`. The same
+    readings with rank 1's thread busier by its extra work (a rank that really computes more) name it."""
+    import copy
+
+    facts = _fixture("healthy_unpinned_cpu_equal.json")
+    assert _named(facts) == []
+    busier = copy.deepcopy(facts)
+    busier["1"]["contention"]["cpu_pct"] = facts["1"]["contention"]["cpu_pct"] + 12.0  # 12% of a 4.3 ms step
+    assert _named(busier) == [((1,), "compute")]
+    on_gpus = copy.deepcopy(facts)  # GPU ranks' work is the GPU's: the CPU rule does not apply there
+    for f in on_gpus.values():
+        f["device"] = "cuda:0"
+    assert _named(on_gpus) == [((1,), "compute")]
