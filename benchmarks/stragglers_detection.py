@@ -255,14 +255,20 @@ def shapes_table(shapes: list[float], worlds: list[int], runs: int, seconds: flo
     import statistics
 
     widths = {}
+    cores = os.cpu_count() or 1
     for ms in shapes:
-        out = subprocess.run([sys.executable, SHAPE_LOOP, "--json", "x", "--step-ms", str(ms), "--calibrate"],
-                             env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
-        widths[ms] = int(out.stdout.strip().splitlines()[-1])
+        for world in worlds:
+            # Each of `world` ranks gets cores/world of a CPU: its compute is calibrated to that share of the
+            # step (the all-reduce adds its own time on top).
+            share = ms * min(1.0, cores / world)
+            out = subprocess.run([sys.executable, SHAPE_LOOP, "--json", "x", "--step-ms", str(share), "--calibrate"],
+                                 env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+            widths[ms, world] = int(out.stdout.strip().splitlines()[-1])
     print(f"healthy runs of tests/ranks/shape_loop.py, the Doctor at its defaults, {runs} runs a cell of about "
           f"{seconds:g} s of training; false alarms: runs with a warn or critical finding", flush=True)
     print("| target step | real step (median) | ranks on 2 cores | pinned | loop | false alarms | what was said | load |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
+    paces: dict[tuple[float, int, bool], float] = {}  # the plain loop's real step, for the Lightning fits' length
     for ms in shapes:
         for world in worlds:
             for pinned in (True, False):
@@ -273,12 +279,15 @@ def shapes_table(shapes: list[float], worlds: list[int], runs: int, seconds: flo
                     for i in range(runs):
                         loads.append(wait_for_quiet(max_load, patience_s))
                         tag = f"shape{ms:g}-{world}-{'pin' if pinned else 'free'}-{loop}-{i}"
-                        # Enough checks to judge: 5 at every=50 on the slowest shapes (a straggler is named from
-                        # 3 checks and confirmed at the next).
-                        length = max(seconds, 5 * 50 * 2 * ms / 1e3)
-                        results.append(shape_run(ms, widths[ms], world, pinned, loop == "lightning", length,
+                        # The plain loop runs 310 steps at least (shape_loop.MIN_STEPS: enough checks to judge);
+                        # a Lightning fit stops by time, so it gets the time 310 of its steps take.
+                        real = paces.get((ms, world, pinned))
+                        length = max(seconds, 310 * (real + 5.0) / 1e3) if loop == "lightning" and real else seconds
+                        results.append(shape_run(ms, widths[ms, world], world, pinned, loop == "lightning", length,
                                                  lightning_python if loop == "lightning" else sys.executable, keep, tag))
                     steps = [r["step_ms"] for r in results if r["step_ms"]]
+                    if loop == "plain" and steps:
+                        paces[ms, world, pinned] = statistics.median(steps)
                     alarms = sum(bool(r["alarms"]) for r in results)
                     failed = sum(any(c != 0 for c in r["exit"]) for r in results)
                     said = sorted({a for r in results for a in r["alarms"]})

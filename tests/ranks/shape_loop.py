@@ -29,13 +29,16 @@ from ddpdoctor.measure.slow_compute import spin
 
 IN, OUT, BATCH = 32, 4, 64
 WARM = 20  # steps timed before the ranks agree how many more make --seconds
+# Never fewer: at the default every=50, checks at steps 1, 50, ..., 250 and one more, so that slow steps
+# too are judged (a straggler is named from 3 checks and when the next check names it again).
+MIN_STEPS = 310
 
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", required=True)
     parser.add_argument("--step-ms", type=float, default=2.0, help="the step time to aim for")
-    parser.add_argument("--seconds", type=float, default=6.0, help="how long to train")
+    parser.add_argument("--seconds", type=float, default=6.0, help="how long to train (MIN_STEPS at least)")
     parser.add_argument("--every", type=int, default=None, help="the Doctor's every (default: its own)")
     parser.add_argument("--check-every-s", type=float, default=None, help="the Doctor's check_every_s")
     parser.add_argument("--width", type=int, default=0, help="this hidden width (0: calibrate on rank 0)")
@@ -141,7 +144,7 @@ def plain(args: argparse.Namespace, width: int) -> None:
             if step == WARM:  # every rank must run as many steps: the count comes from one collective
                 elapsed = torch.tensor([(time.perf_counter() - paced) / (WARM - 5)])
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-                total = max(WARM, int(args.seconds / float(elapsed)))
+                total = max(MIN_STEPS, int(args.seconds / float(elapsed)))
             if total and step >= total:
                 break
     wall = time.perf_counter() - began

@@ -60,3 +60,38 @@ def test_healthy_loops_of_other_shapes_raise_nothing(tmp_path, width, world):
     """Widths of about 0.5, 10 and 50 ms steps on this VM, and 4 ranks on 2 cores: the default tier's run
     crosses the same path at one shape."""
     assert loud(run_shape(tmp_path, width, world)["findings"]) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_busy_neighbour_on_a_ranks_core_is_named_at_the_defaults(tmp_path):
+    """A process burning rank 1's core (runtime/outside_faults.py), the ranks pinned one to a core, the Doctor at
+    its defaults: named for CPU contention. The default tier's outside fault is the stopped rank
+    (test_outside_faults_e2e.py, checks by count)."""
+    import os
+    import subprocess
+    import sys
+
+    from ddpdoctor.runtime import outside_faults
+
+    from .harness import TAG_VAR, tagged_processes
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 cores to pin a rank to each")
+    report, port, tag = tmp_path / "shape.json", free_port(), os.urandom(8).hex()
+    procs = [subprocess.Popen(["taskset", "-c", str(r), sys.executable, str(LOOP), "--json", str(report), "--width",
+                               "128", "--seconds", "10"],
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port), OMP_NUM_THREADS="1", **{TAG_VAR: tag}),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]
+    made = outside_faults.start("hog", procs[1].pid, pct=100.0, cpu=1)
+    try:
+        assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        made.stop()
+    assert not tagged_processes(tag)
+    found = json.loads(report.read_text())["findings"]
+    assert loud(found) == ["STR001 [1] CPU contention"], found
