@@ -117,13 +117,20 @@ def read_torch_gpu(index: int) -> dict[str, Any]:
     }
 
 
+def boot_id() -> Optional[str]:
+    """This kernel's boot id: the one machine behind host names. Two containers (or simulated
+    nodes) on one host have their own host names and this same id, and share its cores."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def machine_identity() -> str:
     """This kernel's boot id and this process's pid namespace: where a pid is meaningful."""
-    parts = []
-    for path, read in (("/proc/sys/kernel/random/boot_id", lambda p: open(p).read().strip()),
-                       ("/proc/self/ns/pid", os.readlink)):
-        try:
-            parts.append(str(read(path)))
-        except OSError:
-            parts.append("?")
-    return "/".join(parts)
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = "?"
+    return f"{boot_id() or '?'}/{namespace}"

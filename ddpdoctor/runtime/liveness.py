@@ -138,16 +138,26 @@ class Watchdog(threading.Thread):
                     continue
                 self._fire()
 
-    def _fire(self) -> None:
-        now = time.time()
-        record = {
+    def record(self, now: float) -> dict[str, Any]:
+        """Where this rank is at the deadline.
+
+        A collective that has just raised (gloo's own timeout, a peer's closed connection) has
+        left `collective` empty while the stage's handler formats the error, which can take
+        seconds on a loaded machine (linecache reads each file of the traceback): the collective
+        it came out of is where the rank was, not "outside any collective".
+        """
+        return {
             "stage": self.armed_stage,
             "deadline_s": self.armed_for_s,
             "t": now,
-            "collective": self.state.collective,
+            "collective": self.state.collective or self.state.failed_collective,
             "seq": self.state.collectives_entered,
             "stack": python_stacks(),
         }
+
+    def _fire(self) -> None:
+        now = time.time()
+        record = self.record(now)
         for entry in reversed(self.state.timeline):
             if entry.ended is None:
                 entry.ended, entry.status = now, "timeout"

@@ -254,6 +254,9 @@ class HomogeneityFacts(Facts):
     gpu: Optional[GpuFacts] = field(default=None, metadata=nested(GpuFacts))  # None on a CPU rank
     env: dict[str, str] = field(default_factory=dict)  # the training-relevant variables (core.redact)
     host: Optional[str] = None
+    # The kernel's boot id (measure/host.boot_id): ranks with one share a machine's cores whatever
+    # host names they go by (containers, simulated nodes). None in facts recorded before it.
+    machine: Optional[str] = None
     rank: Optional[int] = None
     local_rank: Optional[int] = None
     local_world_size: Optional[int] = None

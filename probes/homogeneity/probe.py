@@ -17,6 +17,7 @@ from ddpdoctor.core import codes
 from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.core.grouping import describe_groups, group_ranks, minority, shown
+from ddpdoctor.measure.host import boot_id
 from ddpdoctor.measure.node import read_device_facts, read_gpu_state
 from ddpdoctor.measure.throughput import Got, MatmulThroughput, measure_matmul_got
 from ddpdoctor.runtime.workload import run_workload
@@ -85,7 +86,7 @@ class Homogeneity:
     def collect(self, ctx: RankContext) -> dict[str, object]:
         facts = dataclasses.replace(
             HomogeneityFacts.from_json(read_device_facts(ctx.device)),
-            host=ctx.env.hostname, rank=ctx.rank, local_rank=ctx.env.local_rank,
+            host=ctx.env.hostname, machine=boot_id(), rank=ctx.rank, local_rank=ctx.env.local_rank,
             local_world_size=ctx.env.local_world_size, world_size=ctx.world_size, source="rank")
         # What was read stays diagnosable even if the measurement below fails or hangs.
         ctx.publish_partial(NAME, facts)

@@ -46,8 +46,10 @@ def test_a_healthy_loop_of_short_steps_at_the_defaults_raises_nothing(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_a_rank_that_computes_more_is_still_named_at_the_defaults(tmp_path):
-    # 0.6 ms more CPU work a step on rank 1: its work is half again its peer's, the job's step 15% longer.
-    run = run_shape(tmp_path, 128, 2, "--spin-rank", "1", "--spin-ms", "0.6")
+    """2 ms more CPU work a step on rank 1, about 1.5x the job's step (issue 36's bar: a fault that slows the
+    job 1.5x or more is named). With 0.6 ms (15% of the step, just over the 10% a straggler must cost) it was
+    named in 7 of 7 runs here and missed once in CI: a margin, not a rule, so the test does not lean on it."""
+    run = run_shape(tmp_path, 128, 2, "--spin-rank", "1", "--spin-ms", "2")
     [named] = [f for f in run["findings"] if f["code"] == "STR001"]
     assert named["ranks"] == [1] and named["evidence"]["cause"] == "compute", run["findings"]
     assert loud(run["findings"]) == ["STR001 [1] compute"]

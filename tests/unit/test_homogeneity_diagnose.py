@@ -730,6 +730,30 @@ def test_uncrowded_cpu_ranks_are_compared_for_speed():
     assert one(findings, "HOM006").ranks == (2,) and not only(findings, "HOM013")
 
 
+def _two_hosts_one_machine(machines: tuple[str, str]) -> Facts:
+    """The full suite's false alarm (tests/ranks/test_multinode_e2e.py, 2 simulated nodes of 2 ranks,
+    one thread each, on a 2-core VM): best rounds 38.57, 69.9, 65.88 and 53.28 GFLOP/s."""
+    facts = cpu_ranks(4, threads=1, cpus=2, omp="1")
+    for r, f in facts.items():
+        f["host"], f["machine"] = (f"node{r // 2}", machines[r // 2])
+        mm = f["measured"]["matmul"]
+        scale_speed(f, [38.57, 69.9, 65.88, 53.28][r] * 1e9 / max(mm["round_flops_per_s"]))
+    return facts
+
+
+def test_nodes_on_one_machine_are_judged_for_its_cores_together():
+    findings = diagnose(_two_hosts_one_machine(("boot-a", "boot-a")))
+    crowded = one(findings, "HOM013")
+    assert crowded.ranks == (0, 1, 2, 3) and crowded.nodes == ("node0", "node1")
+    assert crowded.evidence == {"hosts": {"node0, node1": {"ranks": "0-3", "threads": 4, "cores": 2}}}
+    assert not only(findings, "HOM006")
+
+
+def test_nodes_on_two_machines_are_compared_as_before():
+    findings = diagnose(_two_hosts_one_machine(("boot-a", "boot-b")))
+    assert one(findings, "HOM006").ranks == (0,) and not only(findings, "HOM013")
+
+
 # -- robustness and the verdict ---------------------------------------------------------
 
 def _without(facts: Facts, *keys: str) -> Facts:
