@@ -243,7 +243,7 @@ class HomogeneityFacts(Facts):
     `host_load` is written only by the rank that sampled the host's load (local rank 0).
     """
 
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"measured", "host_load"})
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"measured", "host_load", "machine"})
     # Facts of the wrong kind are a file the user should regenerate (`ddpdoctor diagnose` says so
     # in one line), as the untyped judging refused them: never judged as if they were defaults.
     STRICT_KINDS: ClassVar[bool] = True

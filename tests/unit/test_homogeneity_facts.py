@@ -176,9 +176,10 @@ LOAD = {"interval_s": 4.0, "cpus": 8, "foreign_cpus_busy": 1.5, "cpus_busy": 7.5
 
 def _old_collect(device: dict[str, Any], state: dict[str, Any], load_start: bool,
                  load: Optional[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What collect wrote before the facts were typed: (partial result, final facts)."""
+    """What collect wrote before the facts were typed (partial result, final facts), and the machine's
+    boot id since (issue 40: ranks share cores by machine, not by host name)."""
     facts = copy.deepcopy(device)
-    facts.update(host="node-a", rank=3, local_rank=1, local_world_size=2, world_size=4, source="rank")
+    facts.update(host="node-a", machine="boot-x", rank=3, local_rank=1, local_world_size=2, world_size=4, source="rank")
     partial = json.loads(json.dumps(facts))
     facts["measured"] = {"matmul": MATMUL.to_json()}
     if facts.get("gpu"):
@@ -209,6 +210,7 @@ def test_collect_writes_the_dict_it_always_wrote(monkeypatch, fixture, load_star
     state = {"clocks": dict(entry["gpu"]["clocks"], sm_mhz=1200), "temperature_c": 71} if entry["gpu"] else {}
     steps = [SimpleNamespace(step_ms=v, forward_ms=v / 3) for v in (11.0, 12.0, 13.0)]
     monkeypatch.setattr(probe_module, "read_device_facts", lambda d: copy.deepcopy(device))
+    monkeypatch.setattr(probe_module, "boot_id", lambda: "boot-x")
     monkeypatch.setattr(probe_module, "read_gpu_state", lambda uuid: copy.deepcopy(state) if uuid else {})
     monkeypatch.setattr(probe_module, "_measure_matmul", lambda ctx: (MATMUL, None))
     monkeypatch.setattr(probe_module, "run_workload", lambda ctx: SimpleNamespace(steps=steps))
