@@ -405,5 +405,5 @@ def _all_clear(nodes: list[Node], run: RunView) -> Finding:
                            "rdma_devices": f.rdma_devices}
     return codes.finding(
         "LIM000", NAME, f"The limits of {len(ranks)} rank(s) on {len(nodes)} node(s) leave room for this job",
-        severity=Severity.OK, ranks=ranks, nodes=run.nodes_of(ranks) or tuple(n.host for n in nodes),
+        ranks=ranks, nodes=run.nodes_of(ranks) or tuple(n.host for n in nodes),
         evidence={"by_node": summary})
