@@ -190,3 +190,19 @@ def test_a_cgroup_v1_unlimited_value_reads_as_no_limit(tmp_path):
     (tmp_path / "pids.max").write_text("max\n")
     assert measure._first(str(tmp_path), "memory.max", "memory.limit_in_bytes") is None
     assert measure._first(str(tmp_path), "pids.max") is None
+
+
+def test_the_history_records_each_node_s_limits_once():
+    from ddpdoctor.history.record import from_report, from_snapshot
+
+    facts, _ = _load("check_shm64_nofile40")
+    report = {"command": ["ddpdoctor", "check"], "verdict": "warning", "exit_code": 1, "world_size": 2,
+              "ranks": [{"rank": 0, "host": "vm"}, {"rank": 1, "host": "vm"}], "by_node": [{"host": "vm", "ranks": "0-1"}],
+              "probes": [{"name": "limits", "facts": facts}]}
+    rows = {m.metric: m for m in from_report(report).measurements}
+    assert rows["shm_size_bytes"].value == 64 << 20 and rows["nofile_soft"].value == 40
+    assert all(m.rank is None and m.node == "vm" for m in rows.values())
+    assert "pids_max" not in rows  # unlimited: not recorded (absent is not zero)
+    snapshot = {"host": "vm", "created": "2026-11-27T10:00:00+00:00", "probes": {"homogeneity": [{"rank": 0}],
+                                                                                 "limits": [facts["0"]]}}
+    assert {m.metric for m in from_snapshot(snapshot).measurements} >= {"shm_free_bytes", "nofile_soft"}
