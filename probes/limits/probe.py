@@ -46,3 +46,22 @@ class Limits:
     # -- diagnose (pure) --------------------------------------------------------
     def diagnose(self, facts: Mapping[int, LimitsFacts], run: RunView) -> list[Finding]:
         return judge(facts_by_rank(LimitsFacts, facts), run)
+
+
+def job_findings(rank: int, world_size: int, host: str, gpus: int, loader: Any = None) -> list[Finding]:
+    """The training callback's pre-flight (ddpdoctor.Doctor, at construction): this rank's limits
+    with the job's own DataLoader (its num_workers; the batch's bytes are not known before the
+    first batch, so the assumed batch), judged as its node's (its ranks from LOCAL_WORLD_SIZE).
+    Everything but the all-clear: a job that is fine hears nothing."""
+    import os
+
+    facts = read_limits(None)
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    facts.host, facts.rank, facts.world_size, facts.gpus = host, rank, world_size, gpus
+    local_rank = os.environ.get("LOCAL_RANK", "")
+    facts.local_rank = int(local_rank) if local_rank.isdigit() else 0
+    facts.local_world_size = int(local) if local.isdigit() else 1
+    workers = getattr(loader, "num_workers", None)
+    facts.loader_workers = int(workers) if isinstance(workers, int) else None
+    found = judge({rank: facts}, RunView(world_size=world_size, hosts={rank: host}))
+    return [f for f in found if f.code != "LIM000"]

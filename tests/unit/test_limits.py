@@ -206,3 +206,39 @@ def test_the_history_records_each_node_s_limits_once():
     snapshot = {"host": "vm", "created": "2026-11-27T10:00:00+00:00", "probes": {"homogeneity": [{"rank": 0}],
                                                                                  "limits": [facts["0"]]}}
     assert {m.metric for m in from_snapshot(snapshot).measurements} >= {"shm_free_bytes", "nofile_soft"}
+
+
+def test_the_callback_judges_the_limits_with_the_job_s_own_loader(monkeypatch):
+    import torch
+    from torch import nn
+
+    from ddpdoctor.callback.doctor import Doctor
+    from ddpdoctor.probes.limits import probe
+
+    facts, _ = _load("check_shm64_nofile40")  # the readings of a rank under a 64 MB /dev/shm and ulimit -n 40
+    monkeypatch.setattr(probe, "read_limits", lambda _path: LimitsFacts.from_json(copy.deepcopy(facts["0"])))
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 2)), num_workers=4)
+    doctor = Doctor(nn.Linear(2, 2), loader=loader, raise_on_finding=True)  # never raised at construction
+    try:
+        found = {f.code: f for f in doctor.report()}
+    finally:
+        doctor.close()
+    shm = found["LIM001"]
+    assert shm.severity == Severity.CRITICAL and "4 DataLoader worker(s) per rank" in shm.evidence["dataloader"]
+    assert "as the job's loader has" in shm.evidence["dataloader"]
+    assert found["LIM002"].severity == Severity.CRITICAL and found["LIM002"].evidence["nofile_soft"] == 40
+    assert "LIM000" not in found
+
+
+def test_the_callback_says_nothing_on_a_healthy_node():
+    from torch import nn
+
+    from ddpdoctor.callback.doctor import Doctor
+
+    doctor = Doctor(nn.Linear(2, 2))
+    try:
+        assert not [f for f in doctor.report() if f.code.startswith("LIM") and f.severity >= Severity.WARN]
+    finally:
+        doctor.close()
