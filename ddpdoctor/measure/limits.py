@@ -25,6 +25,7 @@ from ddpdoctor.measure.contention import cpu_cgroup_dir, cpu_quota
 
 SHM_PATH = "/dev/shm"
 INFINIBAND_PATH = "/sys/class/infiniband"
+CGROUP_ROOT = "/sys/fs/cgroup"
 # The environment the limits probe judges: transports switched off, devices named, and the
 # settings whose cost the report should say. *_SOCKET_IFNAME is read by init-hang (INIT001).
 ENV_KEYS = ("NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET",
@@ -158,10 +159,10 @@ def _first(directory: Optional[str], *names: str) -> Optional[int]:
     return None
 
 
-def _pids_max(directory: Optional[str]) -> Optional[int]:
+def _pids_max(directory: Optional[str], root: str = CGROUP_ROOT) -> Optional[int]:
     """The tightest pids.max on the way up: a v1 child group under a limited parent shows "max"."""
     tightest = None
-    while directory and directory.startswith("/sys/fs/cgroup") and os.path.isdir(directory):
+    while directory and directory.startswith(root) and os.path.isdir(directory):
         value = _first(directory, "pids.max")
         if value is not None:
             tightest = value if tightest is None else min(tightest, value)
@@ -172,13 +173,28 @@ def _pids_max(directory: Optional[str]) -> Optional[int]:
     return tightest
 
 
+def _memory(directory: Optional[str], root: str = CGROUP_ROOT) -> tuple[Optional[int], Optional[int]]:
+    """(limit, usage) of the tightest memory limit on the way up, with the usage of that group: a
+    Slurm job's limit sits on the job's group, above the step's and the task's."""
+    best: tuple[Optional[int], Optional[int]] = (None, _first(directory, "memory.current", "memory.usage_in_bytes"))
+    while directory and directory.startswith(root) and os.path.isdir(directory):
+        limit = _first(directory, "memory.max", "memory.limit_in_bytes")
+        if limit is not None and (best[0] is None or limit < best[0]):
+            best = (limit, _first(directory, "memory.current", "memory.usage_in_bytes"))
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return best
+
+
 def cgroup_limits(pid: str = "self") -> CgroupLimits:
     version, dirs = _cgroup_paths(pid)
-    pids, memory = dirs.get("pids"), dirs.get("memory")
+    pids = dirs.get("pids")
+    memory_max, memory_current = _memory(dirs.get("memory"))
     return CgroupLimits(
         version=version, pids_max=_pids_max(pids), pids_current=_first(pids, "pids.current"),
-        memory_max_bytes=_first(memory, "memory.max", "memory.limit_in_bytes"),
-        memory_current_bytes=_first(memory, "memory.current", "memory.usage_in_bytes"),
+        memory_max_bytes=memory_max, memory_current_bytes=memory_current,
         cpu_quota=cpu_quota(cpu_cgroup_dir(pid)))
 
 

@@ -242,3 +242,20 @@ def test_the_callback_says_nothing_on_a_healthy_node():
         assert not [f for f in doctor.report() if f.code.startswith("LIM") and f.severity >= Severity.WARN]
     finally:
         doctor.close()
+
+
+def test_the_tightest_limit_on_the_way_up_is_taken_with_its_own_usage(tmp_path):
+    """A Slurm job's memory limit sits on the job's group, above the step's; a pod's pids.max on the pod's."""
+    job = tmp_path / "job"
+    step = job / "step"
+    step.mkdir(parents=True)
+    (job / "memory.max").write_text(str(8 << 30))
+    (job / "memory.current").write_text(str(3 << 30))
+    (job / "pids.max").write_text("100\n")
+    (step / "memory.max").write_text("max\n")
+    (step / "memory.current").write_text(str(1 << 30))
+    (step / "pids.max").write_text("max\n")
+    assert measure._memory(str(step), root=str(tmp_path)) == (8 << 30, 3 << 30)
+    assert measure._pids_max(str(step), root=str(tmp_path)) == 100
+    (step / "memory.max").write_text(str(2 << 30))
+    assert measure._memory(str(step), root=str(tmp_path)) == (2 << 30, 1 << 30)
