@@ -141,7 +141,31 @@ def nodes_of(facts: Mapping[int, LimitsFacts], run: RunView) -> list[Node]:
     return out
 
 
+def _number_or_none(obj: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            setattr(obj, name, None)
+
+
+def readable(f: LimitsFacts) -> LimitsFacts:
+    """The facts with every number that is not one (a damaged or foreign file) read as unknown:
+    judged as not measured, never a crash (the facts' tolerant reading keeps what None-defaulted
+    fields hold, whatever its kind)."""
+    _number_or_none(f, ("uid", "cpus", "loader_workers", "loader_batch_bytes", "open_files", "threads", "rss_bytes"))
+    for reading in (f.shm, *f.disks):
+        _number_or_none(reading, ("size_bytes", "free_bytes"))
+    for limit in (f.nofile, f.memlock, f.nproc):
+        _number_or_none(limit, ("soft", "hard"))
+    _number_or_none(f.cgroup, ("pids_max", "pids_current", "memory_max_bytes", "memory_current_bytes", "cpu_quota"))
+    if not isinstance(f.rdma_devices, list) or not all(isinstance(d, str) for d in f.rdma_devices):
+        f.rdma_devices = None
+    f.env = {k: v for k, v in f.env.items() if isinstance(v, str)}
+    return f
+
+
 def judge(facts: Mapping[int, LimitsFacts], run: RunView) -> list[Finding]:
+    facts = {r: readable(f) for r, f in facts.items()}
     findings: list[Finding] = []
     nodes = nodes_of(facts, run)
     for node in nodes:

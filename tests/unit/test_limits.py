@@ -166,6 +166,11 @@ def test_unreadable_or_foreign_facts_never_raise():
     run = RunView(world_size=2, hosts={0: "vm", 1: "vm"})
     found = diagnose_safely(get_probe("limits"), {"0": {"shm": 5, "nofile": "x"}, "1": {}}, run)
     assert [f.code for f in found] == ["LIM000"]
+    odd = {"shm": {"size_bytes": "x", "free_bytes": [1]}, "nofile": {"soft": True}, "rdma_devices": [3],
+           "cgroup": {"pids_max": "max", "cpu_quota": {}}, "disks": [{"free_bytes": "0"}], "env": {"NCCL_IB_HCA": 5},
+           "threads": "many", "local_world_size": 2}
+    found = diagnose_safely(get_probe("limits"), {"0": odd, "1": odd}, run)
+    assert [f.code for f in found] == ["LIM000"], found
 
 
 def test_limits_is_a_default_probe_that_trains_nothing():
