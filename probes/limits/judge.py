@@ -21,6 +21,11 @@ What a job needs, and why these numbers:
 - Memory: a rank at least doubles the memory it holds before training (the model, its
   gradients, optimizer state and batches come on top of torch's import), so the cgroup must
   hold RSS_GROWTH times what the ranks hold now.
+- CPU quota: a core per rank, and one per DataLoader worker where the loader is known (the
+  reading is measure.contention's, the fix the stragglers' CPU-quota fix: one rule, two moments,
+  before the job here and while it runs there).
+- Free disk below DISK_MIN_FREE and the environment's costs are information: they slow or fail a
+  job late, not at once. *_SOCKET_IFNAME naming an absent interface is init-hang's INIT001.
 A limit below what the ranks hold now and must add for certain (their peers, their GPUs, NCCL's
 buffers, a loader the caller knows) is CRITICAL: the job fails. Below that plus the estimates
 (FD_GROWTH, THREAD_GROWTH, a loader check assumes) it is WARN: a usual job fails. Measured on the
