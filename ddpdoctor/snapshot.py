@@ -63,7 +63,23 @@ def take_snapshot(measure: bool = True) -> dict[str, Any]:
     return {"schema": SCHEMA, "ddpdoctor_version": __version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": host, "measured": measure,
-            "probes": {"homogeneity": entries, "topology": _topology_entries(host, devices, measure)}}
+            "probes": {"homogeneity": entries, "topology": _topology_entries(host, devices, measure),
+                       "limits": _limits_entries(host, devices)}}
+
+
+def _limits_entries(host: str, devices: list[Any]) -> list[dict[str, Any]]:
+    """The limits probe's facts as ranks 0..n-1 of this node would read them: this process runs in
+    the same container, cgroup and rlimits a job started here would (a few reads, no measurement)."""
+    from ddpdoctor.measure.limits import read_limits
+
+    gpus = sum(1 for d in devices if d.type == "cuda")
+    entries = []
+    for local_rank in range(len(devices)):
+        facts = read_limits(None)
+        facts.host, facts.rank, facts.local_rank = host, local_rank, local_rank
+        facts.local_world_size, facts.world_size, facts.gpus = len(devices), len(devices), gpus
+        entries.append(facts.to_json())
+    return entries
 
 
 def _topology_entries(host: str, devices: list[Any], measure: bool) -> list[dict[str, Any]]:

@@ -14,17 +14,20 @@ from ddpdoctor.probes.scaling.probe import Scaling
 from ddpdoctor.probes.gpu_count.probe import GpuCount
 from ddpdoctor.probes.homogeneity.probe import Homogeneity
 from ddpdoctor.probes.init_hang import InitHang
+from ddpdoctor.probes.limits.probe import Limits
 from ddpdoctor.probes.stragglers.probe import Stragglers
 from ddpdoctor.probes.topology.probe import Topology
 
 _PROBES: dict[str, Probe] = {p.name: p for p in (InitHang(), DdpSmoke(), Topology(), GpuCount(), Homogeneity(),
-                                                  AllReduce(), Stragglers(), Scaling())}
+                                                  AllReduce(), Stragglers(), Scaling(), Limits())}
 # init-hang first: its facts are read before the rendezvous, and its stage only adds timings.
+# limits next: reads only (a few ms), and a limit that breaks the workload (a small /dev/shm,
+# ulimit -n) must be in the report when the workload fails.
 # topology next: it is quick, needs no training, and a link fault it finds may be what makes
 # the workload fail or crawl, so it must be in the report when the workload hangs.
 # gpu-count next: it publishes its device facts before the shared DDP workload runs (in its
 # collect), so a device-mapping fault that breaks the workload is still diagnosed.
-DEFAULT_PROBES: tuple[str, ...] = ("init-hang", "topology", "gpu-count", "homogeneity", "ddp-smoke")
+DEFAULT_PROBES: tuple[str, ...] = ("init-hang", "limits", "topology", "gpu-count", "homogeneity", "ddp-smoke")
 
 
 def with_context(view: RunView, facts_by_probe: Mapping[str, Mapping[Any, Any]]) -> RunView:

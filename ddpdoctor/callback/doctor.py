@@ -255,6 +255,23 @@ class Doctor:
         if self.distributed:
             for finding in self._replicas.setup_findings(self.rank, self.host):
                 self._emit(finding)
+        self._emit_limits(gpus)
+
+    def _emit_limits(self, gpus: int) -> None:
+        """The node's limits against this job (its loader's workers known here), said once per node
+        (local rank 0); never raised, even with raise_on_finding: the job has not failed, and a
+        reading must never break it (docs/probes/limits.md)."""
+        if os.environ.get("LOCAL_RANK", "0") not in ("", "0"):
+            return
+        try:
+            from ddpdoctor.probes.limits.probe import job_findings
+
+            found = job_findings(self.rank, self.world_size, self.host, gpus, self.loader)
+        except Exception:  # a reading on an exotic platform: the job goes on without it
+            log.debug("ddpdoctor: limits not read", exc_info=True)
+            return
+        for finding in found:
+            self._emit(finding, may_raise=False)
 
     # -- the loop's side: a few microseconds a step, nothing that waits for a GPU ----------------
     def step(self, batch: Any = None, slow: bool = False) -> _Step:

@@ -31,6 +31,7 @@ DOC_PAGES: Mapping[str, str] = {
     "history": "docs/fleet.md",
     "ingest": "docs/snapshots.md",
     "init-hang": "docs/probes/init-hang.md",
+    "limits": "docs/probes/limits.md",
     "run": "docs/runtime.md",
     "scaling": "docs/scaling.md",
     "stragglers": "docs/probes/stragglers.md",
@@ -416,6 +417,78 @@ _ENTRIES = (
           fix=("Look at `start_to_arrival_s`: a large value is this process's own start-up (pre-install or cache the "
                'environment on local disk); a small one means it was launched late (check the scheduler and the '
                'launcher on that node).')),
+    _code("LIM000", _OK, "limits",
+          why=("Each rank's /dev/shm, open-file and process limits, its cgroup's memory and CPU quota, and (where an "
+               "InfiniBand/RoCE device is present) its locked-memory limit leave room for what this job needs."),
+          fix="Nothing to do."),
+    _code("LIM001", frozenset({Severity.CRITICAL, Severity.WARN}), "limits",
+          severity_rule=("CRITICAL below what NCCL's shared-memory transport (or a DataLoader the caller knows) needs, "
+                         "WARN below what a usual DataLoader would need when the loader is not known"),
+          why=("DataLoader workers hand every batch to their rank through /dev/shm, and NCCL's shared-memory "
+               "transport and proxy put their buffers there; a full /dev/shm kills the workers with \"Bus error\" / "
+               "\"ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared "
+               "memory (shm)\", and NCCL with \"unable to extend /dev/shm\" or \"Error while creating shared memory "
+               "segment\". A container's /dev/shm is its own tmpfs: Docker gives 64 MB unless told otherwise."),
+          fix=("Give the ranks a larger /dev/shm: `docker run --shm-size=16g` (or `--ipc=host`); on Kubernetes mount "
+               "an `emptyDir` with `medium: Memory` (and a `sizeLimit`) at /dev/shm; under Slurm ask the admins to "
+               "size /dev/shm (or clean it in the prolog: stale files of killed jobs fill it) and request the "
+               "memory with `--mem` (tmpfs pages count against the job's memory). Else lower num_workers, or "
+               "NCCL_SHM_DISABLE=1 (slower: NCCL then goes through the network stack).")),
+    _code("LIM002", frozenset({Severity.CRITICAL, Severity.WARN}), "limits",
+          severity_rule=("CRITICAL below what the ranks, their peers and GPUs need, WARN below that plus a usual "
+                         "DataLoader when the loader is not known"),
+          why=("Every peer connection (gloo's pairs, NCCL's bootstrap and proxy sockets), every GPU (the /dev/nvidia* "
+               "nodes, CUDA IPC handles) and every DataLoader worker (its pipes, and one descriptor per tensor in "
+               "flight under torch's default file_descriptor sharing strategy) holds file descriptors. Past "
+               "RLIMIT_NOFILE the next one fails with \"OSError: [Errno 24] Too many open files\" or "
+               "\"RuntimeError: received 0 items of ancdata\", often deep inside a collective or a worker."),
+          fix=("Raise the limit where the job starts: `ulimit -n 65536` in the job script (up to the hard limit; "
+               "raising the hard limit needs root), `docker run --ulimit nofile=65536:65536`, on Kubernetes the "
+               "container runtime's LimitNOFILE, under Slurm the limit of the shell you submit from (Slurm "
+               "propagates it: PropagateResourceLimits) or the node's limits.conf. Or "
+               "`torch.multiprocessing.set_sharing_strategy('file_system')` for the DataLoader's tensors.")),
+    _code("LIM003", frozenset({Severity.CRITICAL, Severity.INFO}), "limits",
+          severity_rule="CRITICAL when the node's ranks have GPUs (NCCL will use the RDMA device), INFO otherwise",
+          why=("NCCL's InfiniBand/RoCE transport registers (pins) its buffers with the NIC, and each registration "
+               "counts against RLIMIT_MEMLOCK; a limited value (often 64 KB, or 8 MB in containers) makes it fail "
+               "with \"NET/IB : ibv_reg_mr failed: Cannot allocate memory\" (\"Call to ibv_reg_mr failed\"), or "
+               "fall back to sockets, many times slower. NCCL's documentation asks for an unlimited memlock."),
+          fix=("Make it unlimited where the job starts: `ulimit -l unlimited` in the job script (within the hard "
+               "limit), `docker run --ulimit memlock=-1:-1`, on Kubernetes the runtime's LimitMEMLOCK=infinity (or "
+               "IPC_LOCK), under Slurm `memlock unlimited` in the nodes' /etc/security/limits.conf and "
+               "PropagateResourceLimitsExcept=MEMLOCK in slurm.conf.")),
+    _code("LIM004", frozenset({Severity.CRITICAL, Severity.WARN}), "limits",
+          severity_rule=("CRITICAL below what the ranks' threads will need, WARN below that plus a usual DataLoader "
+                         "when the loader is not known"),
+          why=("Every thread and process counts against the cgroup's pids.max (a container's --pids-limit, a pod's "
+               "PID limit, a Slurm cgroup) and the user's RLIMIT_NPROC: torch's thread pools, NCCL's and gloo's "
+               "threads and each DataLoader worker. Past it, the next one fails with \"Resource temporarily "
+               "unavailable\" (EAGAIN), \"RuntimeError: can't start new thread\" or \"fork: retry: Resource "
+               "temporarily unavailable\"."),
+          fix=("Raise the limit: `docker run --pids-limit` (or -1), the pod's or kubelet's podPidsLimit, Slurm's "
+               "cgroup TaskPids limits, `ulimit -u` in the job script for RLIMIT_NPROC; or run fewer DataLoader "
+               "workers and fewer intra-op threads (OMP_NUM_THREADS) per rank.")),
+    _code("LIM005", _WARN, "limits",
+          why=("The cgroup's memory limit (a container's --memory, a pod's memory limit, Slurm's --mem) holds every "
+               "rank, its DataLoader workers and the files in its tmpfs /dev/shm; past it the kernel's OOM killer "
+               "kills one of them (\"Killed\", exit 137 / signal 9, \"DataLoader worker (pid N) is killed by signal: "
+               "Killed\", \"oom-kill\" in dmesg), and the others hang or fail in their next collective."),
+          fix=("Request more memory (`docker run --memory`, the pod's `resources.limits.memory`, Slurm's `--mem` or "
+               "`--mem-per-gpu`), or run fewer ranks, workers or a smaller batch per node.")),
+    _code("LIM006", _WARN, "limits",
+          why=("A cgroup CPU quota below a core per rank (plus its DataLoader workers) throttles the ranks every "
+               "period; DDP is synchronous, so the whole job runs at the pace of the most throttled rank.")),
+    _code("LIM007", _WARN, "limits",
+          why=("NCCL_IB_HCA chooses the RDMA devices NCCL's IB transport may use; when none it names is on the node "
+               "NCCL says \"NET/IB : No device found.\" and falls back to sockets (\"NET/Socket\"), many times "
+               "slower, or fails where NCCL_IB_DISABLE=0 is required by the job."),
+          fix=("Set NCCL_IB_HCA to devices the node has (`ls /sys/class/infiniband`, `ibv_devinfo`; a prefix like "
+               "mlx5 selects every mlx5_N), or unset it.")),
+    _code("LIM008", _INFO, "limits", per_case="each variable has its own cost; the finding says which"),
+    _code("LIM009", _INFO, "limits",
+          why=("Checkpoints, logs, core dumps, torch.compile/Triton caches and the report itself are written there; "
+               "a full disk fails the job late with \"OSError: [Errno 28] No space left on device\"."),
+          fix="Free space there, or point TMPDIR (and the output folder) at a filesystem with room."),
     _code("LOG000", _INFO, "explain",
           why=('None of the error messages of torch.distributed, NCCL, gloo, the elastic agent, Slurm, CUDA or the '
                'DataLoader that ddpdoctor knows appears here: the job may have hung silently, or its errors went to '

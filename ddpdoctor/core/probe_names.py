@@ -5,4 +5,4 @@ with them torch, is not wanted; tests/unit/test_layers.py checks this list is th
 """
 
 PROBE_NAMES: tuple[str, ...] = ("init-hang", "ddp-smoke", "topology", "gpu-count", "homogeneity", "allreduce",
-                                "stragglers", "scaling")
+                                "stragglers", "scaling", "limits")

@@ -15,6 +15,8 @@ What is recorded, per node and per device, is what a fleet's verdicts compare ov
 | remapped_rows_pending, remapped_rows_failure | NVML's remap flags, as 1 or 0 | flag |
 | remapped_rows_correctable, remapped_rows_uncorrectable | NVML's remapped rows | count |
 | retired_pages | NVML's single- plus double-bit retired pages | count |
+| shm_size_bytes, shm_free_bytes, memlock_soft_bytes, memory_max_bytes | limits: the node's first rank's readings | bytes |
+| nofile_soft, nproc_soft, pids_max; cpu_quota | limits, as above (an unlimited limit is not recorded) | count; CPUs |
 
 A reading NVML could not make (`{"unknown": reason}`) is not recorded: absent is not zero.
 A bandwidth is the world's figure, one row per node of the run (rank NULL): a collective is as
@@ -80,6 +82,7 @@ def from_report(report: Mapping[str, Any], *, label: Optional[str] = None) -> Ru
         measurements += _device_rows(run_id, hosts.get(rank) or str(device.get("host") or "?"), rank, device)
     measurements += _bandwidth_rows(run_id, [n.node for n in nodes], facts.get("allreduce") or {},
                                     per_size=name == "allreduce-bench")
+    measurements += _limits_rows(run_id, facts.get("limits") or {}, hosts)
     findings = [row for f in report.get("findings") or [] for row in _finding_rows(run_id, f, hosts)]
     return RunRows(run, nodes, measurements, findings)
 
@@ -94,6 +97,8 @@ def from_snapshot(snapshot: Mapping[str, Any], *, label: Optional[str] = None) -
                  label=label)
     ranks = [int(d.get("rank", i)) for i, d in enumerate(devices)]
     measurements = [row for rank, d in zip(ranks, devices) for row in _device_rows(run_id, host, rank, d)]
+    limits = list((snapshot.get("probes") or {}).get("limits") or [])
+    measurements += _limits_rows(run_id, {str(i): f for i, f in enumerate(limits[:1])}, {0: host})
     return RunRows(run, [NodeRow(run_id, host, rank_ranges(ranks))], measurements, [])
 
 
@@ -162,6 +167,38 @@ def _device_rows(run_id: str, node: str, rank: int, device: Mapping[str, Any]) -
         rows.append(("retired_pages", sum(p for p in pages if p is not None), "count"))
     return [Measurement(run_id, node, rank, gpu_id, model, metric, value, unit)
             for metric, value, unit in rows if value is not None]
+
+
+# (metric, path into the limits facts, unit): the node's limits, so a fleet's history shows which
+# node's container or job settings changed (a /dev/shm that shrank, a lower ulimit).
+_LIMITS: tuple[tuple[str, tuple[str, str], str], ...] = (
+    ("shm_size_bytes", ("shm", "size_bytes"), "bytes"),
+    ("shm_free_bytes", ("shm", "free_bytes"), "bytes"),
+    ("nofile_soft", ("nofile", "soft"), "count"),
+    ("nproc_soft", ("nproc", "soft"), "count"),
+    ("memlock_soft_bytes", ("memlock", "soft"), "bytes"),
+    ("pids_max", ("cgroup", "pids_max"), "count"),
+    ("memory_max_bytes", ("cgroup", "memory_max_bytes"), "bytes"),
+    ("cpu_quota", ("cgroup", "cpu_quota"), "CPUs"),
+)
+
+
+def _limits_rows(run_id: str, facts: Mapping[str, Any], hosts: Mapping[int, str]) -> list[Measurement]:
+    """The limits of each node, read by its first rank (its ranks share the container), rank NULL."""
+    seen: set[str] = set()
+    rows = []
+    for key, f in sorted(facts.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else -1):
+        if not isinstance(f, Mapping) or not str(key).isdigit():
+            continue
+        node = hosts.get(int(key)) or str(f.get("host") or "?")
+        if node in seen:
+            continue
+        seen.add(node)
+        for metric, (part, leaf), unit in _LIMITS:
+            value = _number((f.get(part) or {}).get(leaf) if isinstance(f.get(part), Mapping) else None)
+            if value is not None:
+                rows.append(Measurement(run_id, node, None, None, None, metric, value, unit))
+    return rows
 
 
 def _bandwidth_rows(run_id: str, nodes: Iterable[str], facts: Mapping[str, Any], *,

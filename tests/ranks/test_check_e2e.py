@@ -35,13 +35,16 @@ def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
     assert run.severities() <= {"ok", "info"}, run.explain()
     # 4 single-thread ranks on 2 cores time-share: their speeds are not compared (HOM013), not flagged.
     expected = (["DDP001", "GPU000", "HOM000"] + (["HOM013"] if nproc > (os.cpu_count() or 1) else [])
-                + ["INIT000", "TOP009"])
+                + ["INIT000", "LIM000", "TOP009"])
     assert sorted(f["code"] for f in run.findings()) == expected, run.explain()
     assert all(r["state"] == "ok" for r in report["ranks"])
     smoke = probe_section(report, "ddp-smoke")
     assert smoke["name"] == "ddp-smoke" and smoke["status"] == "ok"
     assert [(p["name"], p["status"]) for p in report["probes"]] == [
-        ("init-hang", "ok"), ("topology", "ok"), ("gpu-count", "ok"), ("homogeneity", "ok"), ("ddp-smoke", "ok")]
+        ("init-hang", "ok"), ("limits", "ok"), ("topology", "ok"), ("gpu-count", "ok"), ("homogeneity", "ok"),
+        ("ddp-smoke", "ok")]
+    # The healthy control of test_limits_e2e.py: the same machine without a limit set.
+    assert run.findings("LIM000")[0]["severity"] == "ok", run.explain()
     init = probe_section(report, "init-hang")["facts"]
     assert all(f["resolved"] == ["127.0.0.1"] and f["route"]["source"] == "127.0.0.1" and f["init_s"] > 0
                for f in init.values())

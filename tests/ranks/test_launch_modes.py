@@ -26,7 +26,8 @@ def test_torchrun_standalone_gives_the_same_healthy_report(tmp_path):
     run = _torchrun(tmp_path)
     assert run.returncode == 0, run.explain()
     assert run.report["mode"] == "torchrun" and run.report["world_size"] == 2
-    assert sorted(f["code"] for f in run.findings()) == ["DDP001", "GPU000", "HOM000", "INIT000", "TOP009"], run.explain()
+    assert sorted(f["code"] for f in run.findings()) == ["DDP001", "GPU000", "HOM000", "INIT000", "LIM000",
+                                                          "TOP009"], run.explain()
     assert all(r["state"] == "ok" for r in run.report["ranks"])
     assert run.stdout.count("ddpdoctor check") == 1, "exactly one rank (rank 0) prints the report"
     assert_nothing_left(run)

@@ -43,7 +43,8 @@ def test_a_saturated_host_is_named_and_a_hang_is_still_caught_at_its_deadline(tm
     assert run.wall_s < WALL_LIMIT_S, run.explain()
     # Every probe finished before the hang (in the report stage), on a host with no core to spare.
     assert [(p["name"], p["status"]) for p in run.report["probes"]] == [
-        ("init-hang", "ok"), ("topology", "ok"), ("gpu-count", "ok"), ("homogeneity", "ok"), ("ddp-smoke", "ok")], \
+        ("init-hang", "ok"), ("limits", "ok"), ("topology", "ok"), ("gpu-count", "ok"), ("homogeneity", "ok"),
+        ("ddp-smoke", "ok")], \
         run.explain()
     saturated = run.findings("HOM015")
     assert len(saturated) == 1 and saturated[0]["nodes"] == [run.report["nodes"][0]], run.explain()

@@ -77,7 +77,9 @@ def test_snapshot_without_measuring_reads_one_cpu_entry():
     created = datetime.datetime.fromisoformat(snap["created"])
     assert created.tzinfo is not None
     assert abs((datetime.datetime.now(datetime.timezone.utc) - created).total_seconds()) < 120
-    assert list(snap["probes"]) == ["homogeneity", "topology"]
+    assert list(snap["probes"]) == ["homogeneity", "topology", "limits"]
+    [limits] = snap["probes"]["limits"]  # this process's own limits, as a rank started here would have them
+    assert (limits["rank"], limits["gpus"], limits["shm"]["path"]) == (0, 0, "/dev/shm") and limits["nofile"]
     [topo] = snap["probes"]["topology"]
     # The node's facts, as its local rank 0 reads them; no placement: a snapshot is not a rank.
     assert topo["node"]["numa"] and isinstance(topo["node"]["nics"], list) and "unknown" in topo["placement"]
@@ -119,7 +121,7 @@ def test_written_snapshot_loads_back_as_the_same_facts(measured, tmp_path):
     assert text.endswith("\n") and json.loads(text) == measured
     inputs = load_inputs([path])
     assert inputs.files == [path] and inputs.world_size == 1
-    assert inputs.facts == {name: {0: measured["probes"][name][0]} for name in ("homogeneity", "topology")}
+    assert inputs.facts == {name: {0: measured["probes"][name][0]} for name in ("homogeneity", "topology", "limits")}
     assert inputs.hosts == {0: measured["host"]}
 
 

@@ -1,0 +1,132 @@
+"""The limits probe end to end, on limits made as the world makes them: a mount namespace with a
+64 MB tmpfs on /dev/shm (Docker's default) and `ulimit -n 40`, both in one `check --probes limits`;
+and a cgroup with pids.max, a memory limit and a CPU quota, all three in one run. The healthy
+control is the healthy run of test_check_e2e.py (LIM000 on the same machine without them);
+locked memory (which needs an RDMA device) and RLIMIT_NPROC (which needs a non-root user) are
+judged on readings recorded from real limited processes (tests/unit/test_limits.py,
+tests/fixtures/limits/).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Optional
+import subprocess
+import sys
+
+import pytest
+
+from .harness import assert_nothing_left, free_port, probe_section, run_command
+
+pytestmark = pytest.mark.ranks
+
+SHM_MB = 64
+NOFILE = 40
+
+
+def _can_mount_a_private_shm() -> str:
+    """Why the limit cannot be made here, or '' when it can."""
+    if os.geteuid() != 0:
+        return "needs root to mount a tmpfs in a mount namespace"
+    if shutil.which("unshare") is None:
+        return "no unshare(1)"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size={SHM_MB}m tmpfs /dev/shm"],
+                           capture_output=True, text=True)
+    return "" if probe.returncode == 0 else f"unshare -m + mount failed: {probe.stderr.strip()}"
+
+
+def test_check_names_a_64mb_shm_and_ulimit_n_40_with_their_values(tmp_path):
+    why_not = _can_mount_a_private_shm()
+    if why_not:
+        pytest.skip(why_not)
+    report = tmp_path / "report.json"
+    port = free_port()
+    inner = (f"mount -t tmpfs -o size={SHM_MB}m tmpfs /dev/shm && ulimit -n {NOFILE} && exec {sys.executable} "
+             f"-m ddpdoctor check --no-live --probes limits --json {report} --port {port}")
+    run = run_command(["unshare", "-m", "sh", "-c", inner], tmp_path, report_name="report.json")
+    assert run.report is not None, run.explain()
+    assert run.returncode == 1, run.explain()  # warnings: check's own ranks ran, a usual job would not
+    shm, nofile = run.findings("LIM001"), run.findings("LIM002")
+    assert len(shm) == 1 and shm[0]["evidence"]["shm_size_bytes"] == SHM_MB << 20, run.explain()
+    assert shm[0]["ranks"] == [0, 1] and f"{SHM_MB}.0 MiB free" in shm[0]["title"]
+    assert len(nofile) == 1 and nofile[0]["evidence"]["nofile_soft"] == NOFILE, run.explain()
+    assert f"limited to {NOFILE}" in nofile[0]["title"] and nofile[0]["ranks"] == [0, 1]
+    assert not run.findings("LIM000")
+    facts = probe_section(run.report, "limits")["facts"]
+    assert {f["shm"]["size_bytes"] for f in facts.values()} == {SHM_MB << 20}
+    # The limits are readings, not a failure of the run (the default probes' own run under them is
+    # not repeated here: suite time; `--probes limits` takes the same rank path up to the probe).
+    assert [(p["name"], p["status"]) for p in run.report["probes"]] == [("limits", "ok")]
+    assert_nothing_left(run)
+
+
+PIDS_MAX = 48  # the check's launcher and 2 ranks hold about 16 tasks at the probe: room 32 < 38 to come
+MEMORY_MAX = 640 << 20  # they hold about 450 MiB (peak 465 MiB): a 2-rank job would need about 850
+QUOTA_CPUS = 1.5  # below a core per rank
+
+
+def _cgroup_dirs() -> tuple[dict[str, Path], str]:
+    """New cgroups (v1: one per controller; v2: one child of ours) with the three limits, or why not."""
+    name = f"ddpdoctor_e2e_{uuid.uuid4().hex[:8]}"
+    text = Path("/proc/self/cgroup").read_text().splitlines()
+    v1 = {c: Path(f"/sys/fs/cgroup/{c}") for c in ("pids", "memory", "cpu") if Path(f"/sys/fs/cgroup/{c}/tasks").exists()}
+    made: dict[str, Path] = {}
+    try:
+        if len(v1) == 3:
+            for c, root in v1.items():
+                (root / name).mkdir()
+                made[c] = root / name
+            (made["pids"] / "pids.max").write_text(str(PIDS_MAX))
+            (made["memory"] / "memory.limit_in_bytes").write_text(str(MEMORY_MAX))
+            (made["cpu"] / "cpu.cfs_period_us").write_text("100000")
+            (made["cpu"] / "cpu.cfs_quota_us").write_text(str(int(QUOTA_CPUS * 100000)))
+            return made, ""
+        own = next((line.split(":", 2)[2] for line in text if line.startswith("0::")), None)
+        if own is None:
+            return {}, "no cgroup v1 pids/memory/cpu controllers and no cgroup v2"
+        child = Path(f"/sys/fs/cgroup{own}") / name
+        child.mkdir()
+        made["v2"] = child
+        (child / "pids.max").write_text(str(PIDS_MAX))
+        (child / "memory.max").write_text(str(MEMORY_MAX))
+        (child / "cpu.max").write_text(f"{int(QUOTA_CPUS * 100000)} 100000")
+        return made, ""
+    except OSError as exc:
+        _remove(made)
+        return {}, f"cannot make a limited cgroup here: {exc.strerror or exc}"
+
+
+def _remove(made: dict[str, Path]) -> None:
+    for path in made.values():
+        try:
+            path.rmdir()
+        except OSError:
+            pass
+
+
+def test_check_names_a_cgroup_s_pids_memory_and_cpu_limits_with_their_values(tmp_path):
+    made: dict[str, Path] = {}
+    why_not: Optional[str] = "needs root to make a cgroup" if os.geteuid() != 0 else None
+    if why_not is None:
+        made, why_not = _cgroup_dirs()
+    if why_not:
+        pytest.skip(why_not)
+    try:
+        report = tmp_path / "report.json"
+        join = " ".join(f"echo $$ > {path}/cgroup.procs;" for path in set(made.values()))
+        inner = (f"{join} exec {sys.executable} -m ddpdoctor check --no-live --probes limits --json {report} "
+                 f"--port {free_port()}")
+        run = run_command(["sh", "-c", inner], tmp_path, report_name="report.json")
+        assert_nothing_left(run)
+    finally:
+        _remove(made)
+    assert run.report is not None and run.returncode == 1, run.explain()
+    pids, memory, quota = run.findings("LIM004"), run.findings("LIM005"), run.findings("LIM006")
+    assert len(pids) == 1 and pids[0]["evidence"]["pids_max"] == PIDS_MAX, run.explain()
+    assert f"allows {PIDS_MAX} tasks" in pids[0]["title"] and pids[0]["ranks"] == [0, 1]
+    assert len(memory) == 1 and memory[0]["evidence"]["memory_max_bytes"] == MEMORY_MAX, run.explain()
+    assert len(quota) == 1 and quota[0]["evidence"]["cpu_quota_cpus"] == QUOTA_CPUS, run.explain()
+    assert not run.findings("LIM000")
