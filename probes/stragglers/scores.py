@@ -56,6 +56,9 @@ UTIL_GAP_POINTS = 20.0
 EXPLAINS_SHARE = 0.5
 # Of a rank's extra work, how much later than its peers it must arrive at the all-reduce to be slow.
 ARRIVES_SHARE = 0.5
+# Of its score, how much slower a rank's compute-only steps must be for them to show it slow where
+# its arrival times cannot (`_arrives_last`).
+ALONE_SHARE = 0.5
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown",
                     "sw_power_cap", "board_limit", "reliability")
 
@@ -227,11 +230,9 @@ def _cause(facts: ByRank, scores: Scores, rank: int) -> tuple[str, str, str, dic
                 ("Profile that rank's input pipeline: more DataLoader workers (num_workers), pin_memory=True, "
                  "persistent_workers=True, a larger prefetch_factor; check its node's storage and network file "
                  "system (`iostat -x 1`) and CPU availability for the workers."), evidence)
-    solos = {p: solo for p, s in scores.ranks.items() if (solo := s.solo_ms)}
-    solo_pct = None
-    if me.solo_ms and len(solos) > 1:
-        solo_pct = 100.0 * (me.solo_ms / _median([solos[p] for p in peers if p in solos]) - 1.0)
-        evidence["compute_only_ms"] = {p: round(v, 2) for p, v in solos.items()}
+    solo_pct = _alone_slower_pct(scores, rank)
+    if solo_pct is not None:
+        evidence["compute_only_ms"] = {p: round(v, 2) for p, s in scores.ranks.items() if (v := s.solo_ms)}
         evidence["compute_only_slower_pct"] = round(solo_pct, 1)
     if ex["compute"] + ex["optimizer"] >= 0.5 * total:
         alone = (f"; alone, with no collective, its forward+backward is {solo_pct:.0f}% slower too"
@@ -245,6 +246,16 @@ def _cause(facts: ByRank, scores: Scores, rank: int) -> tuple[str, str, str, dic
              "phases): Python overhead, a busy or descheduled CPU, or page faults"),
             ("Look for other processes on that rank's cores (`top -H`, `ps -eo pid,psr,pcpu,comm`), its CPU affinity "
              "(`taskset -p PID`) and memory pressure (`vmstat 1`)."), evidence | _host_evidence(facts, rank))
+
+
+def _alone_slower_pct(scores: Scores, rank: int) -> Optional[float]:
+    """How much slower its compute-only steps (forward and backward, no collective: the probe's
+    solo steps) are than its peers', in %; None where they were not measured."""
+    me = scores.ranks[rank]
+    solos = [s.solo_ms for p, s in scores.ranks.items() if p in scores.peers(rank) and s.solo_ms]
+    if not me.solo_ms or not solos:
+        return None
+    return 100.0 * (me.solo_ms / _median(solos) - 1.0)
 
 
 def _median_of(summary: Optional[Summary]) -> Optional[float]:
@@ -423,7 +434,17 @@ def _arrives_last(scores: Scores, rank: int) -> bool:
     if any(w > 0 for w in waits) and me.comm_wait_ms > _median([scores.ranks[p].comm_wait_ms
                                                               for p in scores.peers(rank)]):
         return False
-    return me.late_ms is None or me.late_ms >= ARRIVES_SHARE * _excess(scores, rank)["work"]
+    if me.late_ms is None or me.late_ms >= ARRIVES_SHARE * _excess(scores, rank)["work"]:
+        return True
+    # Its steps with no collective at all are slower too: the extra time is not the waking from an
+    # all-reduce, whatever the arrival times say. Needed where ranks time-share cores: 4 ranks on 2
+    # cores, rank 1 computing 2x (95% slower in 8 of 8 windows, 9x slower alone) and rank 2 stalled
+    # in its loader, rank 1's arrivals spread over +-10 ms a step around its peers' and their median
+    # came out 0.9 ms early, and it was called intermittent
+    # (tests/fixtures/stragglers/two_slow_ranks_4_on_2_cores.json). Its best steps alone must be
+    # slower by half its score at least.
+    alone = _alone_slower_pct(scores, rank)
+    return alone is not None and alone >= max(scores.threshold_pct, ALONE_SHARE * me.score_pct)
 
 
 def _peer_waits(facts: ByRank, scores: Scores) -> dict[int, float]:
