@@ -82,8 +82,11 @@ def rank_fates(record: RunRecord) -> dict[int, RankFate]:
         elif exit_info is not None and exit_info.killed_by_us and rank not in record.hellos and not hb:
             # Its process ran, but it never said hello: it never joined (stuck before the
             # rendezvous, or pointed elsewhere). Its output says where it was.
+            # A rank stopped while it still dialled the store prints why it could not reach it.
+            said = arrival_failure(exit_info.log_tail)
             fates[rank] = RankFate(rank, "missing", exit_info.t, None, "rendezvous",
-                                   {"reason": exit_info.killed_by_us, "log_tail": exit_info.log_tail})
+                                   {"reason": exit_info.killed_by_us, "log_tail": exit_info.log_tail,
+                                    **({"arrival_failure": said} if said else {})})
         elif exit_info is not None and exit_info.killed_by_us:
             # Frozen, or stuck past every deadline: a cause. Stopped after another failed: a victim.
             kind = "silent" if exit_info.killed_by_us.startswith(("silent", "stuck")) else "stopped"

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import psutil
 import pytest
@@ -22,7 +25,13 @@ def _torchrun(tmp_path, *args, env=None):
     return run_command(cmd, tmp_path, env=env, report_name="tr.json")
 
 
+@pytest.mark.slow
 def test_torchrun_standalone_gives_the_same_healthy_report(tmp_path):
+    """torchrun --standalone, healthy: the torchrun mode and rank 0 alone reporting.
+
+    Default twin: tests/ranks/test_launch_modes.py::test_torchrun_names_the_crashed_rank_even_when_it_is_the_reporter
+    (the same torchrun launch: workers read torchrun's variables, mode "torchrun", rank 0's report; with a crash)
+    """
     run = _torchrun(tmp_path)
     assert run.returncode == 0, run.explain()
     assert run.report["mode"] == "torchrun" and run.report["world_size"] == 2
@@ -33,8 +42,13 @@ def test_torchrun_standalone_gives_the_same_healthy_report(tmp_path):
     assert_nothing_left(run)
 
 
-@pytest.mark.parametrize("crashed", [0, 1])
+# Case 0 (the reporter crashes: its report must still come, from the survivors) is the point and stays
+# default; case 1 (a non-reporting rank crashes) is the slow tier: the same torchrun path, and a crash of
+# rank 1 is also the fault matrix's crash cells (tests/ranks/test_fault_matrix.py).
+@pytest.mark.parametrize("crashed", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_torchrun_names_the_crashed_rank_even_when_it_is_the_reporter(tmp_path, crashed):
+    """Case 0 stays default (the reporter itself crashes, the harder path); case 1 is the slow tier:
+    the same torchrun launch and RUN002 path, with the crash on a rank that does not report."""
     # Workers started by torchrun take their faults from the environment, as a fire drill would.
     run = _torchrun(tmp_path, "--timeout", "4", env={"DDPDOCTOR_INJECT": f"crash:rank={crashed}:stage=ddp"})
     assert run.returncode != 0, run.explain()  # torchrun turns any failed worker into exit 1
@@ -57,7 +71,12 @@ def _start_ranks(tmp_path, world_size, started, tag, timeout=4, args=(), extra_e
     return port, procs
 
 
+@pytest.mark.slow
 def test_a_rank_stuck_in_the_report_stage_is_named_alone_and_a_late_sigterm_keeps_the_report(tmp_path):
+    """Default twin: tests/ranks/test_fault_matrix.py::test_fault_cell (the ("report", "sigint") cell: a
+    signal in the report stage, the written report kept with its exit code; here under hand-set ranks,
+    rank 0 hosting the store, with a hang and then SIGTERM to rank 0)
+    """
     # Ranks started as srun starts them (rank 0 serves the store). Rank 1 hangs on entering the
     # report stage: it is named within --timeout, not after the whole run's deadline with rank 0
     # (who only waited for it) named too. Rank 0 then holds the store up to 3 s for goodbyes that
@@ -100,7 +119,12 @@ def test_a_rank_stuck_in_the_report_stage_is_named_alone_and_a_late_sigterm_keep
     assert not tagged_processes(tag)
 
 
+@pytest.mark.slow
 def test_world_size_larger_than_the_ranks_launched_names_the_missing_rank(tmp_path):
+    """Default twin: tests/ranks/test_check_e2e.py::test_a_rank_that_cannot_reach_the_rendezvous_is_named_with_why
+    (the same rendezvous deadline and RUN001 naming the rank that never arrived, with the arrived ranks;
+    there the rank starts and cannot connect, here it is never started)
+    """
     tag = "missing-" + str(time.time())
     start = time.monotonic()
     port, procs = _start_ranks(tmp_path, 3, [0, 1], tag)
@@ -126,6 +150,39 @@ def test_unreachable_rendezvous_is_one_line_and_critical(tmp_path):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "could not reach the rendezvous store" in lines[0] and str(port) in lines[0]
     assert run.wall_s < 20
+
+
+def test_a_rank_stopped_while_it_dials_the_store_still_says_why(tmp_path):
+    """Issue 40: the launcher stops a rank still dialling the store when rank 0's own wait ends
+    first (seen once in a suite run: RUN001 with no reason). Stopped with SIGTERM well before its
+    own dial deadline (0.7 x 60 s), it still prints the one line that says why, with how long it
+    tried. It is stopped once its imports are over: its CPU time stops growing while it dials."""
+    port = free_port()  # nobody listens there
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "--timeout", "60"],
+                            env={**os.environ, **env, TAG_VAR: tag, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        me, end, last = psutil.Process(proc.pid), time.monotonic() + 60, -1.0
+        while time.monotonic() < end:
+            used = sum(me.cpu_times()[:2])
+            if used > 1.0 and used - last < 0.02:
+                break
+            last = used
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    m = re.search(r"could not reach the rendezvous store at 127.0.0.1:(\d+) within ([\d.]+)s: connection refused",
+                  lines[0])
+    assert m and int(m.group(1)) == port and float(m.group(2)) < 42, lines[0]
+    assert not tagged_processes(tag)
 
 
 def test_unresolvable_master_addr_is_one_line(tmp_path):
@@ -194,10 +251,13 @@ def test_killing_the_launcher_leaves_no_rank_behind(tmp_path):
     assert not left, [p.cmdline() for p in left]
 
 
-# Slow tier: tests/ranks/test_slurm_scripts.py runs the same srun-style start from the shipped job script.
 @pytest.mark.slow
 def test_slurm_task_variables_are_enough(tmp_path):
-    """What `srun --ntasks=2 python -m ddpdoctor check` gives each task, without Slurm itself."""
+    """What `srun --ntasks=2 python -m ddpdoctor check` gives each task, without Slurm itself.
+
+    Default twin: tests/ranks/test_slurm_scripts.py::test_the_multinode_preflight_runs_as_srun_runs_it
+    (the same srun-style start from SLURM_* variables, port from the job id, rank 0 alone reporting)
+    """
     tag = "slurm-" + str(time.time())
     job_id = str(40000 + free_port() % 20000)  # the port is derived from the job id
     procs = []
@@ -220,7 +280,12 @@ def test_slurm_task_variables_are_enough(tmp_path):
     assert not tagged_processes(tag)
 
 
+@pytest.mark.slow
 def test_rank_zero_cannot_host_on_a_busy_port(tmp_path):
+    """Default twin: tests/ranks/test_launch_modes.py::test_port_in_use_is_one_line
+    (a busy rendezvous port refused in one line with exit 3; there found by the launcher, here by rank 0
+    when it comes to host the store)
+    """
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
@@ -287,8 +352,14 @@ def test_rank_zero_hosting_the_store_dies_and_the_others_say_so(tmp_path):
     assert not tagged_processes(tag)
 
 
+@pytest.mark.slow
 def test_ranks_started_with_different_world_sizes_are_named(tmp_path):
-    """One rank launched with another WORLD_SIZE: RUN007 names it, and nothing else is blamed."""
+    """One rank launched with another WORLD_SIZE: RUN007 names it, and nothing else is blamed.
+
+    Default twin: tests/ranks/test_check_e2e.py::test_a_rank_that_cannot_reach_the_rendezvous_is_named_with_why
+    (the same rendezvous, where each rank's hello is gathered and judged against the launch; there a rank
+    that never says hello, here one whose hello gives another WORLD_SIZE. RUN007 itself: test_run_diagnosis.py)
+    """
     env = {0: {"LOCAL_RANK": "0"}, 1: {"LOCAL_RANK": "1", "WORLD_SIZE": "3"}}
     procs, report, tag = run_hand_set_ranks(tmp_path, 2, env, "--timeout", "6")
     assert procs[0].returncode == 2, procs[0].stdout + procs[0].stderr
@@ -299,8 +370,13 @@ def test_ranks_started_with_different_world_sizes_are_named(tmp_path):
     assert not tagged_processes(tag)
 
 
+@pytest.mark.slow
 def test_backend_missing_on_the_ranks_is_an_error_on_each(tmp_path):
-    """--backend nccl on a CPU-only torch under hand-set ranks: each rank's init fails on its own."""
+    """--backend nccl on a CPU-only torch under hand-set ranks: each rank's init fails on its own.
+
+    Default twin: tests/ranks/test_launch_modes.py::test_missing_nccl_backend_is_one_line
+    (the same missing NCCL backend on a CPU-only torch; there refused by the launcher up front)
+    """
     import torch.distributed as dist
 
     if dist.is_nccl_available():

@@ -740,3 +740,24 @@ def test_under_torchrun_the_missing_host_is_the_one_listed_host_no_rank_came_fro
                              hosts=["gpu10.cluster", "gpu11.cluster", "gpu9"])
     missing = [f for f in diagnose_run(record) if f.code == "RUN001"][0]
     assert missing.nodes == ("gpu9",) and missing.title.startswith("Node rank 2 (gpu9) never arrived")
+
+
+def test_a_rank_stopped_while_it_dialled_the_store_still_gives_its_reason():
+    """Issue 40: rank 0's rendezvous wait ended before rank 1's own dial deadline (rank 1 started
+    later on 2 busy cores), the launcher stopped rank 1, and RUN001 named it with no reason. A rank
+    stopped while dialling prints why (session/rank.py `_connect`); the judge reads it from a
+    stopped rank's output as from one that gave up by itself."""
+    line = ("ddpdoctor: rank 1 on node-b could not reach the rendezvous store at 127.0.0.1:40001 within 3.9s: "
+            "connection refused at 127.0.0.1:40001 (nothing listens there: rank 0 is not running, or it listens "
+            "on another port; compare MASTER_PORT on every node)")
+    err = {"stage": "rendezvous", "t": T0 + 5, "type": "RuntimeError",
+           "message": "ranks [1] did not arrive within 4.8s (1 of 2 arrived)", "traceback": "",
+           "collective": {"op": "rendezvous", "seq": 1}}
+    record = make_record(2, timelines={0: timeline("rendezvous", "error")}, errors={0: err},
+                         exits={0: ExitInfo(1, t=T0 + 5.2),
+                                1: ExitInfo(1, t=T0 + 5.3, killed_by_us="stopped: the run ended", log_tail=[line])})
+    del record.hellos[1], record.heartbeats[1]
+    [missing] = [f for f in diagnose_run(record) if f.code == "RUN001"]
+    assert missing.ranks == (1,)
+    assert missing.evidence["why_not_arrived"]["1"].startswith("connection refused at 127.0.0.1:40001")
+    assert missing.title.endswith(": connection refused at 127.0.0.1:40001")
