@@ -91,7 +91,13 @@ def test_a_slow_link_between_two_ranks_is_localised(tmp_path):
     assert_nothing_left(run)
 
 
+@pytest.mark.slow
 def test_a_pair_slow_once_is_timed_again_and_not_blamed(tmp_path):
+    """A pair slow at its first timing only is retimed and not blamed.
+
+    Default twin: tests/ranks/test_allreduce_bench_e2e.py::test_a_slow_link_between_two_ranks_is_localised
+    (the same retiming of a suspect ring pair on 4 ranks: its slow pair is timed twice there and
+    blamed, the best of both judges the link; here the second timing clears it)."""
     # blip: the pair's first timing crawls as slowlink's does, the second does not (a burst of
     # noise on a busy host). The best of both judges the link: no BW003, and no false alarm.
     run = _bench(tmp_path, "--nproc", "4", *SMALL, "--inject", "blip:ranks=1,2")
@@ -107,11 +113,16 @@ def test_a_pair_slow_once_is_timed_again_and_not_blamed(tmp_path):
 
 
 # Every op and placement is checked for correctness on one rank in the unit tier
-# (test_allreduce_diagnose.py); here they cross real processes. The default tier takes the one
-# with chunked exchange between every pair of ranks; the slow tier the others.
-@pytest.mark.parametrize("op", [pytest.param(op, marks=pytest.mark.slow)
-                                for op in ("all_gather", "reduce_scatter", "broadcast")] + ["all_to_all"])
+# (test_allreduce_diagnose.py); here they cross real processes. All in the slow tier: the default
+# tier's sweep (all_reduce, in and out of place, checked on every rank) crosses the same bench.
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "broadcast", "all_to_all"])
 def test_other_collectives_are_measured_and_checked(tmp_path, op):
+    """Each other collective measured across real ranks, every result checked, and named in the verdict.
+
+    Default twin: tests/ranks/test_allreduce_bench_e2e.py::test_healthy_sweep_is_correct_and_reported_like_nccl_tests
+    (the same allreduce-bench sweep, its per-size timings and the check of every result on every rank,
+    with all_reduce; the ops' own exchange and correctness rules are the unit tier's)."""
     run = _bench(tmp_path, "--nproc", "2", "--op", op, "--min-bytes", "4K", "--max-bytes", "64K", "--factor", "16",
                  "--warmup", "1", "--iters", "3", "--localise", "never")
     assert run.returncode == 0, run.explain()
@@ -124,7 +135,13 @@ def test_other_collectives_are_measured_and_checked(tmp_path, op):
     assert_nothing_left(run)
 
 
+@pytest.mark.slow
 def test_min_busbw_gates_the_exit_code(tmp_path):
+    """--min-busbw 1000: BW002 fails the gate (exit 2) and the BW000 summary still says what was measured.
+
+    Default twin: tests/ranks/test_allreduce_bench_e2e.py::test_a_corrupted_result_is_counted_and_named
+    (the same bench verdict turning a critical finding into exit 2, BW001 there; the gate's rule and
+    the flag are tests/unit/test_allreduce_diagnose.py's and test_bench_cli.py's)."""
     run = _bench(tmp_path, "--nproc", "2", *SMALL, "--min-busbw", "1000")
     assert run.returncode == 2, run.explain()
     gate = run.findings("BW002")
@@ -137,7 +154,13 @@ def test_min_busbw_gates_the_exit_code(tmp_path):
     assert_nothing_left(run)
 
 
+@pytest.mark.slow
 def test_the_allreduce_probe_runs_inside_check(tmp_path):
+    """`check --probes allreduce` runs the bench's probe, with DDP's 25 MiB bucket in its default sweep.
+
+    Default twin: tests/ranks/test_allreduce_bench_e2e.py::test_healthy_sweep_is_correct_and_reported_like_nccl_tests
+    (the same allreduce probe and its BW000 verdict on real ranks; allreduce-bench goes through check's
+    own path, cli._check, with that probe alone and more iterations)."""
     run = run_check(tmp_path, "--nproc", "2", "--probes", "allreduce")
     assert run.returncode == 0, run.explain()
     assert [f["code"] for f in run.findings()] == ["BW000"]

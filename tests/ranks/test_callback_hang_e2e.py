@@ -139,6 +139,8 @@ def assert_verdict(result: dict[str, Any], cause: str, ranks: tuple[int, ...] = 
 
 @pytest.mark.parametrize("how", ["torchrun", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_a_rank_stuck_in_its_own_code_is_named_and_leaves_first(tmp_path, how):
+    """The torchrun case stays in the default tier: it also checks torchrun's Root Cause and the culprit's 124;
+    mp.spawn's launch is test_a_rank_killed_under_mp_spawn_is_named_by_the_launcher's."""
     result = run_hang(tmp_path, how, "own")
     first = assert_verdict(result, "own code")
     assert re.search(r"hang_loop\.py:\d+ in misbehave", first["evidence"]["user_frame_by_rank"]["1"])
@@ -149,8 +151,15 @@ def test_a_rank_stuck_in_its_own_code_is_named_and_leaves_first(tmp_path, how):
         assert "exitcode  : 124" in result["stderr"].split("Root Cause")[1], result["stderr"][-3000:]
 
 
-@pytest.mark.parametrize("how", [pytest.param("torchrun", marks=pytest.mark.slow), "spawn"])
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["torchrun", "spawn"])
 def test_a_rank_that_left_the_loop_early_is_named(tmp_path, how):
+    """Rank 1 leaves the loop after step 5: named as the cause, rank 0 as its victim.
+
+    Default twin: tests/ranks/test_callback_hang_e2e.py::test_a_rank_stuck_in_its_own_code_is_named_and_leaves_first
+    (the same hang verdict, hang_loop.py's, one cause by rank read by callback/hang.py: a rank in its
+    own code there, a rank that left the loop here; mp.spawn's launch is
+    test_a_rank_killed_under_mp_spawn_is_named_by_the_launcher's)."""
     result = run_hang(tmp_path, how, "uneven")
     first = assert_verdict(result, "left")
     assert "left the training loop after step 5" in first["title"]
@@ -177,6 +186,8 @@ def assert_launcher_named_it(tmp_path: Path, result: dict[str, Any], signal_name
 
 @pytest.mark.parametrize("how", [pytest.param("torchrun", marks=pytest.mark.slow), "hand"])
 def test_a_rank_killed_from_outside_is_named_dead(tmp_path, how):
+    """The hand-set case stays in the default tier: the one default launch of ranks by hand (no agent to stop
+    the victim, so its verdict is always written); torchrun is the default tier's own-code case's launch."""
     result = run_hang(tmp_path, how, "dead")
     first = assert_verdict(result, "dead", ranks=(0,))
     assert "died (process" in first["title"]
@@ -186,9 +197,14 @@ def test_a_rank_killed_under_mp_spawn_is_named_by_the_launcher(tmp_path):
     assert_launcher_named_it(tmp_path, run_hang(tmp_path, "spawn", "dead"), "SIGKILL")
 
 
-@pytest.mark.parametrize("how", [pytest.param("torchrun", marks=pytest.mark.slow), "hand",
-                                 pytest.param("spawn", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["torchrun", "hand", "spawn"])
 def test_a_frozen_rank_is_named_frozen(tmp_path, how):
+    """Rank 1 stopped (SIGSTOP) inside its step: named frozen, rank 0 as its victim.
+
+    Default twin: tests/ranks/test_callback_hang_e2e.py::test_a_rank_killed_from_outside_is_named_dead
+    (its hand-set case: the same verdict for a silent peer whose process state callback/hang.py reads
+    from /proc, gone there, stopped here; the dead/frozen/left causes are tests/unit/test_callback_hang.py's)."""
     result = run_hang(tmp_path, how, "frozen")
     first = assert_verdict(result, "frozen", ranks=(0,))
     assert "is frozen" in first["title"]
@@ -198,8 +214,14 @@ def test_a_frozen_rank_is_named_frozen(tmp_path, how):
         assert "process 0 terminated with exit code 123" in result["stderr"], result["stderr"][-3000:]
 
 
-@pytest.mark.parametrize("how", ["torchrun", pytest.param("hand", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["torchrun", "hand"])
 def test_a_desync_names_the_rank_in_the_other_collective(tmp_path, how):
+    """Rank 1 calls another collective: gloo aborts it and rank 0's verdict names it dead.
+
+    Default twin: tests/ranks/test_callback_hang_e2e.py::test_a_rank_killed_from_outside_is_named_dead
+    (its hand-set case: the same verdict, cause "dead", for a rank whose process is gone, killed
+    there, aborted by gloo here; torchrun's Root Cause is the own-code case's)."""
     # gloo checks sizes: rank 1's extra 3-float all_reduce receives rank 0's gradient bucket and
     # gloo aborts it ("Received data size doesn't match expected size"); rank 0's all-reduce then fails.
     # (Under mp.spawn the launcher stops rank 0 the moment rank 1 dies, before any verdict: its own
@@ -219,6 +241,10 @@ def test_a_desync_names_the_rank_in_the_other_collective(tmp_path, how):
 
 @pytest.mark.slow
 def test_a_desync_under_mp_spawn_is_named_by_the_launcher(tmp_path):
+    """mp.spawn names rank 1, aborted by gloo for a desync, and nothing of ours blames rank 0.
+
+    Default twin: tests/ranks/test_callback_hang_e2e.py::test_a_rank_killed_under_mp_spawn_is_named_by_the_launcher
+    (the same mp.spawn launch and assert_launcher_named_it: SIGKILL there, SIGABRT here)."""
     result = run_hang(tmp_path, "spawn", "desync")
     assert "Received data size doesn't match expected size" in result["stderr"], result["stderr"][-3000:]
     assert_launcher_named_it(tmp_path, result, "SIGABRT")

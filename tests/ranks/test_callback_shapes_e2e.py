@@ -35,20 +35,30 @@ def loud(findings: list[dict]) -> list[str]:
             if f["severity"] in ("warn", "critical")]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_healthy_loop_of_short_steps_at_the_defaults_raises_nothing(tmp_path):
     """The shape of the user's report (2 unpinned ranks on 2 cores, steps of a few ms) that once raised a
-    STR001 in 2 runs of 4: the straggler rules now see its noise for what it is."""
+    STR001 in 2 runs of 4: the straggler rules now see its noise for what it is.
+
+    Default twin: tests/ranks/test_outside_faults_e2e.py::test_a_healthy_loop_raises_no_straggler_warning
+    (the same Doctor's straggler rules over about 200 steps of a healthy 2-rank loop and 10 checks, no
+    STR finding allowed; pinned there, at this file's defaults here)."""
     run = run_shape(tmp_path, 128)
     assert loud(run["findings"]) == [], run["findings"]
     assert run["shape"]["steps"] > 1000  # thousands of steps, judged at several checks
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_rank_that_computes_more_is_still_named_at_the_defaults(tmp_path):
     """2 ms more CPU work a step on rank 1, about 1.5x the job's step (issue 36's bar: a fault that slows the
     job 1.5x or more is named). With 0.6 ms (15% of the step, just over the 10% a straggler must cost) it was
-    named in 7 of 7 runs here and missed once in CI: a margin, not a rule, so the test does not lean on it."""
+    named in 7 of 7 runs here and missed once in CI: a margin, not a rule, so the test does not lean on it.
+
+    Default twin: tests/ranks/test_doctor_e2e.py::test_a_slower_rank_and_a_missing_set_epoch_are_each_named
+    (the same Doctor naming rank 1, which really computes slower, STR001 with cause compute, at a set
+    check cadence there, at the defaults here)."""
     run = run_shape(tmp_path, 128, 2, "--spin-rank", "1", "--spin-ms", "2")
     [named] = [f for f in run["findings"] if f["code"] == "STR001"]
     assert named["ranks"] == [1] and named["evidence"]["cause"] == "compute", run["findings"]
@@ -59,8 +69,10 @@ def test_a_rank_that_computes_more_is_still_named_at_the_defaults(tmp_path):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("width, world", [(16, 2), (1000, 2), (2100, 2), (128, 4)])
 def test_healthy_loops_of_other_shapes_raise_nothing(tmp_path, width, world):
-    """Widths of about 0.5, 10 and 50 ms steps on this VM, and 4 ranks on 2 cores: the default tier's run
-    crosses the same path at one shape."""
+    """Widths of about 0.5, 10 and 50 ms steps on this VM, and 4 ranks on 2 cores.
+
+    Default twin: tests/ranks/test_outside_faults_e2e.py::test_a_healthy_loop_raises_no_straggler_warning
+    (the same Doctor's straggler rules on a healthy 2-rank loop, no STR finding allowed, at one shape)."""
     assert loud(run_shape(tmp_path, width, world)["findings"]) == []
 
 
@@ -68,8 +80,11 @@ def test_healthy_loops_of_other_shapes_raise_nothing(tmp_path, width, world):
 @pytest.mark.timeout(240)
 def test_a_busy_neighbour_on_a_ranks_core_is_named_at_the_defaults(tmp_path):
     """A process burning rank 1's core (runtime/outside_faults.py), the ranks pinned one to a core, the Doctor at
-    its defaults: named for CPU contention. The default tier's outside fault is the stopped rank
-    (test_outside_faults_e2e.py, checks by count)."""
+    its defaults: named for CPU contention.
+
+    Default twin: tests/ranks/test_outside_faults_e2e.py::test_the_callback_names_the_rank_slowed_from_outside
+    (its preempt case: the default tier's outside fault, the stopped rank, named by the same Doctor and
+    cause classifier, pinned ranks, checks by count)."""
     import os
     import subprocess
     import sys

@@ -26,6 +26,8 @@ def _rank(report: dict, rank: int) -> dict:
 # 4 ranks (time-sharing 2 cores: HOM013) is the slow tier; 2 ranks cross the same path.
 @pytest.mark.parametrize("nproc", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
+    """Case 2 stays default (every default probe and the DDP smoke on real ranks); case 4 is the slow tier:
+    the same path, with 4 ranks time-sharing 2 cores (HOM013)."""
     run = run_check(tmp_path, "--nproc", str(nproc))
     assert run.returncode == 0, run.explain()
     report = run.report
@@ -63,6 +65,9 @@ def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_launcher_stops_everything_and_reports(tmp_path, sig):
+    """Default twin: tests/ranks/test_fault_matrix.py::test_fault_cell (its ("report", "sigint") cell: the
+    same launcher signal handler, RUN006, exit 3 and the report written; here sent from outside mid-hang)
+    """
     # Rank 1 hangs forever (deadline 60 s), so only the signal can end the run early.
     run = run_check(tmp_path, "--nproc", "2", "--timeout", "60", "--inject", "hang:rank=1:stage=train",
                     signal_after=(8.0, sig), timeout_s=90)
@@ -110,7 +115,12 @@ def _latency_after_deadline(report: dict, rank: int, stage: str) -> float:
     return report["started_at"] + report["duration_s"] - entered - TIMEOUT
 
 
+@pytest.mark.slow
 def test_a_rank_calling_another_collective_is_named_as_the_desync(tmp_path):
+    """Default twin: tests/ranks/test_check_e2e.py::test_a_dtype_only_torchs_flight_recorder_saw_is_named_without_any_barrier
+    (the same collective-mismatch judgement: RUN009 naming the minority rank of 3 from the ranks' calls and
+    torch's Flight Recorder; here the mismatch hangs until the stage deadline, there it does not)
+    """
     run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", "desync:rank=1")
     assert run.returncode == 2, run.explain()
     desync = run.findings("RUN009")
@@ -130,6 +140,9 @@ def test_a_rank_calling_another_collective_is_named_as_the_desync(tmp_path):
 # Slurm node (test_multinode_e2e.py) and the too-large world size (test_launch_modes.py).
 @pytest.mark.slow
 def test_a_rank_that_never_joins_is_named(tmp_path):
+    """Default twin: tests/ranks/test_check_e2e.py::test_a_rank_that_cannot_reach_the_rendezvous_is_named_with_why
+    (the same rendezvous deadline and RUN001 naming the missing rank; there it tried and failed to connect)
+    """
     run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", "noshow:rank=2")
     assert run.returncode == 2, run.explain()
     missing = run.findings("RUN001")
@@ -145,6 +158,8 @@ def test_a_rank_that_never_joins_is_named(tmp_path):
                  marks=pytest.mark.slow),
 ])
 def test_a_rank_that_cannot_reach_the_rendezvous_is_named_with_why(tmp_path, fault, cause):
+    """Case badport stays default (a refused connection, RUN001 with why); badaddr is the slow tier:
+    the same path, and the resolver's error is crossed by test_unresolvable_master_addr_is_one_line."""
     run = run_check(tmp_path, "--nproc", "2", "--timeout", str(TIMEOUT), "--inject", f"{fault}:rank=1")
     assert run.returncode == 2, run.explain()
     missing = run.findings("RUN001")
@@ -171,7 +186,13 @@ def test_a_dtype_only_torchs_flight_recorder_saw_is_named_without_any_barrier(tm
     assert_nothing_left(run)
 
 
+@pytest.mark.slow
 def test_a_rank_stuck_inside_the_collective_before_the_backend_is_named_not_the_network(tmp_path):
+    """Default twin: tests/ranks/test_fault_matrix.py::test_fault_cell (its ("train", "hang") cell: the same
+    train-stage deadline and RUN004 naming the stuck rank alone by its `_hang_forever` stack, rank 0 its
+    victim; here stuck inside the collective, told apart with torch's Flight Recorder as the dtype test
+    of this file reads it)
+    """
     run = run_check(tmp_path, "--nproc", "3", "--timeout", str(TIMEOUT), "--inject", "hang:rank=1:stage=collective")
     assert run.returncode == 2, run.explain()
     stuck = run.findings("RUN004")

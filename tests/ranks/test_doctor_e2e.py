@@ -33,7 +33,14 @@ def codes(result: dict, rank: int = 0) -> dict[str, dict]:
     return {f["code"]: f for f in result["findings"].get(rank, [])}
 
 
+@pytest.mark.slow
 def test_a_correct_loop_gives_no_finding(tmp_path):
+    """3 ranks of a correct loop: only DOC010 (information), on rank 0, and the final report line.
+
+    Default twin: tests/ranks/test_outside_faults_e2e.py::test_a_healthy_loop_raises_no_straggler_warning
+    (the same doctor_loop.py healthy case under the Doctor with no straggler named, 2 pinned ranks
+    there; DOC010 and the final report line come from every doctor_loop.py run, the default
+    test_a_slower_rank_and_a_missing_set_epoch_are_each_named's too)."""
     # 3 ranks time-share the 2 cores and migrate between them; 2 ranks can each keep one vCPU of
     # this VM, and its vCPUs differ in speed (docs/probes/stragglers.md).
     result = run_loop(tmp_path, "healthy", world=3, epochs="13")  # 104 steps: judged at 80, confirmed at 100
@@ -55,14 +62,26 @@ def test_a_slower_rank_and_a_missing_set_epoch_are_each_named(tmp_path):
     assert "DOC001" not in found and "DOC002" not in found
 
 
+@pytest.mark.slow
 def test_uneven_batches_are_named_before_the_end_of_the_epoch_hangs(tmp_path):
+    """DOC002: rank 1 has 6 batches an epoch where rank 0 has 8, named before the epoch's end hangs.
+
+    Default twin: tests/ranks/test_doctor_e2e.py::test_a_slower_rank_and_a_missing_set_epoch_are_each_named
+    (the same rule over the ranks' loader readings, callback/online_checks.py's data_findings, which
+    makes DOC001, DOC002 and DOC003: DOC003 there)."""
     result = run_loop(tmp_path, "uneven")
     found = codes(result)
     assert found["DOC002"]["ranks"] == [1], found
     assert found["DOC002"]["evidence"]["batches_per_epoch_by_rank"] == {"0": 8, "1": 6}
 
 
+@pytest.mark.slow
 def test_no_distributed_sampler_then_a_rank_stuck_mid_training(tmp_path):
+    """DOC001 and DOC008 for a loader without a DistributedSampler, then DOC007 for rank 1 stuck in its step.
+
+    Default twin: tests/ranks/test_doctor_e2e.py::test_a_slower_rank_and_a_missing_set_epoch_are_each_named
+    (the same loader rules, data_findings, DOC003 there; the hang verdict with the culprit's 124 and
+    the victim's 123 is tests/ranks/test_callback_hang_e2e.py::test_a_rank_stuck_in_its_own_code_is_named_and_leaves_first's)."""
     result = run_loop(tmp_path, "nosampler,hang", timeout_s=40, every="5")  # checks at steps 1, 5, 10
     # The culprit leaves with 124 first, its victim after it with 123 (core/exits.py).
     assert result["exit"] == {0: 123, 1: 124}, result["stderr"]

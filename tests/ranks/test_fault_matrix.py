@@ -1,8 +1,9 @@
 """The fault matrix, end to end: each stage x each fault is one real `ddpdoctor check`.
 
 The rules every cell keeps are in `fault_matrix.check_cell`; the cells the default run
-takes are `fault_matrix.default_cells()`, the rest are the slow tier. Each result is
-saved, and `--write-fault-matrix` turns them into docs/fault-matrix.md.
+takes are `fault_matrix.default_cells()` (every stage and every fault), the rest are the slow tier:
+fault_matrix.py says, for each fault kind, which default test crosses the left-out cells' path.
+Each result is saved, and `--write-fault-matrix` turns them into docs/fault-matrix.md.
 """
 
 from __future__ import annotations

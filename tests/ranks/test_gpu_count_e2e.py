@@ -18,7 +18,11 @@ def _codes(report, code):
     return [f for f in report["findings"] if f["code"] == code]
 
 
+@pytest.mark.slow
 def test_healthy_cpu_ranks_say_no_gpu_and_raise_nothing(tmp_path):
+    """Default twin: tests/ranks/test_check_e2e.py::test_healthy_run_gives_no_false_alarm
+    (the same gpu-count probe on healthy CPU ranks, GPU000 and the probe ok, with the other default probes)
+    """
     run = run_check(tmp_path, "--nproc", "2", "--probes", "gpu-count")
     assert run.returncode == 0, run.explain()
     assert [f["code"] for f in run.findings()] == ["GPU000"]
@@ -28,7 +32,12 @@ def test_healthy_cpu_ranks_say_no_gpu_and_raise_nothing(tmp_path):
     assert all(f["env"]["LOCAL_WORLD_SIZE"] == "2" for f in facts.values())
 
 
+@pytest.mark.slow
 def test_visible_devices_that_break_the_local_rank_mapping(tmp_path):
+    """Default twin: tests/ranks/test_gpu_count_e2e.py::test_slurm_allocation_that_cuda_does_not_see
+    (the same gpu-count probe judging each hand-set rank's GPU environment, the faulty ranks named;
+    GPU005's rules: tests/unit)
+    """
     env = {
         0: {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3"},
         1: {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "3", "CUDA_VISIBLE_DEVICES": "0,x,2"},

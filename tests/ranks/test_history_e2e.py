@@ -176,6 +176,9 @@ _FIFO = pytest.mark.skipif(not _may_use_fifo(), reason="the fault needs SCHED_FI
 @_TWO_CPUS
 @_FIFO
 def test_twenty_runs_three_nodes_one_drifts(tmp_path: Path) -> None:
+    """Default twin: tests/ranks/test_prom_e2e.py::test_check_writes_a_textfile_that_holds_the_reports_values
+    (the same `check --history` appending a real run's measured speeds to a store, read back)
+    """
     store, order, wall = _run_fleet(tmp_path, ROUNDS, FAULT_ROUND)
     runs, node_of, speed = _read_all(store, order)
     assert len(runs) == 20
@@ -192,7 +195,11 @@ def test_twenty_runs_three_nodes_one_drifts(tmp_path: Path) -> None:
 @_FIFO
 def test_twenty_runs_per_node_node_c_drifts_from_its_tenth(tmp_path: Path) -> None:
     """The literal reading: 20 runs of each node (60), the 3 nodes' runs together in each round, node-c
-    slowed from its own 10th run on; history names node-c alone, from its 10th run (+-1)."""
+    slowed from its own 10th run on; history names node-c alone, from its 10th run (+-1).
+
+    Default twin: tests/ranks/test_prom_e2e.py::test_check_writes_a_textfile_that_holds_the_reports_values
+    (the same `check --history` appending a real run's measured speeds to a store, read back)
+    """
     store, order, wall = _run_fleet(tmp_path, [["node-a", "node-b", "node-c"]] * 20, 9)
     runs, node_of, speed = _read_all(store, order)
     assert len(runs) == 60 and all(sum(got == node for _, got in order) == 20 for node in ("node-a", "node-b", "node-c"))
@@ -204,7 +211,12 @@ def test_twenty_runs_per_node_node_c_drifts_from_its_tenth(tmp_path: Path) -> No
     assert abs(began - 10) <= 1, (drifts, began)
 
 
+@pytest.mark.slow
 def test_check_into_a_corrupt_store_writes_its_report_and_exits_3(tmp_path: Path) -> None:
+    """Default twin: tests/ranks/test_prom_e2e.py::test_check_writes_a_textfile_that_holds_the_reports_values
+    (the same `check --history STORE` opening the store after the run; there a good one. The refusal of a
+    store that is not SQLite is tested in tests/unit/test_history_store.py)
+    """
     store = tmp_path / "bad.db"
     store.write_bytes(b"not a store\n" * 400)
     report = tmp_path / "report.json"

@@ -23,7 +23,12 @@ def _codes(report, code):
     return [f for f in report["findings"] if f["code"] == code]
 
 
+@pytest.mark.slow
 def test_healthy_ranks_agree_and_no_secret_reaches_the_report(tmp_path):
+    """Default twin: tests/ranks/test_prom_e2e.py::test_check_writes_a_textfile_that_holds_the_reports_values
+    (the same `check --nproc 2 --probes homogeneity` on healthy ranks, the probe's facts and HOM000; the
+    redaction of the captured environment is tested in tests/unit/test_redact.py and test_security.py)
+    """
     env = {"HF_TOKEN": TOKEN, "NCCL_IB_PASSWORD": "hunter2", "NCCL_ALGO": "Ring",
            "TORCH_NCCL_TRACE_URL": "https://alice:s3cret@traces.example.com/upload"}
     run = run_check(tmp_path, "--nproc", "2", "--probes", "homogeneity", env=env)
@@ -46,7 +51,12 @@ def test_healthy_ranks_agree_and_no_secret_reaches_the_report(tmp_path):
     assert_nothing_left(run)
 
 
+@pytest.mark.slow
 def test_a_really_slower_rank_is_caught_by_its_measured_speed(tmp_path):
+    """Default twin: tests/ranks/test_check_e2e.py::test_slow_rank_is_really_slower_and_reported_as_injected
+    (the same injected slow:rank=1:factor=4, measured by the homogeneity probe and named HOM006 at the
+    default threshold; there with every default probe)
+    """
     # Factor 4: this VM's two vCPUs can differ by half for a whole run (rank 0 measured 48 instead of
     # 91 GFLOP/s once), which factor 2 could not be told from; a quarter of the speed still can.
     run = run_check(tmp_path, "--nproc", "2", "--probes", "homogeneity", "--inject", "slow:rank=1:factor=4")
@@ -60,7 +70,12 @@ def test_a_really_slower_rank_is_caught_by_its_measured_speed(tmp_path):
     assert_nothing_left(run)
 
 
+@pytest.mark.slow
 def test_slow_threshold_flag_reaches_the_diagnosis(tmp_path):
+    """Default twin: tests/ranks/test_check_e2e.py::test_slow_rank_is_really_slower_and_reported_as_injected
+    (the same HOM006 judgement of a measured slower rank against the threshold; there the default 40 %,
+    here --slow-threshold 50, whose effect on the rule is tested in tests/unit/test_homogeneity_diagnose.py)
+    """
     # factor 1.3 is ~23% slower: under a 50% threshold it is not a finding.
     run = run_check(tmp_path, "--nproc", "2", "--probes", "homogeneity", "--inject", "slow:rank=0:factor=1.3",
                     "--slow-threshold", "50")
@@ -70,7 +85,12 @@ def test_slow_threshold_flag_reaches_the_diagnosis(tmp_path):
     assert_nothing_left(run)
 
 
+@pytest.mark.slow
 def test_ranks_started_with_different_nccl_settings(tmp_path):
+    """Default twin: tests/ranks/test_prom_e2e.py::test_check_writes_a_textfile_that_holds_the_reports_values
+    (the same homogeneity probe gathering each rank's environment and comparing it across ranks; there
+    they agree. HOM005's rule: tests/unit/test_homogeneity_diagnose.py)
+    """
     env = {r: {"LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "3", "NCCL_ALGO": "Ring", "NCCL_DEBUG": "WARN"}
            for r in range(3)}
     env[2] |= {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"}
@@ -86,7 +106,12 @@ def test_ranks_started_with_different_nccl_settings(tmp_path):
     assert not tagged_processes(tag)
 
 
+@pytest.mark.slow
 def test_omp_threads_unset_with_several_ranks_per_node(tmp_path):
+    """Default twin: tests/ranks/test_prom_e2e.py::test_check_writes_a_textfile_that_holds_the_reports_values
+    (the same homogeneity probe reading each rank's host and torch threads; there OMP_NUM_THREADS=1.
+    HOM012 and HOM013's rules: tests/unit/test_homogeneity_diagnose.py)
+    """
     # Without OMP_NUM_THREADS each rank's torch takes every core: 2 ranks x 2 threads on 2 cores.
     env = {r: {"LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": None} for r in range(2)}
     procs, report, tag = run_hand_set_ranks(tmp_path, 2, env, "--probes", "homogeneity", "--timeout", "20")

@@ -18,8 +18,13 @@ from .harness import free_port, run_command, run_hand_set_ranks, tagged_processe
 pytestmark = pytest.mark.ranks
 
 
+@pytest.mark.slow
 def test_a_port_that_drops_packets_is_told_from_a_closed_one(tmp_path):
-    """A listener whose accept queue is full drops SYNs as a firewall does; the rank says so in one line."""
+    """A listener whose accept queue is full drops SYNs as a firewall does; the rank says so in one line.
+
+    Default twin: tests/ranks/test_launch_modes.py::test_unreachable_rendezvous_is_one_line_and_critical
+    (the same hand-set rank dialling the store and failing in one critical line; there refused, here no answer)
+    """
     with dropping_port() as port:
         env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         run = run_command([sys.executable, "-m", "ddpdoctor", "check", "--timeout", "4"], tmp_path, env=env)
@@ -31,7 +36,14 @@ def test_a_port_that_drops_packets_is_told_from_a_closed_one(tmp_path):
     assert run.wall_s < 20
 
 
+@pytest.mark.slow
 def test_a_rank_started_late_is_named_with_the_gap(tmp_path):
+    """Its 14 s late start is the point, and the cost: the slow tier.
+
+    Default twin: tests/ranks/test_check_e2e.py::test_healthy_run_gives_no_false_alarm
+    (the same init-hang probe timing every rank's start and arrival, init_s asserted per rank; there they
+    arrive together. INIT004's rule: tests/unit/test_init_hang.py)
+    """
     tag = "late-" + str(time.time())
     port = free_port()
     procs = []
@@ -54,7 +66,12 @@ def test_a_rank_started_late_is_named_with_the_gap(tmp_path):
     assert not tagged_processes(tag)
 
 
+@pytest.mark.slow
 def test_an_interface_name_this_host_lacks_is_named_even_though_init_then_fails(tmp_path):
+    """Default twin: tests/ranks/test_check_e2e.py::test_healthy_run_gives_no_false_alarm
+    (the same init-hang probe reading each rank's route and interfaces, asserted per rank; there they are
+    right. INIT001's rule: tests/unit/test_init_hang.py)
+    """
     env = {0: {"GLOO_SOCKET_IFNAME": "lo"}, 1: {"GLOO_SOCKET_IFNAME": "ib7"}}
     procs, report, tag = run_hand_set_ranks(tmp_path, 2, env, "--timeout", "5", "--probes", "init-hang")
     assert procs[0].returncode == 2, procs[0].stdout + procs[0].stderr

@@ -86,7 +86,12 @@ def warnings_or_worse(findings: list[dict]) -> list[dict]:
     return [f for f in findings if f["severity"] in ("warn", "critical")]
 
 
+@pytest.mark.slow
 def test_an_mp_spawn_ddp_job_names_a_slower_rank(tmp_path):
+    """Default twin: tests/ranks/test_launch_styles_e2e.py::test_an_mp_spawn_fsdp2_job_names_the_rank_that_loads_slower
+    (the same mp.spawn job, rank and world size read from the process group, STR001 naming rank 1 with its
+    cause; there under fully_shard with slow data loading, here under DDP with slow compute)
+    """
     result = run_spawn(tmp_path, "straggler", "--epochs", "13")  # judged at step 80, confirmed at 100
     assert ended_cleanly(result), result["stderr"][-3000:]
     found = codes(result)
@@ -96,7 +101,11 @@ def test_an_mp_spawn_ddp_job_names_a_slower_rank(tmp_path):
     assert found["DOC010"]["evidence"]["effective_batch"] == 64 and found["DOC010"]["evidence"]["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_a_healthy_mp_spawn_ddp_job_gives_no_warning(tmp_path):
+    """Default twin: tests/ranks/test_launch_styles_e2e.py::test_an_mp_spawn_fsdp2_job_names_the_rank_that_loads_slower
+    (the same mp.spawn job and watch of it, with no torchrun variable set; there with a fault)
+    """
     result = run_spawn(tmp_path, "healthy", "--epochs", "13")
     assert ended_cleanly(result), result["stderr"][-3000:]
     assert [f["code"] for f in result["findings"][0]] == ["DOC010"], result["findings"]
@@ -119,12 +128,20 @@ def test_an_mp_spawn_fsdp2_job_names_the_rank_that_loads_slower(tmp_path):
 
 @pytest.mark.slow
 def test_a_healthy_fsdp2_job_gives_no_warning(tmp_path):
+    """Default twin: tests/ranks/test_launch_styles_e2e.py::test_an_mp_spawn_fsdp2_job_names_the_rank_that_loads_slower
+    (the same fully_shard wrap on gloo, measured by the same callback; there with a slow-loading rank)
+    """
     result = run_loop(tmp_path, "healthy", wrap="fsdp2", epochs="13")
     assert set(result["exit"].values()) == {0}, result["stderr"]
     assert warnings_or_worse(result["findings"].get(0, []) + result["findings"].get(1, [])) == [], result["findings"]
 
 
+@pytest.mark.slow
 def test_fsdp_without_a_sampler_then_a_rank_stuck_mid_training(tmp_path):
+    """Default twin: tests/ranks/test_callback_hang_e2e.py::test_a_rank_stuck_in_its_own_code_is_named_and_leaves_first
+    (the same callback hang path: DOC007 naming the sleeping rank on every rank, the culprit leaving first;
+    FSDP's unmeasured waits, DOC011 said once by rank 0, are crossed by the fully_shard test of this file)
+    """
     result = run_loop(tmp_path, "nosampler,hang", timeout_s=40, wrap="fsdp", every="5")
     assert result["exit"] == {0: 123, 1: 124}, result["stderr"]  # the culprit leaves first (issue 30)
     found = codes(result)
@@ -141,7 +158,15 @@ def test_fsdp_without_a_sampler_then_a_rank_stuck_mid_training(tmp_path):
     assert all(f["code"] != "DOC011" for f in result["findings"].get(1, []))
 
 
+@pytest.mark.slow
 def test_two_mp_spawn_jobs_with_one_hard_coded_port(tmp_path):
+    """Two whole mp.spawn jobs one after the other (about 30 s on 2 cores): the slow tier.
+
+    Default twin: tests/ranks/test_launch_styles_e2e.py::test_watch_reads_rank_world_and_rendezvous_from_the_init_call
+    (the same watch() started in a rank before init_process_group, learning its rank and rendezvous and
+    reporting before the init's own error; the port-holder check that WATCH002 adds, port_conflict, is
+    tested against a real listening process in tests/unit/test_launch_styles.py)
+    """
     port = free_port()
     first = start_spawn(tmp_path, "first", "healthy", port, "--epochs", "1", "--hold", "20")
     try:

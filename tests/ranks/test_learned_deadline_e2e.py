@@ -50,7 +50,14 @@ def end(proc: subprocess.Popen, tag: str) -> None:
     assert not tagged_processes(tag)
 
 
+@pytest.mark.slow
 def test_a_hang_in_a_5_ms_loop_is_named_within_30_s_with_no_deadline_set(tmp_path):
+    """No step_deadline_s: the learned allowance (its 10 s floor) names a hang in a 5 ms loop within 30 s.
+
+    Default twin: tests/ranks/test_callback_hang_e2e.py::test_a_rank_stuck_in_its_own_code_is_named_and_leaves_first
+    (the same hang watcher and DOC007 verdict in a real loop under torchrun, with the deadline set;
+    the learned clock watches every default Doctor run with no deadline set, test_divergence_e2e.py's,
+    and its allowance is simulated step by step in tests/unit/test_step_clock.py)."""
     tag, started = uuid.uuid4().hex, tmp_path / "hang_started"
     proc = torchrun(tmp_path, tag, "--case", "hang", "--steps", "200", "--started", str(started))
     try:
@@ -71,10 +78,15 @@ def test_a_hang_in_a_5_ms_loop_is_named_within_30_s_with_no_deadline_set(tmp_pat
     assert any(d["allowance_s"] == 10.0 and "typical step" in d["rule"] for d in said), evidence
 
 
-# The slow tier (18.6 s of the default suite's budget): the hang case above crosses the same loop and
-# clock; the healthy irregular runs are simulated step by step in tests/unit/test_step_clock.py.
+# The slow tier (18.6 s of the default suite's budget); the healthy irregular runs are simulated step
+# by step in tests/unit/test_step_clock.py.
 @pytest.mark.slow
 def test_a_healthy_run_with_irregular_steps_is_never_called_hung(tmp_path):
+    """A healthy loop with irregular steps and pauses is never called hung by the learned deadline.
+
+    Default twin: tests/ranks/test_divergence_e2e.py::test_a_healthy_loop_raises_nothing
+    (the same learned step clock, no step_deadline_s set, watching healthy DDP loops on 2 ranks:
+    no DOC007 allowed there either)."""
     tag = uuid.uuid4().hex
     proc = torchrun(tmp_path, tag, "--case", "healthy", "--steps", "1500")
     try:

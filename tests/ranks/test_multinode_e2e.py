@@ -55,7 +55,13 @@ def test_two_healthy_nodes_give_one_report_grouped_by_node(tmp_path):
 # snapshots cover the same titles on GPU facts. One rank a node: the simulated nodes share this
 # machine's 2 cores, and 4 ranks there would be 4 threads on 2 cores, whose speeds are not compared
 # (HOM013; the machine is the kernel's boot id, whatever the host names).
+@pytest.mark.slow
 def test_a_node_with_another_environment_and_a_slow_node_are_each_named_as_that_node(tmp_path):
+    """HOM005 (an environment variable one node alone sets) and HOM006 (a slow rank) named as that node.
+
+    Default twin: tests/ranks/test_multinode_e2e.py::test_two_healthy_nodes_give_one_report_grouped_by_node
+    (the same torchrun --nnodes launch across namespace nodes and the same homogeneity probe, its
+    findings grouped by node; healthy there, one node set apart here)."""
     with namespace_nodes(2) as nodes:
         run = run_nodes(tmp_path, nodes, ["--timeout", "30", "--probes", "homogeneity",
                                           "--inject", "slow:rank=1:factor=3"],
@@ -96,7 +102,14 @@ def test_two_healthy_slurm_nodes_give_one_report_from_rank_0_over_their_own_addr
     assert run.codes == [0, 0, 0, 0] and report["exit_code"] == 0, run.explain()
 
 
+@pytest.mark.slow
 def test_a_slurm_node_whose_tasks_never_start_is_named_by_its_host_name(tmp_path):
+    """srun across 2 nodes whose second node's tasks never start: RUN001 names that node by its host name, exit 2.
+
+    Default twin:
+    tests/ranks/test_multinode_e2e.py::test_two_healthy_slurm_nodes_give_one_report_from_rank_0_over_their_own_addresses
+    (the same srun-style launch across namespace nodes, rank 0 serving the store at the first host
+    and the init-hang probe's report by host name; every node's tasks start there)."""
     # srun across 2 nodes; node 1's tasks never start (a node that failed to launch the step).
     with namespace_nodes(2) as nodes:
         run = run_slurm_tasks(tmp_path, nodes, 2, ["--timeout", "10", "--probes", "init-hang"], started=[0])
@@ -112,6 +125,11 @@ def test_a_slurm_node_whose_tasks_never_start_is_named_by_its_host_name(tmp_path
 
 @pytest.mark.slow
 def test_a_torchrun_node_whose_ranks_never_join_is_named_as_a_node(tmp_path):
+    """torchrun --nnodes 2 whose second node's ranks never join: RUN001 names node rank 1 as a whole node.
+
+    Default twin: tests/ranks/test_multinode_e2e.py::test_two_healthy_nodes_give_one_report_grouped_by_node
+    (the same torchrun --nnodes launch across namespace nodes and the same init-hang probe, every
+    rank joining there)."""
     with namespace_nodes(2) as nodes:
         run = run_nodes(tmp_path, nodes, ["--timeout", "8", "--probes", "init-hang",
                                           "--inject", "noshow:rank=2,noshow:rank=3"], timeout_s=120)
@@ -127,6 +145,11 @@ def test_a_torchrun_node_whose_ranks_never_join_is_named_as_a_node(tmp_path):
 
 @pytest.mark.slow
 def test_a_slow_network_path_is_told_apart_from_a_slow_node(tmp_path):
+    """allreduce-bench across 3 namespace nodes: a slow link inside a node (BW004) told from a slow path (BW005).
+
+    Default twin: tests/ranks/test_allreduce_bench_e2e.py::test_across_nodes_a_slow_node_and_a_slow_path_are_named
+    (the same two faults and the same node judging, BW004 and BW005 from the leader ring, on 6 ranks
+    named as 3 nodes instead of namespace nodes)."""
     # Three nodes of two ranks over real veth links. Faults: node 2's ranks talk slowly to each
     # other (a slow link inside a node), and node 1's leader to node 2's (a slow path between
     # nodes). A ring of leader pairs needs three nodes to tell a slow path from a slow node.

@@ -10,6 +10,8 @@ the node pairs' rule (BW005 from the leader ring) has its own tests.
 
 from __future__ import annotations
 
+import pytest
+
 from ddpdoctor.judge.node_search import replay
 
 from .harness import probe_section, run_hand_set_ranks, tagged_processes
@@ -29,7 +31,14 @@ def _run(tmp_path, *inject: str):
     return report, replay([f"n{r + 1}" for r in range(NODES)], [([tuple(g) for g in gs], v) for gs, v in rounds])
 
 
+@pytest.mark.slow
 def test_the_search_names_the_slowed_node_and_no_other(tmp_path):
+    """Node n4's link to every other node slowed: the search names n4 and no other.
+
+    Default twin: tests/ranks/test_allreduce_bench_e2e.py::test_across_nodes_a_slow_node_and_a_slow_path_are_named
+    (the same allreduce-bench over ranks named as nodes by DDPDOCTOR_NODE_NAME, launched by hand, and
+    the same node judging, probes/allreduce/probe.py's _slow_nodes; above 4 nodes it adds the search,
+    whose rounds and replay are tests/unit/test_node_search.py's)."""
     slow = 3  # node n4: its link to every other node is slowed
     faults = ",".join(f"slowlink:ranks={slow},{r}" for r in range(NODES) if r != slow)
     report, result = _run(tmp_path, "--inject", faults)
@@ -39,7 +48,14 @@ def test_the_search_names_the_slowed_node_and_no_other(tmp_path):
     assert any("n4" in f["nodes"] for f in report["findings"] if f["code"] == "BW005"), report["findings"]
 
 
+@pytest.mark.slow
 def test_a_healthy_run_names_none(tmp_path):
+    """Six healthy nodes: the search names none.
+
+    Default twin: tests/ranks/test_allreduce_bench_e2e.py::test_across_nodes_a_slow_node_and_a_slow_path_are_named
+    (the same allreduce-bench over ranks named as nodes by DDPDOCTOR_NODE_NAME, launched by hand, and
+    the same node judging, probes/allreduce/probe.py's _slow_nodes; above 4 nodes it adds the search,
+    whose rounds and replay are tests/unit/test_node_search.py's)."""
     report, result = _run(tmp_path)
     assert result.slow_nodes == [] and result.stopped == "done", result
     assert not _from_search(report), report["findings"]

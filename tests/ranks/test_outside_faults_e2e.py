@@ -66,6 +66,11 @@ def _quota_possible() -> bool:
 @pytest.mark.slow  # a neighbour on one core is named only where no other job's process loads the other core
 @needs_two_cores
 def test_check_names_the_rank_a_busy_neighbour_shares_a_core_with(tmp_path):
+    """check's HOM006 names rank 1 for CPU contention from a busy process on its core.
+
+    Default twin: tests/ranks/test_outside_faults_e2e.py::test_the_callback_names_the_rank_slowed_from_outside
+    (its preempt case: a fault made from outside a rank, its cause told by the same classifier,
+    probes/stragglers/contention.py, that check's HOM006 (probes/homogeneity/speed.py) calls)."""
     ranks, report, tag = run_hand_set_ranks(tmp_path, 2, {0: {}, 1: {}}, "--no-live", "--inject", "hog:rank=1",
                                             prefix=PINNED, timeout_s=120)
     assert report is not None, ranks[0].stderr[-3000:]
@@ -77,7 +82,14 @@ def test_check_names_the_rank_a_busy_neighbour_shares_a_core_with(tmp_path):
     _no_helper_left(tag)
 
 
+@pytest.mark.slow
 def test_check_names_a_rank_stopped_from_outside(tmp_path):
+    """check's HOM006 names rank 1, stopped from outside by SIGSTOP/SIGCONT bursts.
+
+    Default twin: tests/ranks/test_outside_faults_e2e.py::test_the_callback_names_the_rank_slowed_from_outside
+    (its preempt case: the same preempt helper on rank 1 and the same cause classifier,
+    probes/stragglers/contention.py, that check's HOM006 calls; the helper's teardown at a
+    Ctrl-C is test_a_ctrl_c_leaves_no_helper_behind's)."""
     run = run_check(tmp_path, "--nproc", "2", "--inject", "preempt:rank=1:pct=40", timeout_s=120)
     named = {f["ranks"][0]: f["evidence"]["cause"] for f in run.findings("HOM006")}
     assert named == {1: "stopped from outside"}, run.explain()
@@ -89,6 +101,11 @@ def test_check_names_a_rank_stopped_from_outside(tmp_path):
 
 @pytest.mark.slow  # the quota in all three places: one default-tier test per place has it or another fault
 def test_check_names_a_rank_under_a_cpu_quota(tmp_path):
+    """check's HOM006 names rank 1 under a 30% CPU quota.
+
+    Default twin: tests/ranks/test_outside_faults_e2e.py::test_the_callback_names_the_rank_slowed_from_outside
+    (its preempt case: a fault made from outside a rank, named by the same cause classifier,
+    probes/stragglers/contention.py, with a quota here)."""
     if not _quota_possible():
         pytest.skip("no writable cpu cgroup (cgroup v2 cpu.max or v1 cpu.cfs_quota_us) here")
     run = run_check(tmp_path, "--nproc", "2", "--inject", "quota:rank=1:pct=30", timeout_s=120)
@@ -100,7 +117,13 @@ def test_check_names_a_rank_under_a_cpu_quota(tmp_path):
 
 # -- the stragglers probe -----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_stragglers_probe_names_a_rank_under_a_cpu_quota(tmp_path):
+    """The stragglers probe names rank 1 under a 30% CPU quota, with the quota and its throttling in its facts.
+
+    Default twin: tests/ranks/test_stragglers_e2e.py::test_slow_compute_and_slow_data_are_each_named_with_their_cause
+    (the same stragglers probe naming a rank with its cause from the same classifier,
+    probes/stragglers/contention.py: compute and data there, the cgroup quota here)."""
     if not _quota_possible():
         pytest.skip("no writable cpu cgroup (cgroup v2 cpu.max or v1 cpu.cfs_quota_us) here")
     run = run_check(tmp_path, "--nproc", "2", "--probes", "stragglers", "--straggler-seconds", "2",
@@ -117,6 +140,10 @@ def test_the_stragglers_probe_names_a_rank_under_a_cpu_quota(tmp_path):
 @pytest.mark.slow
 @needs_two_cores
 def test_the_stragglers_probe_names_the_rank_its_peers_wait_for_and_why(tmp_path):
+    """The stragglers probe names rank 1, pinned beside a busy neighbour, for CPU contention.
+
+    Default twin: tests/ranks/test_stragglers_e2e.py::test_slow_compute_and_slow_data_are_each_named_with_their_cause
+    (the same stragglers probe naming a rank with its cause: compute and data there, a co-runner here)."""
     ranks, report, tag = run_hand_set_ranks(tmp_path, 2, {0: {}, 1: {}}, "--no-live", "--probes", "stragglers",
                                             "--straggler-seconds", "2", "--inject", "hog:rank=1",
                                             prefix=PINNED, timeout_s=120)
@@ -132,6 +159,11 @@ def test_the_stragglers_probe_names_the_rank_its_peers_wait_for_and_why(tmp_path
 
 @pytest.mark.slow
 def test_the_stragglers_probe_names_a_rank_stopped_from_outside(tmp_path):
+    """The stragglers probe names rank 1, stopped from outside by SIGSTOP/SIGCONT bursts.
+
+    Default twin: tests/ranks/test_stragglers_e2e.py::test_slow_compute_and_slow_data_are_each_named_with_their_cause
+    (the same stragglers probe naming a rank with its cause; the preempt helper itself is the
+    callback's default preempt case's)."""
     run = run_check(tmp_path, "--nproc", "2", "--probes", "stragglers", "--straggler-seconds", "2",
                     "--inject", "preempt:rank=1:pct=40", timeout_s=120)
     [slow] = run.findings("STR001")
@@ -141,7 +173,13 @@ def test_the_stragglers_probe_names_a_rank_stopped_from_outside(tmp_path):
     _no_helper_left(run.tag)
 
 
+@pytest.mark.slow
 def test_ranks_that_time_share_the_cores_evenly_are_not_stragglers(tmp_path):
+    """4 ranks time-sharing the 2 cores: the stragglers probe names none.
+
+    Default twin: tests/ranks/test_stragglers_e2e.py::test_slow_compute_and_slow_data_are_each_named_with_their_cause
+    (the same probe on 4 ranks time-sharing the 2 cores for 2 s, where the healthy ranks 0 and 3
+    must not be named: it asserts exactly ranks 1 and 2)."""
     run = run_check(tmp_path, "--nproc", "4", "--probes", "stragglers", "--straggler-seconds", "2", timeout_s=120)
     assert not run.findings("STR001"), run.explain()
     assert_nothing_left(run)
@@ -185,6 +223,11 @@ def _loop(tmp_path: Path, fault: str | None, epochs: int = 28) -> tuple[dict, li
                                           pytest.param("quota", "CPU quota", marks=pytest.mark.slow),
                                           ("preempt", "stopped from outside")])
 def test_the_callback_names_the_rank_slowed_from_outside(tmp_path, fault, cause):
+    """The Doctor names rank 1, slowed from outside, with the cause.
+
+    The preempt case stays in the default tier: the default tier's outside fault for the callback
+    (its stop bursts slow the rank whatever else the host runs, as a quota does, and need no cgroup);
+    hog and quota are told by the same classifier (probes/stragglers/contention.py) and are slow."""
     if fault == "quota" and not _quota_possible():
         pytest.skip("no writable cpu cgroup (cgroup v2 cpu.max or v1 cpu.cfs_quota_us) here")
     report, results = _loop(tmp_path, fault)
@@ -195,6 +238,8 @@ def test_the_callback_names_the_rank_slowed_from_outside(tmp_path, fault, cause)
 
 @needs_two_cores
 def test_a_healthy_loop_raises_no_straggler_warning(tmp_path):
+    """The callback's straggler rules on a healthy pinned loop: no STR finding. The default tier's healthy
+    callback run (test_doctor_e2e.py's and test_callback_shapes_e2e.py's healthy loops are slow twins of it)."""
     report, results = _loop(tmp_path, None)
     assert [rc for rc, _ in results] == [0, 0]
     assert not [f for f in report["findings"] if f["code"].startswith("STR")], report["findings"]
@@ -202,11 +247,23 @@ def test_a_healthy_loop_raises_no_straggler_warning(tmp_path):
 
 # -- never an orphan ----------------------------------------------------------------------------
 
-def test_a_crashed_rank_and_a_ctrl_c_leave_no_helper_behind(tmp_path):
+# Once one test of two runs; split so that the default tier takes one run (the Ctrl-C: two helpers,
+# on two ranks, and the launcher's signal path) and the slow tier the other (the crashed rank).
+@pytest.mark.slow
+def test_a_crashed_rank_leaves_no_helper_behind(tmp_path):
+    """A rank that crashes with a busy neighbour beside it: exit 2, the hog is stopped, nothing is left.
+
+    Default twin: tests/ranks/test_outside_faults_e2e.py::test_a_ctrl_c_leaves_no_helper_behind (the same
+    teardown of the outside-fault helpers when a run ends abnormally: a Ctrl-C there, a crashed rank
+    here; a crashed rank's exit 2 is crossed by test_fault_matrix.py's crash cells)."""
     crashed = run_check(tmp_path, "--nproc", "2", "--inject", "hog:rank=1,crash:rank=1:stage=ddp", timeout_s=120)
     assert crashed.returncode == 2 and "injected hog:rank=1 from outside" in crashed.stdout, crashed.explain()
     assert_nothing_left(crashed)
     _no_helper_left(crashed.tag)
+
+
+def test_a_ctrl_c_leaves_no_helper_behind(tmp_path):
+    """A Ctrl-C while a preempt helper stops rank 0 and a memory-pressure helper runs beside rank 1: neither outlives the run."""
     interrupted = run_check(tmp_path, "--nproc", "2", "--inject", "preempt:rank=0:pct=50,mempressure:rank=1:mb=64",
                             signal_after=(3.0, signal.SIGINT), timeout_s=120)
     assert "preempt:rank=0:pct=50" in interrupted.stdout, interrupted.explain()
@@ -216,6 +273,10 @@ def test_a_crashed_rank_and_a_ctrl_c_leave_no_helper_behind(tmp_path):
 
 @pytest.mark.slow
 def test_memory_pressure_is_made_recorded_and_undone(tmp_path):
+    """A 256 MB memory-pressure helper beside rank 1: recorded as injected (RUN010) and gone after the run.
+
+    Default twin: tests/ranks/test_outside_faults_e2e.py::test_a_ctrl_c_leaves_no_helper_behind (the same
+    mempressure helper made beside rank 1 and undone, no helper left, there under a Ctrl-C)."""
     run = run_check(tmp_path, "--nproc", "2", "--inject", "mempressure:rank=1:mb=256", timeout_s=120)
     [injected] = run.findings("RUN010")
     assert "mempressure:rank=1:mb=256" in injected["title"], run.explain()

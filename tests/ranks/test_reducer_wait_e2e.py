@@ -18,7 +18,13 @@ pytestmark = pytest.mark.ranks
 LOOP = Path(__file__).with_name("reducer_wait_loop.py")
 
 
+@pytest.mark.slow
 def test_the_reducers_wait_is_the_measured_wait_and_its_samples_follow_torchs_rule(tmp_path):
+    """The reducer's wait read at the checks equals a comm hook's direct timing, its samples torch's rate.
+
+    Default twin: tests/ranks/test_doctor_e2e.py::test_a_slower_rank_and_a_missing_set_epoch_are_each_named
+    (the same reducer_wait reading, which every Doctor on a DDP model makes at its checks, there the
+    wait its straggler verdict reads: rank 0 waits for the slower rank 1)."""
     port = free_port()
     report = tmp_path / "wait"
     results = run_script_ranks(LOOP, ["--json", str(report), "--late-ms", "5", "--steps", "400", "--every", "100"],

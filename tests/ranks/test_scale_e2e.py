@@ -15,6 +15,11 @@ pytestmark = [pytest.mark.ranks, pytest.mark.slow]
 
 @pytest.mark.timeout(420)
 def test_sixteen_ranks_complete_with_every_rank_reported(tmp_path):
+    """16 ranks: every rank ok, every probe ok, HOM013 (time-sharing) and no HOM006.
+
+    Default twin: tests/ranks/test_check_e2e.py::test_healthy_run_gives_no_false_alarm
+    (the same default check, every probe, to its report on 2 CPU ranks; ranks time-sharing the cores are
+    said as HOM013 in test_multinode_e2e.py::test_two_healthy_nodes_give_one_report_grouped_by_node)."""
     run = run_check(tmp_path, "--nproc", "16", "--timeout", "120", timeout_s=400)
     assert run.returncode in (0, 1), run.explain()
     report = run.report

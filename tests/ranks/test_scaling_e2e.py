@@ -59,6 +59,8 @@ def test_scaling_of_the_users_model_names_the_slow_rank_from_the_ranks_steps(tmp
 
 
 def test_the_python_api_runs_check_with_the_users_functions(monkeypatch):
+    """Kept in the default tier: the one default run through ddpdoctor.api (its subprocess and the report
+    read back); api.factory_spec's refusals are tests/unit/test_user_model.py's."""
     from ddpdoctor import api
 
     from . import tiny_model as packaged  # importable by name from the repository root

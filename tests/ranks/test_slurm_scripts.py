@@ -101,7 +101,12 @@ def run_batch_script(tmp_path: Path, script: str, **extra: str) -> tuple[subproc
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="fakes a grant of 2 GPUs on a machine torch sees none on")
+@pytest.mark.slow
 def test_the_single_node_script_reads_the_gpus_slurm_granted_and_trains_on_a_warning(tmp_path):
+    """Default twin: tests/ranks/test_slurm_scripts.py::test_the_single_node_script_does_not_train_after_a_critical_finding
+    (the same batch script, torchrun pre-flight and exit-code branch; there exit 2 stops training, here
+    exit 1 trains. GPU006 from a Slurm grant: tests/ranks/test_gpu_count_e2e.py)
+    """
     # A GPU allocation as Slurm describes it; this machine's torch sees none: GPU006, a warning.
     done, report = run_batch_script(tmp_path, "preflight-single-node.sbatch", SLURM_GPUS_ON_NODE="2",
                                     SLURM_JOB_GPUS="0,1")

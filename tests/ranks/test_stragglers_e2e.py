@@ -38,7 +38,13 @@ def test_slow_compute_and_slow_data_are_each_named_with_their_cause(tmp_path):
     assert_nothing_left(run)
 
 
+@pytest.mark.slow
 def test_healthy_ranks_name_no_straggler(tmp_path):
+    """3 healthy ranks for 3 s: no STR001 or STR003, STR002 (ok) for all, exit 0.
+
+    Default twin: tests/ranks/test_stragglers_e2e.py::test_slow_compute_and_slow_data_are_each_named_with_their_cause
+    (the same probe on 4 ranks time-sharing the 2 cores, where the healthy ranks 0 and 3 must not be
+    named: it asserts exactly ranks 1 and 2)."""
     run = run_check(tmp_path, "--nproc", "3", "--probes", "stragglers", "--straggler-seconds", "3")
     assert run.returncode == 0, run.explain()
     assert not _codes(run.report, "STR001") and not _codes(run.report, "STR003"), run.explain()
@@ -47,7 +53,12 @@ def test_healthy_ranks_name_no_straggler(tmp_path):
     assert_nothing_left(run)
 
 
+@pytest.mark.slow
 def test_a_rank_with_twice_the_batch_is_uneven_work_not_a_straggler(tmp_path):
+    """STR003: rank 1 with twice the batch is uneven work, not a straggler.
+
+    Default twin: tests/ranks/test_stragglers_e2e.py::test_slow_compute_and_slow_data_are_each_named_with_their_cause
+    (the same stragglers probe and its per-rank step facts, judged per step there; per sample here)."""
     run = run_check(tmp_path, "--nproc", "3", "--probes", "stragglers", "--straggler-seconds", "0.5",
                     "--inject", "bigbatch:rank=1:factor=2")  # the batch sizes decide: the fewest steps do
     assert run.returncode == 1, run.explain()

@@ -18,7 +18,12 @@ from .harness import probe_section, run_hand_set_ranks, tagged_processes
 pytestmark = pytest.mark.ranks
 
 
+@pytest.mark.slow
 def test_cpu_ranks_on_two_nodes_report_placement_per_rank_and_the_node_once(tmp_path):
+    """Default twin: tests/ranks/test_multinode_e2e.py::test_two_healthy_nodes_give_one_report_grouped_by_node
+    (the same topology probe on ranks of two nodes, read once per node; there real network namespaces,
+    here named nodes with one rank pinned by taskset)
+    """
     env = {r: {"LOCAL_RANK": str(r % 2), "LOCAL_WORLD_SIZE": "2", "DDPDOCTOR_NODE_NAME": f"n{r // 2 + 1}"}
            for r in range(4)}
     mine = sorted(os.sched_getaffinity(0))

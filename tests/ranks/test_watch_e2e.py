@@ -27,7 +27,12 @@ def start(tmp_path: Path, case: str, ports: dict[int, int]) -> dict:
     return {"exit": [rc for rc, _ in results], "stderr": [e for _, e in results], "findings": found}
 
 
+@pytest.mark.slow
 def test_a_rank_stuck_before_init_and_one_given_another_port_are_each_named(tmp_path):
+    """Default twin: tests/ranks/test_launch_styles_e2e.py::test_watch_reads_rank_world_and_rendezvous_from_the_init_call
+    (the same watch() in a rank process naming WATCH001 the ranks that never called init_process_group;
+    there one rank of 2, its target from the call, here 3 hand-set ranks, with the unreachable and stuck ones)
+    """
     # (A healthy start under watch() is tests/ranks/test_doctor_e2e.py's correct loop.)
     port, wrong = free_port(), free_port()
     result = start(tmp_path, "noshow", {0: port, 1: wrong, 2: port})
