@@ -119,6 +119,8 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
             evidence["reported_by"] = where
             ranks, group = [], group[:0]
         on = f" on {where}" if ranks or any(e.host for e in group) or (first.sig in NODE_LEVEL and nodes) else ""
+        if first.sig == "launcher_signal":
+            fields["signal"] = _signal_words(first)  # "SIGHUP (1)": the log may give only the number
         title = fill(text.title, where=where, on=on, text=first.text[:160], **fields)
         if not (title.startswith(where) and any(e.host == where for e in events)):  # a host keeps its case
             title = title[0].upper() + title[1:]
@@ -249,6 +251,18 @@ def _signal_of(e: Event) -> str:
         return exit_signal({"signal": e.fields.get("signal") or e.fields.get("signame") or e.fields.get("signum")},
                            e.sig) or "?"
     return exit_signal(e.fields, e.sig) or "?"
+
+
+def _signal_words(e: Event) -> str:
+    """A signal by the name users search for, with its number in brackets: torch elastic logs
+    "Received 1 death signal" where it means SIGHUP."""
+    import signal
+
+    name = _signal_of(e)
+    try:
+        return f"{name} ({signal.Signals[name].value})"
+    except KeyError:
+        return name
 
 
 def _exit_info(ranks: list[int], events: list[Event]) -> dict[str, str]:

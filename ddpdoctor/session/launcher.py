@@ -61,7 +61,8 @@ def resolve_backend(cfg: CheckConfig, nproc: int) -> tuple[str, str]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     device = cfg.device
     if device == "auto":
-        device = "cuda" if gpus >= nproc and cfg.backend != "gloo" else "cpu"
+        # NCCL asked for by name runs on the GPUs there are, so too few of them is said as such below.
+        device = "cuda" if gpus and (cfg.backend == "nccl" or (gpus >= nproc and cfg.backend != "gloo")) else "cpu"
     if device == "cuda" and gpus == 0:
         raise UsageError("--device cuda: torch sees no CUDA device here; use --device cpu")
     backend = cfg.backend
@@ -71,10 +72,14 @@ def resolve_backend(cfg: CheckConfig, nproc: int) -> tuple[str, str]:
         if not dist.is_nccl_available():
             raise UsageError("--backend nccl: this torch build has no NCCL (CPU-only wheel?); use --backend gloo")
         if device != "cuda":
-            raise UsageError("--backend nccl needs GPUs: use --backend gloo for CPU ranks")
+            why = "torch sees none here" if not gpus else "--device cpu was given"
+            raise UsageError(f"--backend nccl runs on GPUs, and {why}: use --backend gloo for CPU ranks")
         if gpus < nproc:
-            raise UsageError(f"--backend nccl with {nproc} ranks needs {nproc} GPUs, torch sees {gpus}: "
-                             f"use --nproc {gpus} or --backend gloo")
+            # NCCL refuses two ranks on one GPU ("Duplicate GPU detected") before 2.30, and from 2.30
+            # only with NCCL_MULTI_RANK_GPU_ENABLE=1.
+            raise UsageError(f"{nproc} ranks but {gpus} GPU{'' if gpus == 1 else 's'}: NCCL needs one GPU per rank "
+                             f"(several ranks on one GPU only from NCCL 2.30, with NCCL_MULTI_RANK_GPU_ENABLE=1); "
+                             f"use --nproc {gpus}, or --backend gloo for CPU ranks")
     check_torch_distributed(backend)
     return backend, device
 

@@ -70,6 +70,12 @@ def test_launcher_stopped_by_a_signal(tmp_path: Path) -> None:
     text = ("W0301 10:00:00.000000 1 torch/distributed/elastic/agent/server/api.py:704] Received 1 death signal, "
             "shutting down workers\n")
     assert _explain(tmp_path, text) == [("LOG015", ())]
+    # By the name users search for, the log's number beside it (issue 37: "received 1" said nothing).
+    log = tmp_path / "job.log"
+    [found] = explain([str(log)]).explanation.findings
+    assert found.title == "The launcher received SIGHUP (1) and stopped its workers"
+    log.write_text("Main process received SIGTERM, exiting\n")
+    assert explain([str(log)]).explanation.findings[0].title == "The launcher received SIGTERM (15) and stopped its workers"
 
 
 def test_mpirun_names_the_killed_rank(tmp_path: Path) -> None:
