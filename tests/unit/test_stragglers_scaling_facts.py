@@ -70,11 +70,14 @@ def test_recordings_were_written_in_the_field_order(name: str) -> None:
     data = json.loads((FIXTURES / name).read_text())
     for raw in data["facts"].values():
         read = StragglersFacts.from_json(raw)
-        fresh = StragglersFacts(**{k: getattr(read, k) for k in STRAGGLERS_KEYS})
+        # `contention` came later (issue 31), last, and is left out where it was not read: the
+        # recordings made before it have none.
+        order = STRAGGLERS_KEYS + (["contention"] if "contention" in raw else [])
+        fresh = StragglersFacts(**{k: getattr(read, k) for k in order})
         fresh.steps = StepTimeline(**read.steps.columns())
         fresh.clock = ClockFacts(offset_ms=read.clock.offset_ms, error_ms=read.clock.error_ms,
                                  source=read.clock.source)
-        assert list(fresh.to_json()) == STRAGGLERS_KEYS == list(raw)
+        assert list(fresh.to_json()) == order == list(raw)
         assert list(fresh.steps.to_json()) == SERIES == list(raw["steps"])
         assert compact(fresh.to_json()) == compact(raw)
 
