@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 from ddpdoctor.core import codes
 from ddpdoctor.core.facts import Facts, facts_by_rank
 from ddpdoctor.core.findings import Finding
+from ddpdoctor.judge.one_per_cause import merge
 
 if TYPE_CHECKING:
     from ddpdoctor.runtime.context import RankContext
@@ -67,7 +68,7 @@ def diagnose_safely(probe: Probe, facts: Mapping[int, Mapping[str, Any]], run: R
     try:
         kind = getattr(probe, "facts_type", None)
         typed = facts_by_rank(kind, facts) if kind is not None else facts
-        return probe.diagnose(typed, run)
+        return merge(probe.diagnose(typed, run))
     except Exception as exc:
         return [codes.finding("RUN011", probe.name, f"The {probe.name} diagnosis failed: {type(exc).__name__}: {exc}",
                               evidence={"traceback": traceback.format_exc().splitlines()[-6:]})]
