@@ -136,6 +136,14 @@ _ENTRIES = (
                ' data, so less crosses the links and busbw can exceed their speed.'),
           fix=("Nothing to fix. Compare busbw with NCCL_NVLS_ENABLE=0 (and NCCL_COLLNET_ENABLE=0) to see the links' "
                'own figure; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING shows the algorithm NCCL chose.')),
+    _code("BW008", _INFO, "allreduce",
+          why=("An all-reduce on one rank moves nothing between GPUs or processes: its time is the local "
+               "reduction (a copy in place), so its algbw is a memory copy's figure (209,715 GB/s on an H100 at "
+               "256 MiB) and busbw, nccl-tests' 2(n-1)/n link share, is 0 by definition. Neither says anything "
+               "of a link."),
+          fix=("Measure with 2 ranks or more: one per GPU (`ddpdoctor allreduce-bench` takes them all), across "
+               "nodes with torchrun or srun. Several ranks on one GPU need NCCL 2.30 or newer with "
+               "NCCL_MULTI_RANK_GPU_ENABLE=1, and then measure NCCL's own path, not a link.")),
     _code("DDP001", _OK, "ddp-smoke"),
     _code("DDP002", _CRITICAL, "ddp-smoke",
           why=('DDP keeps replicas identical only if every rank applies the same averaged gradient to the same '

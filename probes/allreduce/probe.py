@@ -80,6 +80,8 @@ class AllReduce:
         results = merge_results(facts)
         findings: list[Finding] = []
         findings += _wrong_results(facts, run)
+        if run.world_size == 1 and len(facts) == 1:
+            return findings + _one_rank(results, facts[min(facts)], run)
         summary = busbw.summarise(results) if results else None
         gate = run.settings.get("min_busbw_gbps")
         sample = facts[min(facts)]
@@ -608,6 +610,22 @@ def _slow_between_nodes(verdict: NodeVerdict, leader_bw: Mapping[Pair, float], n
             ranks=tuple(r for r, h in enumerate(hosts) if h in at), nodes=at,
             evidence={**evidence, "slow_paths": [f"{x}-{y}" for x, y in verdict.slow_paths]}))
     return out
+
+
+def _one_rank(results: list[busbw.SizeResult], sample: AllReduceFacts, run: RunView) -> list[Finding]:
+    """BW008 in place of the bandwidth verdict: one rank has no link to measure (the H100 record said
+    "OK ... peak busbw 0 GB/s" beside an algbw of 209,715 GB/s). What was run is kept as evidence, and
+    the results' correctness is still judged (BW001, before this)."""
+    gate = run.settings.get("min_busbw_gbps")
+    fastest = max(results, key=lambda r: r.algbw_gbps) if results else None
+    return [codes.finding(
+        "BW008", NAME,
+        f"{sample.op} on 1 rank: no link to measure (its time is a local copy, busbw is 0 by definition)",
+        ranks=(0,), nodes=run.nodes_of((0,)),
+        evidence={"device": sample.device, "backend": sample.backend, "sizes_run": len({r.size_bytes for r in results}),
+                  **({"fastest_local_algbw_gbps": round(fastest.algbw_gbps, 1),
+                      "at_bytes": fastest.size_bytes} if fastest else {}),
+                  **({"min_busbw_gbps": f"{gate:g}: not judged at one rank"} if gate is not None else {})})]
 
 
 # Below this share of what the topology allows, on a bandwidth-bound size, the measurement is lost

@@ -26,6 +26,10 @@ def render_bench(results: list[SizeResult], facts: Mapping[int, AllReduceFacts],
     if not results:
         return
     facts = facts_by_rank(AllReduceFacts, facts)
+    if len(facts) == 1 and all(f.world_size == 1 for f in facts.values()):
+        # No table at one rank: its algbw is a local copy's and busbw 0 (BW008 says why).
+        console.print(f"{results[0].op}  1 rank: no link to measure, no bandwidth table (BW008)")
+        return
     placements = sorted({r.in_place for r in results})  # out-of-place first, as nccl-tests
     sides = " | ".join("in-place" if p else "out-of-place" for p in placements)
     table = Table(title=f"{results[0].op}  {len(facts)} ranks  {results[0].dtype}   columns: {sides}; "

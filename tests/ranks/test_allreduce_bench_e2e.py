@@ -72,6 +72,16 @@ def test_a_corrupted_result_is_counted_and_named(tmp_path):
     assert_nothing_left(run)
 
 
+def test_one_rank_says_there_is_no_link_and_prints_no_table(tmp_path):
+    """Issue 41: at one rank the report said "OK ... peak busbw 0 GB/s" under a table of local-copy
+    figures (the H100 record, judged in tests/unit/test_allreduce_one_rank.py); the same here on CPU."""
+    run = _bench(tmp_path, "--nproc", "1", *SMALL)
+    assert run.returncode == 0, run.explain()
+    assert [f["code"] for f in run.findings() if f["probe"] == "allreduce"] == ["BW008"], run.explain()
+    assert "no link to measure" in run.stdout and "algbw" not in run.stdout, run.explain()
+    assert_nothing_left(run)
+
+
 def test_a_slow_link_between_two_ranks_is_localised(tmp_path):
     run = _bench(tmp_path, "--nproc", "4", *SMALL, "--inject", "slowlink:ranks=1,2")
     assert run.returncode == 1, run.explain()
