@@ -144,6 +144,12 @@ _ENTRIES = (
           fix=("Measure with 2 ranks or more: one per GPU (`ddpdoctor allreduce-bench` takes them all), across "
                "nodes with torchrun or srun. Several ranks on one GPU need NCCL 2.30 or newer with "
                "NCCL_MULTI_RANK_GPU_ENABLE=1, and then measure NCCL's own path, not a link.")),
+    _code("BW009", _WARN, "allreduce",
+          why=("With fewer GPUs than ranks and no backend asked for, the ranks ran on CPU with gloo: the figures "
+               "are gloo's over the host's loopback, not the GPUs' or their links'. NCCL needs one GPU per rank "
+               "(\"Duplicate GPU detected\" otherwise) before 2.30."),
+          fix=("Run one rank per GPU (`--nproc` at most the GPU count; 2 or more to measure a link), on several "
+               "nodes with torchrun or srun for more; `--backend gloo` when CPU figures are what you want.")),
     _code("DDP001", _OK, "ddp-smoke"),
     _code("DDP002", _CRITICAL, "ddp-smoke",
           why=('DDP keeps replicas identical only if every rank applies the same averaged gradient to the same '

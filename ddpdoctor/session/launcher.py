@@ -84,6 +84,18 @@ def resolve_backend(cfg: CheckConfig, nproc: int) -> tuple[str, str]:
     return backend, device
 
 
+def cpu_instead_of_gpus(cfg: CheckConfig, nproc: int, device: str) -> Optional[dict[str, int]]:
+    """The GPUs left unused when the automatic choice fell back to CPU ranks for want of one GPU per
+    rank (`allreduce-bench --nproc 2` on one H100 measured gloo on CPU and said OK): recorded in the
+    run's settings, so the report says what was measured. None where nothing was left unused."""
+    if device != "cpu" or cfg.device != "auto" or cfg.backend == "gloo" or no_gpu_here():
+        return None
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"gpus": gpus, "ranks": nproc} if gpus else None
+
+
 def check_torch_distributed(backend: str) -> None:
     import torch.distributed as dist
 
@@ -163,6 +175,10 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
     nproc = cfg.nproc if cfg.nproc is not None else default_nproc()
     check_ranks(cfg.inject, nproc)
     backend, device = resolve_backend(cfg, nproc)
+    settings = dict(cfg.settings)
+    unused = cpu_instead_of_gpus(cfg, nproc, device)
+    if unused:
+        settings["cpu_instead_of_gpus"] = unused
     sock, port = _listen(cfg.port)  # bound and listening: ranks that connect early wait in its backlog
     run_id = uuid.uuid4().hex[:12]
     log_root = tempfile.mkdtemp(prefix="ddpdoctor-")
@@ -182,7 +198,7 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
         envs[rank] = env
     record = RunRecord(world_size=nproc, mode="ddpdoctor", probes=cfg.probes, started=time.time(),
                        faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s,
-                       settings=cfg.settings,
+                       settings=settings,
                        default_host=socket.gethostname())
     console = make_console()
     ranks = RankProcesses()

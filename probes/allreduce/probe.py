@@ -91,6 +91,7 @@ class AllReduce:
         findings += _slow_nodes(facts, run)
         if summary is not None:
             findings += _against_topology(summary, sample, run)
+        findings += _cpu_instead_of_gpus(run)
         if summary is not None:
             # The measured figures stay in the report when something is wrong too: a failed gate or a
             # slow link is read against them. Beside a problem the summary is information, not "ok".
@@ -610,6 +611,21 @@ def _slow_between_nodes(verdict: NodeVerdict, leader_bw: Mapping[Pair, float], n
             ranks=tuple(r for r, h in enumerate(hosts) if h in at), nodes=at,
             evidence={**evidence, "slow_paths": [f"{x}-{y}" for x, y in verdict.slow_paths]}))
     return out
+
+
+def _cpu_instead_of_gpus(run: RunView) -> list[Finding]:
+    """BW009: the launcher left the GPUs unused for want of one per rank (session/launcher.py
+    `cpu_instead_of_gpus`), so these are gloo's CPU figures: said, never an OK of the GPUs."""
+    unused = run.settings.get("cpu_instead_of_gpus")
+    if not unused:
+        return []
+    gpus, ranks = int(unused.get("gpus", 0)), int(unused.get("ranks", run.world_size))
+    every = tuple(range(run.world_size))
+    return [codes.finding(
+        "BW009", NAME,
+        (f"Measured gloo on CPU processes, not the GPUs: {ranks} ranks but {gpus} GPU{'' if gpus == 1 else 's'} "
+         "here, and NCCL needs one GPU per rank"),
+        ranks=every, nodes=run.nodes_of(every), evidence={"gpus": gpus, "ranks": ranks, "backend": "gloo"})]
 
 
 def _one_rank(results: list[busbw.SizeResult], sample: AllReduceFacts, run: RunView) -> list[Finding]:

@@ -51,3 +51,33 @@ def test_the_automatic_choice_is_nccl_on_enough_gpus_and_gloo_otherwise(gpus):
     assert launcher.resolve_backend(_cfg(backend="nccl"), 2) == ("nccl", "cuda")
     gpus(1)
     assert launcher.resolve_backend(_cfg(), 2) == ("gloo", "cpu")  # not asked for NCCL: CPU ranks
+
+
+def test_the_gpus_left_unused_by_the_automatic_choice_are_recorded(gpus):
+    """Issue 41: `allreduce-bench --nproc 2` on one H100 ran gloo on CPU and said OK."""
+    gpus(1)
+    cfg = _cfg()
+    backend, device = launcher.resolve_backend(cfg, 2)
+    assert launcher.cpu_instead_of_gpus(cfg, 2, device) == {"gpus": 1, "ranks": 2}
+    assert launcher.cpu_instead_of_gpus(_cfg(backend="gloo"), 2, "cpu") is None  # asked for: nothing unused by us
+    assert launcher.cpu_instead_of_gpus(cfg, 1, launcher.resolve_backend(cfg, 1)[1]) is None  # on the GPU
+    gpus(0)
+    assert launcher.cpu_instead_of_gpus(cfg, 2, "cpu") is None
+
+
+def test_the_recorded_cpu_fallback_is_said_beside_the_figures():
+    """The H100 record of that run (tests/fixtures/gpu_runs/h100x1_bench2.json), judged with what the
+    launcher now records: BW009, and the verdict points to it instead of an OK."""
+    import json
+    from pathlib import Path
+
+    from ddpdoctor.probes import RunView, get_probe
+    from ddpdoctor.probes.base import diagnose_safely
+
+    report = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "gpu_runs" / "h100x1_bench2.json").read_text())
+    assert (report["backend"], report["verdict"]) == ("gloo", "ok")  # as it was
+    [section] = [p for p in report["probes"] if p["name"] == "allreduce"]
+    view = RunView(world_size=2, hosts={0: "vm", 1: "vm"}, settings={"cpu_instead_of_gpus": {"gpus": 1, "ranks": 2}})
+    found = {f.code: f for f in diagnose_safely(get_probe("allreduce"), section["facts"], view)}
+    assert found["BW009"].title.startswith("Measured gloo on CPU processes, not the GPUs: 2 ranks but 1 GPU here")
+    assert found["BW000"].severity.label == "info" and found["BW000"].title.endswith("see BW009")
