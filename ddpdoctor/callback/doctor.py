@@ -58,6 +58,7 @@ from ddpdoctor.callback.user_objects import (batch_len, default_store, gather_de
                                              safely, unsharded_sampler)
 from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.history import recording
+from ddpdoctor.judge import causal_order
 from ddpdoctor.judge.replicas import findings as replica_findings
 from ddpdoctor.measure import contention
 
@@ -336,7 +337,7 @@ class Doctor:
 
     def report(self) -> list[Finding]:
         """Every finding so far, worst first, on this rank (rank 0 holds the gathered ones)."""
-        return sorted(self.findings, key=lambda f: -f.severity)
+        return causal_order.ordered(self.findings, keep_order=True)
 
     @property
     def hang_deadline(self) -> dict[str, Any]:
@@ -461,8 +462,8 @@ class Doctor:
     def _take_new(self, found: list[Finding], may_raise: bool = True) -> None:
         """Findings not seen before: rank 0 reports them, the others only remember them; then
         the raise, if asked for, on every rank alike (the judges saw the same table)."""
-        new = [f for f in found if (f.code, f.ranks) not in self._seen]
-        new.sort(key=lambda f: -f.severity)  # worst first, in the log too
+        # Causes first, worst first, in the log too (judge/causal_order.py: what explains what).
+        new = causal_order.ordered([f for f in found if (f.code, f.ranks) not in self._seen], keep_order=True)
         for finding in new:
             if self.rank == 0:
                 self._emit(finding, may_raise=False)

@@ -49,6 +49,8 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     fix: str = ""
     why: str = ""
+    # The code of the finding that explains this one (judge/causal_order.py): shown under it.
+    explained_by: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,7 +63,7 @@ class Finding:
             "evidence": self.evidence,
             "why": self.why,
             "fix": self.fix,
-        }
+        } | ({"explained_by": self.explained_by} if self.explained_by else {})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Finding":
@@ -75,6 +77,7 @@ class Finding:
             evidence=dict(data.get("evidence", {})),
             fix=data.get("fix", ""),
             why=data.get("why", ""),
+            explained_by=str(data.get("explained_by") or ""),
         )
 
 

@@ -42,6 +42,8 @@ class Report:
     command: list[str] = field(default_factory=list)
     # Each rank's fate, from judge/run_diagnosis.rank_fates (session/reporter.build_report).
     fates: Mapping[int, "RankFate"] = field(default_factory=dict)
+    # The report's first line, from its root cause (judge/causal_order.verdict_line), set by the reporter.
+    verdict_line: str = ""
 
     @property
     def title(self) -> str:
@@ -118,6 +120,7 @@ class Report:
             "started_at": round(rec.started, 3),  # epoch seconds, comparable with the ranks' timelines
             "duration_s": round(max(0.0, rec.ended - rec.started), 3),
             "verdict": VERDICTS[self.exit_code],
+            "verdict_line": self.verdict_line,
             "worst_severity": self.verdict.label,
             "exit_code": self.exit_code,
             "ranks": [

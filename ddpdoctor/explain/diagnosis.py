@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from ddpdoctor.judge.causal_order import link
 from ddpdoctor.explain.causes import cause_findings
 from ddpdoctor.explain.collectives import (
     detail_desync, flight_recorder_findings, gloo_size_mismatch, silent_suspects, watchdog_timeouts)
@@ -105,7 +106,8 @@ def diagnose(events: list[Event], world_size: Optional[int] = None,
         findings += silent_suspects(stories, waits, hosts, events, world, world_given=world_size is not None)
     if not findings:
         findings.append(_nothing_known(events))
-    return Explanation(findings, stories, timeline, world, hosts, node_stories(events, hosts))
+    # A generic failure the log's specific cause explains is listed under it (judge/causal_order.py).
+    return Explanation(link(findings), stories, timeline, world, hosts, node_stories(events, hosts))
 
 
 def claim_unsigned(causes_by_rank: dict[int, list[Event]], unattributed: list[Event]) -> None:

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.core.report import Report
+from ddpdoctor.judge import causal_order
 
 if TYPE_CHECKING:  # the type only: `ddpdoctor diagnose` (top level) renders through here
     from ddpdoctor.snapshot import Diagnosis
@@ -100,11 +101,11 @@ def render_findings(findings: list[Finding], console: Console, keep_order: bool 
     table = Table(show_header=True, header_style="bold", expand=False, box=None, pad_edge=False)
     for col in ("severity", "code", "finding", "ranks", "nodes"):
         table.add_column(col, overflow="fold")
-    # Causes first: the run's own findings explain the probes' consequences.
-    ordered = sorted(findings, key=(lambda f: -int(f.severity)) if keep_order
-                     else (lambda f: (-int(f.severity), f.probe != "run", f.code)))
+    # Causes first, each with what it explains under it (judge/causal_order.py); then by severity.
+    ordered = causal_order.ordered(findings, keep_order=keep_order)
     for f in ordered:
-        table.add_row(Text(f.severity.label, style=_STYLE[f.severity]), Text(f.code), Text(f.title),
+        table.add_row(Text(f.severity.label, style=_STYLE[f.severity]), Text(("└ " if f.explained_by else "") + f.code),
+                      Text(f.title + (f" (explained by {f.explained_by})" if f.explained_by else "")),
                       Text(rank_ranges(f.ranks)), Text(",".join(f.nodes)))
     console.print(table)
     for f in ordered:
@@ -188,6 +189,7 @@ def render_report(report: Report, console: Console) -> None:
         head.append(f"  {report.backend}/{report.device}")
     head.append(f"  {max(0.0, rec.ended - rec.started):.1f}s")
     console.print(head)
+    console.print(Text("verdict: " + causal_order.verdict_line(report.findings), style=_STYLE[report.verdict]))
 
     _probe_details(report, console)
     render_findings(report.findings, console)

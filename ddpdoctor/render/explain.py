@@ -9,6 +9,7 @@ from rich.text import Text
 from ddpdoctor.explain.command import ExplainRun
 from ddpdoctor.explain.requeue import NO_RETRY, RETRY, UNKNOWN
 from ddpdoctor.core.findings import Severity
+from ddpdoctor.judge.causal_order import verdict_line
 from ddpdoctor.render.console import _STYLE, _VERDICT, render_findings
 
 RANK_ROWS = 16
@@ -35,6 +36,8 @@ def render_explanation(run: ExplainRun, console: Console, full: bool = False, re
     head.append(f"  {ranks}{nodes}  {files} file{'s' if files != 1 else ''}, {run.scan.lines} lines, "
                 f"{_size(run.scan.bytes)}, {run.seconds:.1f}s")
     console.print(head)
+    console.print(Text("verdict: " + verdict_line(ex.findings), style=_STYLE[max((f.severity for f in ex.findings),
+                                                                                  default=Severity.OK)]))
     _requeue(run, console)
     render_findings(ex.findings, console, keep_order=True)
     _first_errors(run, console, full)

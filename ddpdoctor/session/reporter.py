@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from ddpdoctor.core.report import ProbeSection, Report, write_json
 from ddpdoctor.core.run_record import RunRecord
+from ddpdoctor.judge.causal_order import link, verdict_line
 from ddpdoctor.judge.run_diagnosis import diagnose_run, rank_fates
 from ddpdoctor.probes import RunView, get_probe, with_context
 from ddpdoctor.probes.base import diagnose_safely
@@ -28,8 +29,15 @@ def build_report(record: RunRecord, backend: str = "", device: str = "",
         findings = diagnose_safely(get_probe(name), facts, view)
         status = "ok" if len(facts) == record.world_size else ("incomplete" if facts else "not-run")
         sections.append(ProbeSection(name, status, findings, facts))
-    return Report(record, diagnose_run(record), sections, backend, device, list(command or sys.argv),
-                  fates=rank_fates(record))
+    # Each generic failure a specific cause explains is marked so (judge/causal_order.py).
+    run_findings = diagnose_run(record)
+    linked = iter(link(run_findings + [f for s in sections for f in s.findings]))
+    run_findings = [next(linked) for _ in run_findings]
+    for section in sections:
+        section.findings = [next(linked) for _ in section.findings]
+    every = run_findings + [f for s in sections for f in s.findings]
+    return Report(record, run_findings, sections, backend, device, list(command or sys.argv),
+                  fates=rank_fates(record), verdict_line=verdict_line(every))
 
 
 def _write_prom(report: Report, path: str) -> None:

@@ -80,7 +80,7 @@ class AllReduce:
         results = merge_results(facts)
         findings: list[Finding] = []
         findings += _wrong_results(facts, run)
-        if run.world_size == 1 and len(facts) == 1:
+        if run.world_size == 1 and len(facts) == 1 and results:
             return findings + _one_rank(results, facts[min(facts)], run)
         summary = busbw.summarise(results) if results else None
         gate = run.settings.get("min_busbw_gbps")

@@ -1,0 +1,76 @@
+"""One verdict first: a specific cause above the generic failures it explains.
+
+Why: a user reads the first line and acts on it. Where two ranks share one GPU, NCCL fails the
+first collective on every rank: the run's own diagnosis says "All ranks failed inside
+ddp_construct_broadcast" (RUN008, whose fix is about networks) and the gpu-count probe says "2
+ranks but only 1 GPU" (GPU001, the cause). Both are critical; ordered by severity and then by
+probe, the consequence came first (the H100 record, issue 37). The rule here links them: a
+generic failure of ranks (a crash, an error, a hang, a collective that failed) is explained by
+a specific cause on the same ranks (their GPUs, their interface, their container's limits),
+found by the same run. The cause leads; what it explains is listed under it (`explained_by`),
+never as a rival. check, diagnose, explain and the callback all read findings through here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Sequence
+
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+
+# Failures of ranks that say what happened, not why: a rank crashed (RUN002), raised (RUN003),
+# hung (RUN004), stopped answering (RUN005), or every rank failed inside one collective (RUN008).
+GENERIC = frozenset({"RUN002", "RUN003", "RUN004", "RUN005", "RUN008"})
+# Causes that make ranks fail that way: ranks without a GPU of their own (GPU001, GPU003), GPUs
+# hidden or misnamed (GPU005), torch unable to use CUDA (GPU008), an interface that is not there
+# (INIT001), a container's /dev/shm, open files, processes or memory too small (LIM001, LIM002,
+# LIM004, LIM005).
+SPECIFIC = frozenset({"GPU001", "GPU003", "GPU005", "GPU008", "INIT001", "LIM001", "LIM002", "LIM004", "LIM005"})
+
+
+def _explains(cause: Finding, effect: Finding) -> bool:
+    if cause.code not in SPECIFIC or effect.code not in GENERIC or cause.severity < Severity.WARN:
+        return False
+    if not cause.ranks or not effect.ranks:
+        return bool(set(cause.nodes) & set(effect.nodes)) or not (cause.nodes or effect.nodes)
+    return bool(set(cause.ranks) & set(effect.ranks))
+
+
+def link(findings: Iterable[Finding]) -> list[Finding]:
+    """The same findings in the same order, each generic failure that a specific cause explains
+    marked `explained_by` that cause's code (the worst such cause, the first of equals)."""
+    found = list(findings)
+    causes = sorted((f for f in found if f.code in SPECIFIC), key=lambda f: -int(f.severity))
+    out = []
+    for f in found:
+        by = next((c for c in causes if _explains(c, f)), None)
+        out.append(dataclasses.replace(f, explained_by=by.code) if by is not None and not f.explained_by else f)
+    return out
+
+
+def ordered(findings: Sequence[Finding], keep_order: bool = False) -> list[Finding]:
+    """Display order: the causes (every finding no other explains), worst first (within a severity,
+    the run's own findings first unless `keep_order`), each followed by the findings it explains."""
+    linked = link(findings)
+    roots = [f for f in linked if not f.explained_by]
+    key = (lambda f: -int(f.severity)) if keep_order else (lambda f: (-int(f.severity), f.probe != "run", f.code))
+    out: list[Finding] = []
+    for root in sorted(roots, key=key):
+        out.append(root)
+        out += sorted((f for f in linked if f.explained_by == root.code and f not in out and _explains(root, f)),
+                      key=key)
+    out += [f for f in linked if f not in out]  # explained by a cause that is not a root: never dropped
+    return out
+
+
+def verdict_line(findings: Sequence[Finding]) -> str:
+    """The report's first line: what is wrong, where, and the first thing to do, from the root
+    cause; "healthy" when nothing is worse than information."""
+    first = next((f for f in ordered(findings) if f.severity >= Severity.WARN), None)
+    if first is None:
+        return "healthy: no warning or critical finding"
+    where = f" (ranks {rank_ranges(first.ranks)})" if len(first.ranks) > 1 else (
+        f" (rank {first.ranks[0]})" if first.ranks else "")
+    step = first.fix.split(". ")[0].rstrip(".") if first.fix else ""
+    return f"{first.code}{where}: {first.title}" + (f". First: {step}." if step else "")
+
