@@ -350,3 +350,22 @@ def test_extra_in_step_time_without_extra_cpu_time_is_not_a_ranks_own_compute():
     for f in on_gpus.values():
         f["device"] = "cuda:0"
     assert _named(on_gpus) == [((1,), "compute")]
+
+
+def test_a_rank_stopped_in_bursts_costs_the_time_it_lost_not_only_the_sampled_wait():
+    """Recorded (tests/fixtures/stragglers_outside/preempt40_callback_step100.json): rank 1 stopped 40%
+    from outside, in bursts. The callback reads the gradient wait from DDP's sampled iterations, and the
+    bursts land mostly on unsampled ones: its peer was seen waiting for it 4.2% of the step, under the
+    callback's bar (MIN_COST_SHARE), though it was stopped 16-33% of every window; the e2e test's loop
+    went unnamed in 3 of 10 runs. A rank stopped from outside holds every rank: the wall time it lost
+    beyond its peers is its cost (issue 40)."""
+    from ddpdoctor.callback.doctor import MIN_COST_SHARE
+    from ddpdoctor.probes.base import RunView
+    from ddpdoctor.probes.stragglers.scores import diagnose_stragglers
+
+    facts = _fixture("preempt40_callback_step100.json")
+    [found] = [f for f in diagnose_stragglers(facts, RunView(world_size=2, hosts={0: "vm", 1: "vm"}))
+               if f.code == "STR001"]
+    assert found.ranks == (1,) and found.evidence["cause"] == "stopped from outside"
+    assert found.evidence["peers_wait_pct_of_step"] < 100 * MIN_COST_SHARE  # what the sampled wait saw
+    assert found.evidence["cost_ms_per_step"] >= MIN_COST_SHARE * found.evidence["median_step_ms"]
