@@ -62,7 +62,11 @@ def judge(run: dict, rank: Optional[int], cause: Optional[str]) -> bool:
     return run["named"] == [rank] and run["causes"] == [cause]
 
 
-# (name, --inject spec for rank 1, the cause it must be named with; None: no slowdown is expected of it)
+# (name, --inject spec for rank 1, the cause it must be named with). The memory toucher is not pinned: the
+# scheduler puts it on either rank's core, where it takes time, caches and memory bandwidth, or on both in
+# turn. Naming nobody is right for it, and so is naming the rank whose core it sat on for CPU contention;
+# any other verdict is wrong (NEIGHBOUR_ANY_RANK).
+NEIGHBOUR_ANY_RANK = ("mempressure 2 GiB",)
 OUTSIDE_CASES = [
     ("hog 100%", "hog:rank=1:pct=100", "CPU contention"),
     ("hog 50%", "hog:rank=1:pct=50", "CPU contention"),
@@ -70,7 +74,7 @@ OUTSIDE_CASES = [
     ("quota 60%", "quota:rank=1:pct=60", "CPU quota"),
     ("preempt 40%", "preempt:rank=1:pct=40", "stopped from outside"),
     ("preempt 20%", "preempt:rank=1:pct=20", "stopped from outside"),
-    ("mempressure 2 GiB", "mempressure:rank=1:mb=2048", None),
+    ("mempressure 2 GiB", "mempressure:rank=1:mb=2048", "CPU contention"),
 ]
 LOOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ranks", "doctor_loop.py")
 FIT = os.path.join(os.path.dirname(LOOP), "adapter_fit.py")
@@ -209,14 +213,20 @@ def outside_table(runs: int, healthy_runs: int, seconds: float, max_load: float,
     for name, inject, cause in [c for c in OUTSIDE_CASES if not cases or c[0].split()[0] in cases.split(",")]:
         for place in [p for p in places if p != "lightning"]:
             results, load = cell(place, inject, 2, runs, name.replace(" ", "_"))
-            right = sum(r["named"] == [1] and r["causes"] == [cause] for r in results)
-            wrong = sum(bool(r["named"]) and not (r["named"] == [1] and r["causes"] == [cause]) for r in results)
+            any_rank = name in NEIGHBOUR_ANY_RANK
+
+            def ok(r: dict) -> bool:
+                return (len(r["named"]) == 1 or r["named"] == [1]) if any_rank else r["named"] == [1]
+
+            right = sum(bool(r["named"]) and ok(r) and r["causes"] == [cause] for r in results)
+            wrong = sum(bool(r["named"]) and not (ok(r) and r["causes"] == [cause]) for r in results)
             missed = runs - right - wrong
             steps = [r["step_ms"] for r in results if r["step_ms"]]
             slowdown = f"{statistics.median(steps) / base[place]:.2f}x" if steps and place in base else ""
-            verdict = (f"{right} / {wrong} / {missed}" if cause else f"not a slowdown: {wrong} named")
+            verdict = (f"{missed} quiet, {right} named its neighbour / {wrong} wrong" if any_rank
+                       else f"{right} / {wrong} / {missed}")
             odd = sorted({f"{r['named']} {'/'.join(map(str, r['causes']))}" for r in results
-                          if r["named"] and not (r["named"] == [1] and r["causes"] == [cause])})
+                          if r["named"] and not (ok(r) and r["causes"] == [cause])})
             verdict += f" (wrong: {'; '.join(odd)})" if odd else ""
             rows.append(f"| {name} | {place} | {verdict} | {slowdown} | {load:.1f} |")
             print(rows[-1], flush=True)

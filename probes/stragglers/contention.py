@@ -31,7 +31,19 @@ MIN_LOST_PCT = 15.0
 # wait for their own communication threads on their one core, differ by up to 13 points.
 NEIGHBOUR_PCT = 10.0
 NEIGHBOUR_GAP_PTS = 7.5
+# A rank slower in its own compute with another process seen on its cores at this share of a CPU beyond
+# its peers' is slowed by that neighbour (stragglers/scores.py `_neighbour`). Healthy ranks pinned one to a
+# core on the 2-core VM: at most 2.8% over 1,500 readings of the callback's windows.
+NEIGHBOUR_SEEN_PCT = 5.0
 MIN_THROTTLED_PCT = 5.0
+# A spent quota is counted by the kernel itself (cpu.stat's throttled time), and a rank with no quota, or
+# one it never reaches, is throttled 0% whatever else runs: no noise to stand out from. So a rank
+# throttled this many points more than its peers is held apart by its quota, even where its run delay
+# and theirs differ by less than LOST_GAP_PTS. Measured on the callback's loop, rank 1 under a 0.6-CPU
+# quota (its process wanted about 0.75): throttled 8 to 19% of the time, its peer 0%, the job 1.6x slower,
+# yet its run delay only 13 points above its peer's, which left it unnamed in 3 of 10 runs
+# (tests/fixtures/stragglers_outside/quota60_callback_unnamed.json).
+QUOTA_GAP_PTS = 7.5
 # Causes the kernel counts directly (a cgroup's throttled time, the process stopped): they explain a
 # rank's slowness even where its good steps are slow too; run delay alone may come of having more to do.
 DIRECT = ("CPU quota", "stopped from outside")
@@ -60,7 +72,7 @@ class Denied:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-def _who(f: ContentionFacts) -> str:
+def who(f: ContentionFacts) -> str:
     if not f.corunners:
         steal = f" (steal {f.steal_pct:g}% of its CPUs: the hypervisor's other guests)" if f.steal_pct else ""
         return f"something not visible from here runs on its CPUs{steal}"
@@ -88,7 +100,7 @@ def classify(rank: int, f: ContentionFacts, peers_lost: float) -> Optional[Denie
         detail = f"its process was stopped {f.stopped_pct:.0f}% of the time (SIGSTOP, preemption, a frozen cgroup)"
     else:
         cause = "CPU contention"
-        detail = _who(f)
+        detail = who(f)
     sentence = f"rank {rank} waited for a CPU {lost:.0f}% of the time (its peers {peers_lost:.0f}%): {detail}"
     if cause == "stopped from outside":
         sentence = f"rank {rank} lost {lost:.0f}% of the time off a CPU (its peers {peers_lost:.0f}%): {detail}"
@@ -115,11 +127,25 @@ def denied(contention: Mapping[int, Optional[ContentionFacts]], rank: int,
         if _same_cores(me, theirs):
             return None
         gap -= own_threads_excess(me, theirs)
-    if gap < _gap_needed(me, theirs):
+    if gap < _gap_needed(me, theirs) and not (found.cause == "CPU quota" and throttled_gap(me, theirs) >= QUOTA_GAP_PTS):
         return None
     found.evidence["lost_cpu_pct_by_rank"] = {
         r: (None if c is None else lost_cpu(c)) for r, c in sorted(contention.items())}
     return found
+
+
+def throttled_gap(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> float:
+    """Points of the wall time its cgroup was throttled beyond the median of its peers' (QUOTA_GAP_PTS)."""
+    return (me.throttled_pct or 0.0) - statistics.median([c.throttled_pct or 0.0 for c in theirs])
+
+
+def neighbour_excess(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> float:
+    """On cores no peer shares, the share of them other processes used beyond what they used of its
+    peers' cores (% of a CPU's time, per CPU of the rank): time a neighbour took on its cores, which
+    no peer's work pays for. 0 where the ranks time-share cores (a neighbour takes from all alike)."""
+    if not theirs or not _own_cores(me, theirs):
+        return 0.0
+    return max(0.0, neighbour_pct(me) - statistics.median([neighbour_pct(c) for c in theirs]))
 
 
 def own_threads_pct(f: ContentionFacts) -> Optional[float]:
@@ -170,8 +196,7 @@ def _own_cores(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> bool:
 
 def _gap_needed(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> float:
     """LOST_GAP_PTS, or NEIGHBOUR_GAP_PTS where a neighbour is seen on its own cores (NEIGHBOUR_PCT)."""
-    if _own_cores(me, theirs) and (
-            neighbour_pct(me) - statistics.median([neighbour_pct(c) for c in theirs]) >= NEIGHBOUR_PCT):
+    if neighbour_excess(me, theirs) >= NEIGHBOUR_PCT:
         return NEIGHBOUR_GAP_PTS
     return LOST_GAP_PTS
 
@@ -198,7 +223,8 @@ def held_apart(contention: Mapping[int, Optional[ContentionFacts]], rank: int, p
         return max(direct, (lost_cpu(c) or 0.0) - own_excess) if own_cores else direct
 
     gap = held(me, own_threads_excess(me, theirs)) - statistics.median([held(c) for c in theirs])
-    return gap >= _gap_needed(me, theirs)
+    # Throttled time is the whole cgroup held, counted by the kernel: QUOTA_GAP_PTS suffices.
+    return gap >= _gap_needed(me, theirs) or throttled_gap(me, theirs) >= QUOTA_GAP_PTS
 
 
 def peer_wait_pct(waits: Mapping[int, Sequence[float]], steps: Sequence[float], rank: int,

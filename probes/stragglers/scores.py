@@ -25,8 +25,8 @@ from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
-from ddpdoctor.probes.stragglers.contention import (DIRECT, Denied, denied, held_apart, own_threads_excess,
-                                                   peer_wait_pct)
+from ddpdoctor.probes.stragglers.contention import (DIRECT, FIX, NEIGHBOUR_SEEN_PCT, Denied, denied, held_apart,
+                                                   neighbour_excess, own_threads_excess, peer_wait_pct, who)
 from ddpdoctor.probes.stragglers.facts import SampledFacts, StragglersFacts, Summary
 
 NAME = "stragglers"
@@ -59,6 +59,9 @@ ARRIVES_SHARE = 0.5
 # Of its score, how much slower a rank's compute-only steps must be for them to show it slow where
 # its arrival times cannot (`_arrives_last`).
 ALONE_SHARE = 0.5
+# A neighbour seen on a CPU rank's own cores explains its slower compute when the CPU time it took there
+# (beyond what it took on its peers' cores) is at least this share of the rank's extra work (`_neighbour`).
+NEIGHBOUR_SHARE = 0.25
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown",
                     "sw_power_cap", "board_limit", "reliability")
 
@@ -237,15 +240,46 @@ def _cause(facts: ByRank, scores: Scores, rank: int) -> tuple[str, str, str, dic
     if ex["compute"] + ex["optimizer"] >= 0.5 * total:
         alone = (f"; alone, with no collective, its forward+backward is {solo_pct:.0f}% slower too"
                  if solo_pct is not None and solo_pct > 0 else "")
+        theirs = _median([scores.ranks[p].compute_ms for p in peers])
+        took = f"its forward and backward take {me.compute_ms:.1f} ms against {theirs:.1f} ms on its peers"
+        neighbour = _neighbour(facts, scores, rank)
+        if neighbour:
+            return ("CPU contention", f"{took}, and {neighbour}", FIX["CPU contention"],
+                    evidence | _host_evidence(facts, rank))
         why, fix = _compute_reason(facts, scores, rank)
-        return ("compute", f"its forward and backward take {me.compute_ms:.1f} ms against "
-                f"{_median([scores.ranks[p].compute_ms for p in peers]):.1f} ms on its peers{alone}",
+        return ("compute", f"{took}{alone}",
                 fix, {"reason": why} | evidence | _host_evidence(facts, rank))
     return ("host overhead",
             (f"its extra time is outside data loading and compute ({ex['other']:.1f} ms a step between the measured "
              "phases): Python overhead, a busy or descheduled CPU, or page faults"),
             ("Look for other processes on that rank's cores (`top -H`, `ps -eo pid,psr,pcpu,comm`), its CPU affinity "
              "(`taskset -p PID`) and memory pressure (`vmstat 1`)."), evidence | _host_evidence(facts, rank))
+
+
+def _neighbour(facts: ByRank, scores: Scores, rank: int) -> Optional[str]:
+    """Another process seen on the cores of a CPU rank and not on its peers' (NEIGHBOUR_SEEN_PCT of a
+    CPU beyond theirs), as a sentence: then its slower compute is that neighbour's doing, not its own
+    model or hardware. A process on its core takes its time and its caches and memory bandwidth, so
+    even its CPU time per step grows and the rules on the CPU denied (lost time) may not reach it.
+    Recorded on the callback, 2 ranks pinned one to a core, an unpinned process touching 2 GiB
+    (`--inject mempressure`) that the scheduler kept on rank 1's core for a while: rank 1's work 3x
+    rank 0's, its peer waiting for it half of each step, its training thread on a CPU 20 points more
+    and its run delay only 8 points more; the process seen on its core at 12% of a CPU, never on rank
+    0's (0.5 ms a step of its 1.5 ms of extra work); the verdict before was `compute` with "nothing
+    sampled on its host explains it"
+    (tests/fixtures/stragglers_outside/mempressure_callback_neighbour.json). Not on GPU ranks, whose
+    compute is the device's."""
+    me, dev = facts[rank].contention, facts[rank].device
+    theirs = [c for p in scores.peers(rank) if (c := facts[p].contention) is not None]
+    if dev.startswith("cuda") or me is None or not theirs:
+        return None
+    excess_pct = neighbour_excess(me, theirs)
+    # A neighbour's time must also be a real part of its extra work (a quarter): a rank with twice the
+    # work beside a process seen at 6% of its core is slow by its work.
+    step = statistics.fmean(_floats(facts[rank].steps.step_ms)[:scores.steps])
+    if excess_pct < NEIGHBOUR_SEEN_PCT or excess_pct / 100.0 * step < NEIGHBOUR_SHARE * _excess(scores, rank)["work"]:
+        return None
+    return who(me) + ", and on none of its peers' (a neighbour on its core takes its time, caches and memory bandwidth)"
 
 
 def _alone_slower_pct(scores: Scores, rank: int) -> Optional[float]:

@@ -4,6 +4,7 @@ and the outside faults' helper, which never outlives its target."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -207,14 +208,18 @@ def _loop(rank: int, work_ms: float, wait_ms: float, delay_pct: float, corunners
                       contention=_facts(delay_pct, corunners=corunners, cpus=str(rank)).to_json())
 
 
-@pytest.mark.parametrize("delay, cause", [(45.0, "CPU contention"), (27.0, "compute")])
-def test_a_rank_slow_in_every_step_is_denied_the_cpu_when_its_wait_for_a_cpu_covers_its_extra_work(delay, cause):
+@pytest.mark.parametrize("delay, seen, cause", [(45.0, 50.0, "CPU contention"), (27.0, 0.0, "compute"),
+                                               (27.0, 50.0, "CPU contention"), (27.0, 4.0, "compute")])
+def test_a_rank_slow_in_every_step_is_denied_the_cpu_when_its_wait_for_a_cpu_covers_its_extra_work(
+        delay, seen, cause):
     """A neighbour running the whole time slows a rank's best steps too (its work 6 ms against 1.6 ms):
     that is CPU contention when the time it waited for a CPU beyond its peer's (35% of an 8 ms step:
-    2.8 ms) covers most of its extra work (4.4 ms); a rank that waited 17 points more (1.4 ms) is still
-    slow by itself, its extra time spent on a CPU."""
+    2.8 ms) covers most of its extra work (4.4 ms). A rank that waited 17 points more (1.4 ms) with no
+    neighbour seen is slow by itself, its extra time spent on a CPU; with a process seen taking half
+    of its core (4 ms a step) that process is the cause (`scores._neighbour`); one seen at 4% of a CPU
+    (under NEIGHBOUR_SEEN_PCT, 0.3 ms a step) is not."""
     history = History()
-    hog = [Corunner(pid=77, name="ddpdoctor-hog", cpu_pct=50.0)]
+    hog = [Corunner(pid=77, name="ddpdoctor-hog", cpu_pct=seen)] if seen else []
     history.add({0: _loop(0, 1.6, 4.6, 10.0), 1: _loop(1, 6.0, 0.2, delay, hog)})
     named = _named(history.facts())
     assert named == [((1,), cause)]
@@ -369,3 +374,50 @@ def test_a_rank_stopped_in_bursts_costs_the_time_it_lost_not_only_the_sampled_wa
     assert found.ranks == (1,) and found.evidence["cause"] == "stopped from outside"
     assert found.evidence["peers_wait_pct_of_step"] < 100 * MIN_COST_SHARE  # what the sampled wait saw
     assert found.evidence["cost_ms_per_step"] >= MIN_COST_SHARE * found.evidence["median_step_ms"]
+
+
+def test_a_rank_its_quota_throttles_is_named_though_its_run_delay_is_close_to_its_peers():
+    """Recorded (tests/fixtures/stragglers_outside/quota60_callback_unnamed.json): rank 1 under a 0.6-CPU
+    quota, the job 1.6x slower, throttled 18% of the time and its peer 0%, yet its run delay only 8 points
+    above its peer's and its peer's wait for it 7% of the step: the rules before named nobody (3 of 10
+    runs). Throttled time is the kernel's own count of the cgroup held, with no noise to stand out from."""
+    from ddpdoctor.callback.doctor import MIN_COST_SHARE
+    from ddpdoctor.probes.base import RunView
+    from ddpdoctor.probes.stragglers.contention import QUOTA_GAP_PTS, throttled_gap
+    from ddpdoctor.probes.stragglers.scores import by_rank, diagnose_stragglers
+
+    facts = _fixture("quota60_callback_unnamed.json")
+    ranks = by_rank(facts)
+    assert throttled_gap(ranks[1].contention, [ranks[0].contention]) >= QUOTA_GAP_PTS
+    [found] = [f for f in diagnose_stragglers(facts, RunView(world_size=2, hosts={0: "vm", 1: "vm"}))
+               if f.code == "STR001"]
+    assert found.ranks == (1,) and found.evidence["cause"] == "CPU quota"
+    assert found.evidence["cost_ms_per_step"] >= MIN_COST_SHARE * found.evidence["median_step_ms"]
+    # The same windows with no quota anywhere: throttled time 0 on both, and nobody is named.
+    for f in facts.values():
+        f["contention"]["throttled_pct"], f["contention"]["cpu_quota"] = 0.0, None
+    assert _named(facts) == []
+
+
+def test_a_rank_slower_beside_a_neighbour_on_its_core_is_named_for_the_neighbour_not_its_compute():
+    """Recorded (tests/fixtures/stragglers_outside/mempressure_callback_neighbour.json): an unpinned process
+    touching 2 GiB sat on rank 1's core; rank 1's work 3x rank 0's, its peer waiting for it half of each
+    step, its run delay only 8 points above rank 0's (its training thread got more CPU, not less: a
+    neighbour takes caches and memory bandwidth too). The rules before said `compute`, "nothing sampled
+    on its host explains it", with the process seen on its core. The same windows without the neighbour
+    seen keep `compute`, and on GPU ranks the rule does not apply."""
+    facts = _fixture("mempressure_callback_neighbour.json")
+    [(ranks, cause)] = _named(facts)
+    assert ranks == (1,) and cause == "CPU contention"
+    from ddpdoctor.probes.base import RunView
+    from ddpdoctor.probes.stragglers.scores import diagnose_stragglers
+
+    [found] = [f for f in diagnose_stragglers(facts, RunView(world_size=2)) if f.code == "STR001"]
+    assert "ddpdoctor-mem" in found.evidence["where"] and "taskset" in found.fix
+    unseen = json.loads(json.dumps(facts))
+    for f in unseen.values():
+        f["contention"]["corunners"] = []
+    assert _named(unseen) == [((1,), "compute")]
+    for f in facts.values():
+        f["device"] = "cuda:0"
+    assert _named(facts) == [((1,), "compute")]
