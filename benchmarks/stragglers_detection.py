@@ -8,6 +8,7 @@ findings name exactly the injected rank with the expected cause (or, healthy, na
     python benchmarks/stragglers_detection.py --runs 3 --keep /tmp/runs    # keep every JSON report
     python benchmarks/stragglers_detection.py --outside --runs 10          # faults made from outside the rank
     python benchmarks/stragglers_detection.py --shapes 0.5,2,10,50 --runs 20 --seconds 9   # the callback's false alarms
+    python benchmarks/stragglers_detection.py --replay DIR                 # today's rules on a kept pass's windows
 
 --outside: each fault a separate process makes on rank 1 (runtime/outside_faults.py) at two strengths, judged by
 the default `check`, the `stragglers` probe and the training callback (tests/ranks/doctor_loop.py, a plain loop):
@@ -20,6 +21,10 @@ step time (its MLP's width calibrated here), 2 and 4 ranks on the 2 cores, pinne
 not, a plain loop and a Lightning fit: a run with any warn or critical finding is a false alarm. Two-rank
 runs are pinned one rank to a core (`taskset`, as srun --cpu-bind=cores does). Before each run the 1-minute load
 average must be at most --max-load (waits up to --patience seconds): the table says the median load its runs saw.
+--replay DIR: the callback's runs of an --outside pass kept with --keep DIR (each run's `.facts`: the merged
+windows of every check, as rank 0 judged them) judged again with the rules as they are now, as the callback
+would: `diagnose_stragglers` at each check from its 3rd, the callback's bar (`worth_naming_online`), and a
+verdict only where the check before reached it too. No rank runs: a rule change is measured on the same windows.
 """
 
 from __future__ import annotations
@@ -234,6 +239,43 @@ def outside_table(runs: int, healthy_runs: int, seconds: float, max_load: float,
     print("\n".join(rows))
 
 
+def replayed(path: str) -> list[tuple[tuple[int, ...], str]]:
+    """The callback's straggler verdicts on one kept run's checks, judged by today's rules: (ranks, cause)."""
+    from ddpdoctor.callback.doctor import MIN_JUDGED_CHECKS, ONLINE_MIN_STEPS, worth_naming_online
+    from ddpdoctor.probes.base import RunView
+    from ddpdoctor.probes.stragglers.scores import diagnose_stragglers
+
+    before: set = set()
+    out: set = set()
+    for check in json.load(open(path)):
+        facts = check["facts"]
+        if (not facts or len(check.get("contention_by_window") or []) < MIN_JUDGED_CHECKS
+                or min(len(f["steps"]["step_ms"]) for f in facts.values()) < ONLINE_MIN_STEPS):
+            before = set()
+            continue
+        run = RunView(world_size=len(facts), hosts={int(r): f.get("host", "vm") for r, f in facts.items()})
+        now = {(f.code, f.ranks, str(f.evidence.get("cause", ""))) for f in diagnose_stragglers(facts, run)
+               if worth_naming_online(f)}
+        out |= {x for x in now if x[:2] in {b[:2] for b in before}}
+        before = now
+    return sorted((ranks, cause) for code, ranks, cause in out if code == "STR001")
+
+
+def replay_table(folder: str) -> None:
+    import collections
+    import glob
+
+    cells: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for path in sorted(glob.glob(os.path.join(folder, "*.json.facts"))):
+        tag = os.path.basename(path).rsplit("-", 1)[0]
+        verdict = replayed(path)
+        cells[tag]["; ".join(f"{list(r)} {c}" for r, c in verdict) or "nobody named"] += 1
+    print(f"the callback's verdicts on the windows kept in {folder}, judged by today's rules\n")
+    print("| cell | runs | verdicts |\n|---|---|---|")
+    for tag, count in sorted(cells.items()):
+        print(f"| {tag} | {sum(count.values())} | {', '.join(f'{n}x {v}' for v, n in count.most_common())} |")
+
+
 SHAPE_LOOP = os.path.join(os.path.dirname(LOOP), "shape_loop.py")
 
 
@@ -336,7 +378,11 @@ def main() -> int:
                         "separated): healthy runs, --runs a cell, 2 and 4 ranks, pinned and not, plain and Lightning")
     parser.add_argument("--worlds", default="2,4", help="with --shapes: rank counts")
     parser.add_argument("--loops", default="plain,lightning", help="with --shapes: plain, lightning")
+    parser.add_argument("--replay", metavar="DIR", help="judge the callback runs kept in DIR again (no ranks run)")
     args = parser.parse_args()
+    if args.replay:
+        replay_table(args.replay)
+        return 0
     if args.shapes:
         shapes_table([float(x) for x in args.shapes.split(",")], [int(x) for x in args.worlds.split(",")], args.runs,
                      args.seconds, args.loops.split(","), args.max_load, args.patience, args.keep, args.lightning_python)

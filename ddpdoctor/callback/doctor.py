@@ -533,10 +533,7 @@ class Doctor:
                 or min(len(f["steps"]["step_ms"]) for f in facts.values()) < ONLINE_MIN_STEPS):
             return []
         run = RunView(world_size=self.world_size, hosts={r: row.host for r, row in rows.items()})
-        named = [f for f in diagnose_stragglers(facts, run) if f.severity >= Severity.WARN
-                 and (f.code != "STR001" or (f.evidence.get("cause") != "host overhead"
-                                             and f.evidence.get("cost_ms_per_step", 0.0)
-                                             >= MIN_COST_SHARE * f.evidence.get("median_step_ms", 0.0)))]
+        named = [f for f in diagnose_stragglers(facts, run) if worth_naming_online(f)]
         before, self._named_before = self._named_before, {(f.code, f.ranks) for f in named}
         return [f for f in named if (f.code, f.ranks) in before]
 
@@ -622,6 +619,16 @@ class Doctor:
                                "findings": [f.to_json() for f in self.report()]}, path)
         except OSError as exc:
             log.error("ddpdoctor: cannot write %s: %s", path, exc)
+
+
+def worth_naming_online(f: Finding) -> bool:
+    """A straggler verdict the callback reports (given a second check agrees, `Doctor._stragglers`): warn
+    or worse, and for STR001 a cause in the step (not "host overhead") costing MIN_COST_SHARE of it.
+    Shared with benchmarks/stragglers_detection.py --replay, which re-judges recorded windows."""
+    if f.severity < Severity.WARN:
+        return False
+    return f.code != "STR001" or (f.evidence.get("cause") != "host overhead" and f.evidence.get("cost_ms_per_step", 0.0)
+                                  >= MIN_COST_SHARE * f.evidence.get("median_step_ms", 0.0))
 
 
 def _check_objects(model: Any, optimizer: Any) -> None:
