@@ -11,6 +11,7 @@ from ddpdoctor.explain.events import (
     agent_root_cause, cite, fill, nodes_of, order_key, task_list, victims_evidence, where_text)
 from ddpdoctor.explain.launchers import EXIT_RECORDS, exit_signal
 from ddpdoctor.explain.texts import CAUSES, EXIT_CRASH, SIGNAL_CAUSES, SIGNAL_CRASH, CauseText
+from ddpdoctor.core import cuda_version
 from ddpdoctor.core.findings import Finding, rank_ranges
 from ddpdoctor.explain.scan import Event
 
@@ -121,6 +122,12 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
         on = f" on {where}" if ranks or any(e.host for e in group) or (first.sig in NODE_LEVEL and nodes) else ""
         if first.sig == "launcher_signal":
             fields["signal"] = _signal_words(first)  # "SIGHUP (1)": the log may give only the number
+        if first.sig == "driver_too_old":
+            # torch's "found version 12080" is the driver's newest CUDA; other wordings do not say it.
+            found = cuda_version.driver_cuda(next((e.fields["found"] for e in [first, *group] if e.fields.get("found")),
+                                                  None))
+            if found:
+                fields["driver"] = f"its driver supports up to {cuda_version.words(found)}"
         title = fill(text.title, where=where, on=on, text=first.text[:160], **fields)
         if not (title.startswith(where) and any(e.host == where for e in events)):  # a host keeps its case
             title = title[0].upper() + title[1:]

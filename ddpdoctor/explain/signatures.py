@@ -112,9 +112,17 @@ SIGNATURES: tuple[Signature, ...] = (
          "CUDA out of memory (tried to allocate {tried})", "torch CUDA allocator"),
     _sig("invalid_device_ordinal", CAUSE, ("invalid device ordinal",),
          r"invalid device ordinal", "CUDA: invalid device ordinal", "CUDA"),
-    _sig("driver_too_old", CAUSE, ("driver on your system is too old",),
-         r"NVIDIA driver on your system is too old(?: \(found version (?P<found>\d+)\))?",
-         "NVIDIA driver too old for this torch", "torch"),
+    # One cause in every wording it has had: torch's check (1.x to today, a warning at CUDA init or the
+    # error), and the CUDA runtime's own cudaErrorInsufficientDriver (35) as THCudaCheck, "cuda runtime error
+    # (35)", "CUDA error: ...", NCCL's "Cuda failure '...'" and onnxruntime's "CUDA failure 35: ..." print it.
+    _sig("driver_too_old", CAUSE, ("driver on your system is too old", "driver version is insufficient for CUDA runtime"),
+         r"(?:NVIDIA driver on your system is too old(?: \(found version (?P<found>\d+)\))?"
+         r"|CUDA driver version is insufficient for CUDA runtime version)",
+         "NVIDIA driver too old for this CUDA", "torch / CUDA runtime"),
+    # cudaErrorUnsupportedPtxVersion (222): the driver's JIT is older than the toolkit that wrote the PTX.
+    _sig("ptx_toolchain", CAUSE, ("PTX was compiled with an unsupported toolchain",),
+         r"PTX was compiled with an unsupported toolchain", "driver older than the toolkit of a kernel's PTX",
+         "CUDA driver"),
     _sig("no_gpu", CAUSE, ("No CUDA GPUs are available", "CUDA driver initialization failed",
                            "Found no NVIDIA driver"),
          r"(?P<what>No CUDA GPUs are available|CUDA driver initialization failed|Found no NVIDIA driver)",

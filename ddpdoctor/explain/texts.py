@@ -50,10 +50,23 @@ CAUSES: dict[str, CauseText] = {
         "with one GPU per task, use cuda:0 (or device_count()-aware mapping). `ddpdoctor check` under the same "
         "srun shows what each rank sees (GPU005, GPU006).", severity=Severity.CRITICAL),
     "driver_too_old": _worded(
-        "GPU008", "The NVIDIA driver is too old for this torch{on}",
-        "torch's CUDA runtime needs a newer driver than the node has (found version {found}).",
-        "Install a torch build for an older CUDA (the cuXXX wheel matching `nvidia-smi`'s CUDA version), or "
-        "update the node's driver."),
+        "GPU008", "The NVIDIA driver is too old for this torch{on}: {driver}",
+        "torch's CUDA runtime needs a newer driver than the node has: the driver states the newest CUDA it "
+        "supports (`nvidia-smi`, top right), and torch was built for a newer one (`torch.version.cuda`). "
+        "Worded \"The NVIDIA driver on your system is too old (found version N)\" by torch (N = 1000 x major + "
+        "10 x minor: 12080 is CUDA 12.8) and \"CUDA driver version is insufficient for CUDA runtime version\" "
+        "(error 35) by the CUDA runtime, NCCL and older torch.",
+        "Install a torch build for the CUDA the driver supports (the cuXXX wheel at or below `nvidia-smi`'s "
+        "CUDA version), or update the node's driver; where only some nodes fail, those nodes' drivers are "
+        "older (`ddpdoctor check` compares them: GPU008, HOM)."),
+    "ptx_toolchain": _worded(
+        "GPU008", "A CUDA kernel{on} was built by a newer CUDA toolkit than the driver supports",
+        "\"the provided PTX was compiled with an unsupported toolchain\" (cudaErrorUnsupportedPtxVersion, 222): "
+        "the driver compiles a kernel's PTX at load time and refuses PTX from a toolkit newer than itself: a "
+        "Triton or torch.compile kernel, a custom extension built with a newer nvcc, a library shipping PTX only.",
+        "Update the node's driver to one that supports the toolkit's CUDA (`nvidia-smi` shows the newest it "
+        "supports, `nvcc --version` the toolkit's); or build the extension with a toolkit the driver supports, "
+        "with SASS for the GPU (TORCH_CUDA_ARCH_LIST)."),
     "no_gpu": _worded(
         "GPU008", "torch cannot use a GPU{on}: {what}",
         "CUDA could not start: no GPU is visible to the process (CUDA_VISIBLE_DEVICES empty, no GPU granted by "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
 
-from ddpdoctor.core import codes
+from ddpdoctor.core import codes, cuda_version
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.measure.cuda_visible import VisibleDevices
 from ddpdoctor.measure.cuda_visible import parse as parse_visible
@@ -104,10 +104,16 @@ def cuda_unusable(node: Node) -> list[Finding]:
         return []
     t, nv = node.facts[broken[0]].torch, node.facts[broken[0]].nvml
     built = t.cuda_built
+    if not built:
+        said = "it was built without CUDA"
+    elif cuda_version.driver_too_old(nv.cuda_driver_version, built):
+        said = (f"its driver {nv.driver_version} ({cuda_version.words(cuda_version.driver_cuda(nv.cuda_driver_version))}) "
+                f"is older than torch's {cuda_version.words(cuda_version.built_cuda(built))}")
+    else:
+        said = "CUDA is unavailable"
     return [codes.finding(
         "GPU008", NAME,
-        (f"torch on rank {rank_ranges(broken)} cannot use the {node.nvml_count} GPUs of {node.host}: "
-         + ("it was built without CUDA" if not built else "CUDA is unavailable")),
+        f"torch on rank {rank_ranges(broken)} cannot use the {node.nvml_count} GPUs of {node.host}: {said}",
         ranks=tuple(broken), nodes=node.nodes,
         evidence={"nvml_gpus": node.nvml_count, "torch_version": t.version, "torch_cuda": built,
                   "driver_version": nv.driver_version, "driver_cuda": nv.cuda_driver_version,

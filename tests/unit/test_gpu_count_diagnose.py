@@ -394,13 +394,33 @@ def test_driver_too_old_on_one_node():
     assert len(gpu008) == 1
     f = gpu008[0]
     assert f.ranks == tuple(range(8, 16)) and f.nodes == ("dgxa100-002",)
-    assert f.title.endswith("CUDA is unavailable")
+    # NVML's CUDA of the driver (11040: 11.4) against torch's (12.1): the title says which is older.
+    assert f.title.endswith("its driver 470.223.02 (CUDA 11.4) is older than torch's CUDA 12.1"), f.title
     assert f.evidence["driver_version"] == "470.223.02" and f.evidence["driver_cuda"] == 11040
     assert f.evidence["torch_cuda"] == "12.1"
     assert f.evidence["reason"].startswith("The NVIDIA driver on your system is too old")
     # Slurm granted 8 GPUs there and torch sees none: said per rank, on that node only.
     assert sorted(r for g in only(findings, "GPU006") for r in g.ranks) == list(range(8, 16))
     assert set(codes(findings)) == {"GPU008", "GPU006"}
+
+
+def test_cuda_unavailable_with_a_driver_new_enough_says_only_that():
+    """torch's CUDA 12.1 on a driver for CUDA 12.4 that still fails (a container's libcuda, a GPU in a bad
+    state): no claim about the driver's age."""
+    facts = load("a100x8_2node_old_driver_on_node2.json")
+    for f in facts.values():
+        f["nvml"]["cuda_driver_version"] = 12040
+    [f] = only(diagnose(facts), "GPU008")
+    assert f.title.endswith("CUDA is unavailable") and "older" not in f.title
+
+
+@pytest.mark.parametrize("driver, torch_cuda, old", [(11040, "12.1", True), (12080, "13.0", True), (12040, "12.4", False),
+                                                     (12080, "12.4", False), (12020, "12.4", True), (None, "12.1", False),
+                                                     (12040, None, False), ("n/a", "12.1", False)])
+def test_a_driver_is_too_old_when_its_cuda_is_older_than_torchs(driver, torch_cuda, old):
+    from ddpdoctor.core import cuda_version
+
+    assert cuda_version.driver_too_old(driver, torch_cuda) is old
 
 
 # -- GPU009: one rank ------------------------------------------------------------------
