@@ -545,9 +545,23 @@ class Doctor:
                 if self._store.check([key]):
                     where = json.loads(self._store.get(key).decode("utf-8", "replace"))
                     self._where[rank] = (str(where["host"]), where.get("cpus"))
+                    self._not_a_neighbour(rank, str(where["host"]))
             except Exception:
                 pass
         return self._where.get(rank, (f"rank{rank}", None))
+
+    def _not_a_neighbour(self, rank: int, host: str) -> None:
+        """A peer rank on this node is not "another process" on this rank's cores: ranks that share cores
+        time-share them, which the CPU-denied rules judge from the lost time (and HOM013/HOM015 say), while a
+        co-runner named is taken for a neighbour. Seen on 4 ranks pinned two to a core: rank 0's busiest
+        "other process (pid 16462, python)" was rank 2."""
+        if rank == self.rank or host != self.host or self._store is None:
+            return
+        key = keys.callback_pid(rank)
+        if self._store.check([key]):
+            pid = json.loads(self._store.get(key).decode("utf-8", "replace")).get("pid")
+            if isinstance(pid, int):
+                self._cpu.exclude = self._cpu.exclude | {pid}
 
     # -- DataParallel: one process, several GPUs, measured over its first steps --------
     def _data_parallel_step(self) -> None:

@@ -60,12 +60,14 @@ def _gpu_dtype(torch: Any, device: Any) -> Any:
 
 
 def measure_matmul_got(device: Any, barrier: Callable[[], None] = lambda: None, slow_factor: float = 1.0,
-                       rounds: int = ROUNDS, round_s: float = ROUND_S) -> tuple[MatmulThroughput, Got]:
+                       rounds: int = ROUNDS, round_s: float = ROUND_S,
+                       peers: frozenset[int] = frozenset()) -> tuple[MatmulThroughput, Got]:
     """Median time of one n×n matmul, per round; `barrier` lines the rounds up across ranks.
 
     `slow_factor` > 1 is an injected fault: the rank really takes that much longer per
     repetition, busy on its CPU for the difference inside the timed window, as a slower
-    device or a CPU hog sharing its core would.
+    device or a CPU hog sharing its core would. `peers`: the pids of the job's other ranks on this
+    machine, never named as co-runners (core/hello.py `peer_pids`).
     """
     import torch
 
@@ -81,7 +83,7 @@ def measure_matmul_got(device: Any, barrier: Callable[[], None] = lambda: None, 
     every: list[float] = []
     per_round: list[float] = []
     waited = worked = 0.0
-    window = Window()
+    window = Window(exclude=peers)
     for _ in range(rounds):
         before = time.perf_counter()
         barrier()

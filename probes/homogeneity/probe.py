@@ -12,6 +12,7 @@ import dataclasses
 from collections import defaultdict
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
+from ddpdoctor.core.hello import peer_pids
 from ddpdoctor.measure import host_load
 from ddpdoctor.core import codes
 from ddpdoctor.core.facts import facts_by_rank
@@ -154,7 +155,8 @@ def _measure_matmul(ctx: RankContext) -> tuple[MatmulThroughput, Optional[Got]]:
         with ctx.collective("matmul_round_barrier", round=rounds["n"]):
             dist.barrier()
 
-    return measure_matmul_got(ctx.device, barrier=barrier, slow_factor=ctx.injector.slow_factor())
+    return measure_matmul_got(ctx.device, barrier=barrier, slow_factor=ctx.injector.slow_factor(),
+                              peers=peer_pids(ctx.hellos, ctx.rank))
 
 
 def _median(values: list[float]) -> Optional[float]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping
 
 from ddpdoctor.measure import clock_offset
+from ddpdoctor.core.hello import peer_pids
 from ddpdoctor.measure.contention import Window
 from ddpdoctor.core.findings import Finding
 from ddpdoctor.measure.sampler import RankSampler
@@ -57,7 +58,7 @@ class Stragglers:
             else:
                 offset = clock_offset.measure(ctx.channel.store, ctx.rank, hosts, ctx.cfg.timeout_s / 2)
         with RankSampler(gpu_uuid(ctx.device)) as sampler:
-            window = Window()
+            window = Window(exclude=peer_pids(ctx.hellos, ctx.rank))
             series = run_steps(ctx)
             # Waiting in the all-reduce and for data is on purpose; the rest of the time the thread works.
             contention = window.take(wait_s=(sum(series.columns.comm_wait_ms) + sum(series.columns.data_ms)) / 1e3)

@@ -421,3 +421,57 @@ def test_a_rank_slower_beside_a_neighbour_on_its_core_is_named_for_the_neighbour
     for f in facts.values():
         f["device"] = "cuda:0"
     assert _named(facts) == [((1,), "compute")]
+
+
+def test_a_peer_rank_on_the_same_machine_is_never_named_a_co_runner():
+    """Four ranks pinned two to a core: rank 0's busiest "other process (pid 16462, python)" was rank 2,
+    its fellow rank on the core (benchmarks/stragglers_detection.py --shapes, a 4-rank pinned Lightning
+    cell). A real busy process on our CPUs is seen; the same process given as a peer rank's pid is not
+    (core/hello.py `peer_pids`, the measurement's `exclude`)."""
+    from ddpdoctor.core.hello import Hello, peer_pids
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        seen = Window(corunners="always")
+        time.sleep(0.6)
+        assert busy.pid in {c.pid for c in seen.take().corunners}
+        hellos = {0: Hello(rank=0, machine="m1", pid=os.getpid()), 2: Hello(rank=2, machine="m1", pid=busy.pid),
+                  3: Hello(rank=3, machine="m2", pid=busy.pid + 1)}
+        assert peer_pids(hellos, 0) == frozenset({busy.pid})  # rank 3 is on another machine: its pid means nothing here
+        excluded = Window(corunners="always", exclude=peer_pids(hellos, 0))
+        time.sleep(0.6)
+        assert busy.pid not in {c.pid for c in excluded.take().corunners}
+        seen.close()
+        excluded.close()
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_the_callback_stops_counting_a_peer_rank_on_its_node_as_a_neighbour():
+    """The callback learns each rank's node and pid from the job's store (what the ranks publish at
+    `Doctor(...)`); a rank on its own node goes into the measurement's `exclude`, one on another node not."""
+    import json as _json
+
+    from ddpdoctor.callback.doctor import Doctor
+    from ddpdoctor.core import keys
+
+    class Store:
+        def __init__(self, values: dict) -> None:
+            self.values = {k: _json.dumps(v).encode() for k, v in values.items()}
+
+        def check(self, names: list) -> bool:
+            return all(n in self.values for n in names)
+
+        def get(self, name: str) -> bytes:
+            return self.values[name]
+
+    doctor = Doctor.__new__(Doctor)
+    doctor.rank, doctor.host, doctor._where = 0, "vm", {0: ("vm", "0")}
+    doctor._cpu = Window(corunners="never")
+    doctor._store = Store({keys.callback_host(2): {"host": "vm", "cpus": "0"}, keys.callback_pid(2): {"pid": 4242},
+                           keys.callback_host(1): {"host": "other", "cpus": "1"}, keys.callback_pid(1): {"pid": 4343}})
+    assert doctor._where_of(2) == ("vm", "0") and doctor._where_of(1) == ("other", "1")
+    assert 4242 in doctor._cpu.exclude and 4343 not in doctor._cpu.exclude
+    doctor._cpu.close()
