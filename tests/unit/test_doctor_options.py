@@ -266,4 +266,6 @@ def test_a_history_store_from_the_environment_is_checked_too(tmp_path, monkeypat
     with pytest.raises(ValueError) as caught:
         Doctor(nn.Linear(2, 2))
     _assert_one_line(caught.value, "DDPDOCTOR_HISTORY", r"does not exist; create it first")
-    assert _our_threads() == before
+    # No thread of its own (as the tests above say it): a thread of an earlier test's closed Doctor may still
+    # be ending, which `==` took for this one's (failed once, beside a 4-rank benchmark on the same cores).
+    assert _our_threads() - before == set()
