@@ -456,7 +456,7 @@ def _slow_link(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Findin
     slow = [pair for pair in slow if not crosses_nodes(pair, hosts)]
     if not slow:
         return []
-    suspects = tuple(busbw.suspect_ranks(slow))
+    suspects = tuple(busbw.suspect_ranks(slow, pair_bw))
     fastest = max(v for pair, v in pair_bw.items() if not crosses_nodes(pair, hosts))
     worst = slow[0]
     where = (f"rank {suspects[0]} ({run.hosts.get(suspects[0], '?')})" if len(suspects) == 1 else

@@ -377,6 +377,20 @@ def test_slowest_link_threshold_is_strict():
     assert slowest_link(_ring(p1_2=40.0, p2_3=50.0), threshold=0.5) == [(1, 2)]
 
 
+def test_a_slow_link_beside_a_noisy_pair_is_the_link_not_their_common_rank():
+    """Recorded in CI (`allreduce-bench --nproc 4 --inject slowlink:ranks=1,2`, 4 CPU ranks on 2 cores): pair
+    1-2 at 0.177 GB/s, 0-1 at 0.53, both under half the fastest (3-0, 1.24), and rank 1 was named. A slow
+    rank slows both its pairs alike; these are 3x apart: the link 1-2, and noise on 0-1."""
+    pair_bw = {(0, 1): 0.53, (1, 2): 0.177, (2, 3): 0.938, (3, 0): 1.244}
+    slow = [(1, 2), (0, 1)]  # worst first, as blamed_pairs gives them
+    assert suspect_ranks(slow) == [1]  # without the busbw: the rule before
+    assert suspect_ranks(slow, pair_bw) == [1, 2]
+    # A slow rank's two pairs within 2x of each other still name the rank, worst first.
+    assert suspect_ranks([(1, 2), (2, 3)], {(1, 2): 40.0, (2, 3): 50.0, (0, 1): 100.0, (3, 0): 100.0}) == [2]
+    assert suspect_ranks([(4, 5), (5, 6), (1, 2), (2, 3)],
+                         {(4, 5): 30.0, (5, 6): 35.0, (1, 2): 40.0, (2, 3): 45.0}) == [5, 2]
+
+
 def test_nothing_slow():
     assert slowest_link({}) == []
     assert slowest_link(_ring()) == []
