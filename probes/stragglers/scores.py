@@ -276,8 +276,7 @@ def _neighbour(facts: ByRank, scores: Scores, rank: int) -> Optional[str]:
     excess_pct = neighbour_excess(me, theirs)
     # A neighbour's time must also be a real part of its extra work (a quarter): a rank with twice the
     # work beside a process seen at 6% of its core is slow by its work.
-    step = statistics.fmean(_floats(facts[rank].steps.step_ms)[:scores.steps])
-    if excess_pct < NEIGHBOUR_SEEN_PCT or excess_pct / 100.0 * step < NEIGHBOUR_SHARE * _excess(scores, rank)["work"]:
+    if excess_pct < NEIGHBOUR_SEEN_PCT or not _covers_extra_work(facts, scores, rank, excess_pct, NEIGHBOUR_SHARE):
         return None
     return who(me) + ", and on none of its peers' (a neighbour on its core takes its time, caches and memory bandwidth)"
 
@@ -442,10 +441,11 @@ def _extra_work_is_work(facts: ByRank, scores: Scores, rank: int) -> bool:
     return extra_cpu_ms >= EXPLAINS_SHARE * in_step
 
 
-def _covers_extra_work(facts: ByRank, scores: Scores, rank: int, pct_of_wall: float) -> bool:
-    """This share of the rank's wall time, per step, is at least EXPLAINS_SHARE of its extra work."""
+def _covers_extra_work(facts: ByRank, scores: Scores, rank: int, pct_of_wall: float,
+                       share: float = EXPLAINS_SHARE) -> bool:
+    """This share of the rank's wall time, per step, is at least `share` of its extra work."""
     steps = _floats(facts[rank].steps.step_ms)[:scores.steps]
-    return pct_of_wall / 100.0 * statistics.fmean(steps) >= EXPLAINS_SHARE * _excess(scores, rank)["work"]
+    return pct_of_wall / 100.0 * statistics.fmean(steps) >= share * _excess(scores, rank)["work"]
 
 
 def _arrives_last(scores: Scores, rank: int) -> bool:
