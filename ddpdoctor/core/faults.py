@@ -38,7 +38,9 @@ _KEYS = {
     "sigterm": {"rank": True, "stage": True},
     "diverge": {"rank": True},
     "corrupt": {"rank": True},  # the rank's collective results come out wrong (checked by allreduce)
-    "slowlink": {"ranks": True},  # collectives between these two ranks crawl (localised by allreduce)
+    # Collectives between these two ranks crawl (localised by allreduce): at mbps Mbit/s (2000 unless given),
+    # as a link throttled with `tc` to that rate would.
+    "slowlink": {"ranks": True, "mbps": False},
     # Their own 2-rank collective crawls the first time only: a burst of noise, not a slow link.
     "blip": {"ranks": True},
     "desync": {"rank": True},  # the rank calls another collective than its peers, once, in training
@@ -89,6 +91,11 @@ class Fault:
     ms: Optional[float] = None  # slowdata: the stall per batch
     pct: Optional[float] = None  # hog, quota, preempt: the strength, in percent
     mb: Optional[float] = None  # mempressure: MiB held
+    mbps: Optional[float] = None  # slowlink: the link's rate in Mbit/s (None: SLOW_LINK_BYTES_PER_S)
+
+    def link_bytes_per_s(self) -> float:
+        """slowlink: what the link carries, bytes per second."""
+        return self.mbps * 1e6 / 8 if self.mbps is not None else SLOW_LINK_BYTES_PER_S
 
     def describe(self) -> str:
         parts = [self.kind, f"rank={self.rank}" if self.peer is None else f"ranks={self.rank},{self.peer}"]
@@ -100,6 +107,8 @@ class Fault:
             parts.append(f"pct={self.pct:g}")
         if self.mb is not None:
             parts.append(f"mb={self.mb:g}")
+        if self.mbps is not None:
+            parts.append(f"mbps={self.mbps:g}")
         if self.factor is not None:
             short = f"{self.factor:g}"
             parts.append(f"factor={short if float(short) == self.factor else repr(self.factor)}")
@@ -113,11 +122,12 @@ def parse_faults(spec: Optional[str]) -> tuple[Fault, ...]:
     if not spec or not spec.strip():
         return ()
     # Faults are comma-separated, and so are slowlink's two ranks: a piece that does not
-    # start a new fault (no "kind:") continues the one before it.
+    # start a new fault (no "kind:", or a rank number before its next option: "5:mbps=500") continues
+    # the one before it.
     items: list[str] = []
     for piece in spec.split(","):
         piece = piece.strip()
-        if items and piece and ":" not in piece:
+        if items and piece and (":" not in piece or piece.split(":")[0].strip().isdigit()):
             items[-1] += "," + piece
         elif piece:
             items.append(piece)
@@ -177,7 +187,8 @@ def _parse_one(item: str) -> Fault:
             raise UsageError(f"ms must be between 0 and 60000 in --inject {item!r}")
     pct = _number(values, "pct", item, 1.0, 100.0)
     mb = _number(values, "mb", item, 1.0, 1 << 20)
-    return Fault(kind=kind, rank=rank, stage=stage, factor=factor, peer=peer, ms=ms, pct=pct, mb=mb)
+    mbps = _number(values, "mbps", item, 1.0, 1e6)
+    return Fault(kind=kind, rank=rank, stage=stage, factor=factor, peer=peer, ms=ms, pct=pct, mb=mb, mbps=mbps)
 
 
 def _number(values: dict[str, str], key: str, item: str, low: float, high: float) -> Optional[float]:

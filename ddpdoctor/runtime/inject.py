@@ -101,8 +101,9 @@ class Injector:
     def link_delay_s(self, group_ranks: Any, size_bytes: int) -> float:
         """Extra time a collective of `size_bytes` over `group_ranks` spends on an injected slow link."""
         members = set(group_ranks)
-        if any(f.kind == "slowlink" and {f.rank, f.peer} <= members for f in self.faults):
-            return size_bytes / SLOW_LINK_BYTES_PER_S
+        slow = [f.link_bytes_per_s() for f in self.faults if f.kind == "slowlink" and {f.rank, f.peer} <= members]
+        if slow:
+            return size_bytes / min(slow)
         for f in self.faults:
             if f.kind == "blip" and {f.rank, f.peer} == members and f not in self._blipped:
                 self._blipped.add(f)

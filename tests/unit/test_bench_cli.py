@@ -194,3 +194,17 @@ def test_a_blip_slows_the_pairs_own_collective_once_and_nothing_else():
     assert injector.link_delay_s((2, 1), 2**20) == pytest.approx(2**20 / 0.25e9)  # their pair, the first time
     assert injector.link_delay_s((1, 2), 2**20) == 0.0  # and never again
     assert Injector(faults, rank=0).link_delay_s((1, 2), 2**20) == 0.0  # only the two ends wait
+
+
+def test_a_slow_link_takes_its_rate_in_mbit_per_s_beside_its_two_ranks():
+    """`slowlink:ranks=4,5:mbps=500` (a link throttled as tc would): the rank list's comma does not cut the fault."""
+    from ddpdoctor.core.faults import parse_faults
+    from ddpdoctor.runtime.inject import Injector
+
+    faults = parse_faults("slowlink:ranks=4,5:mbps=500,slowlink:ranks=2,4")
+    assert [(f.rank, f.peer, f.mbps) for f in faults] == [(4, 5, 500.0), (2, 4, None)]
+    assert faults[0].describe() == "slowlink:ranks=4,5:mbps=500"
+    injector = Injector(faults, 4)
+    assert injector.link_delay_s((4, 5), 2**20) == pytest.approx(2**20 / 62.5e6)  # 500 Mbit/s
+    assert injector.link_delay_s((2, 4), 2**20) == pytest.approx(2**20 / 0.25e9)  # the default rate
+    assert injector.link_delay_s((0, 1), 2**20) == 0.0
