@@ -59,7 +59,8 @@ def lightning_callback(**options: Any) -> Any:
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             if self.doctor is not None:
-                self.doctor.step_end()
+                # training_step's return: the loss, or a dict holding it (watched for a non-finite value: DOC018).
+                self.doctor.step_end(outputs.get("loss") if isinstance(outputs, dict) else outputs)
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             if self.doctor is not None:

@@ -45,6 +45,7 @@ from ddpdoctor.core import keys
 from ddpdoctor.callback.data_parallel import DATA_PARALLEL_STEPS, DataParallelGpus
 from ddpdoctor.callback.gather import BatchPrint, Gather
 from ddpdoctor.callback.hang_watch import HangWatch
+from ddpdoctor.callback.loss_watch import LossWatch
 from ddpdoctor.callback.online_checks import (History, RankWindow, batch_scaling_finding, data_findings,
                                               data_parallel_finding, memory_growth, setup_findings)
 from ddpdoctor.callback.metrics import MetricsSink
@@ -59,6 +60,7 @@ from ddpdoctor.callback.user_objects import (batch_len, default_store, gather_de
 from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.history import recording
 from ddpdoctor.judge import causal_order
+from ddpdoctor.judge import losses as loss_judge
 from ddpdoctor.judge.replicas import findings as replica_findings
 from ddpdoctor.measure import contention
 
@@ -85,18 +87,19 @@ class FindingRaised(RuntimeError):
 class _Step:
     """`with doctor.step(batch):` without a generator: the step path is a few attribute reads."""
 
-    __slots__ = ("_doctor",)
+    __slots__ = ("_doctor", "loss")
 
     def __init__(self, doctor: Doctor) -> None:
         self._doctor = doctor
+        self.loss: Any = None  # `with doctor.step(batch) as step: ... step.loss = loss`: watched at the step's end
 
-    def __enter__(self) -> None:
-        return None
+    def __enter__(self) -> _Step:
+        return self
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         d = self._doctor
         if exc is None:
-            d.step_end()
+            d.step_end(self.loss)
             return
         # The loop's own error ends the step: no check (a collective other ranks may not reach),
         # and no hang report for a step that is over, unless a collective failed because a peer
@@ -214,6 +217,8 @@ class Doctor:
         self._wait = reducer_wait(model, opts.measure_comm, self.distributed, self.device.type)
         self._replicas = ReplicaWatch(model, optimizer, self.world_size, self._gather.device, self._gather.late)
         self._bypass_said = False
+        self._loss = LossWatch()  # the first step whose loss was non-finite (given to step_end)
+        self._loss_firsts: dict[int, Optional[int]] = {}  # per rank, from the last gathered table
         self._dp = DataParallelGpus(model)
         self._dp_done = self._dp.ids is None
         self._dp_steps: list[float] = []
@@ -290,12 +295,16 @@ class Doctor:
             self._slow = "step marked slow"
         self._began = now  # last: the watchdog reads it, with _slow
 
-    def step_end(self) -> None:
+    def step_end(self, loss: Any = None) -> None:
+        """The step is over (after optimizer.step()). `loss`: the step's loss (a tensor or a number), watched
+        for the first non-finite value on each rank (callback/loss_watch.py): never read back from a GPU here."""
         now = time.perf_counter()
         began = self._began
         if not began:  # no step_begin before it (or the step already ended): nothing to time
             return
         steps = self._steps = self._steps + 1
+        if loss is not None:
+            self._loss.see(loss, steps)
         if steps > self._detail_from:
             self._step_ms.append((now - began) * 1e3)
             # 0: not known (no batch given, or a scalar): DOC010 is then not said rather than guessed.
@@ -390,7 +399,15 @@ class Doctor:
         windows = {r: row.to_window(*self._where_of(r)) for r, row in rows.items()}
         if rows:
             self._judge_rows(windows)
+            self._judge_losses(rows, windows)
         self._compare_replicas(rows, windows)
+
+    def _judge_losses(self, rows: dict[int, GatheredRow], windows: dict[int, RankWindow]) -> None:
+        """DOC018: which rank's loss went non-finite first (judge/losses.py), from the gathered table."""
+        self._loss_firsts = {r: row.loss_nonfinite_step for r, row in rows.items()}
+        found = loss_judge.finding(self._loss_firsts, {r: w.host for r, w in windows.items()})
+        if found is not None:
+            self._take_new([found])
 
     def _compare_replicas(self, rows: dict[int, GatheredRow], windows: dict[int, RankWindow]) -> None:
         """Every rank's replica against the others' (callback/replicas.py), when due: decided from the
@@ -412,7 +429,8 @@ class Doctor:
         if result is not None:
             comparison, seen = result
             hosts = {r: w.host for r, w in windows.items()} or {self.rank: self.host}
-            found += replica_findings(comparison, replace(seen, bypassed_ddp=bypassed), hosts)
+            found += replica_findings(comparison, replace(seen, bypassed_ddp=bypassed,
+                                                          nonfinite_loss=loss_judge.said(self._loss_firsts)), hosts)
         if found:
             self._take_new(found)
 
@@ -453,7 +471,7 @@ class Doctor:
                            stale_epoch=stale, peak_mem_bytes=peak, batch_fingerprint=fingerprint,
                            wait_measured=self._wait is not None, wait_samples=wait.samples if wait else 0,
                            window_steps=self._steps - self._window_from, window_s=window_s,
-                           digest_ms=self._replicas.digest_ms,
+                           digest_ms=self._replicas.digest_ms, loss_nonfinite_step=self._loss.take(self._steps),
                            reducer_iteration=self._wait.iteration if self._wait is not None else -1,
                            step_ms=steps, data_ms=data, wait_ms=[share * step for step in steps],
                            samples=list(self._samples)[-len(steps):] if steps else [],

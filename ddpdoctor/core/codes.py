@@ -264,6 +264,15 @@ _ENTRIES = (
                "for good."),
           fix=("Make skip decisions on every rank alike (all-reduce the non-finite flag before acting on it), and "
                "find where the NaN comes from (a learning rate too high, an fp16 overflow, a bad batch).")),
+    _code("DOC018", _WARN, "callback",
+          why=("A NaN or inf loss on one rank becomes a NaN gradient on every rank at the next all-reduce (DDP "
+               "averages it in): the weights then go non-finite everywhere alike (or, under a GradScaler, the step "
+               "is skipped everywhere) and nothing else says where it began. The loss is each rank's own: the rank "
+               "first non-finite is where to look; ranks non-finite at the same step share the cause."),
+          fix=("On the rank named first, look at that step's batch (a corrupt sample, a division by a zero count, a "
+               "log of 0), its device, and its inputs' range; where every rank went together, lower the learning "
+               "rate, clip gradients, or train in bfloat16 instead of float16. `torch.autograd.detect_anomaly()` "
+               "on that rank names the operation that made the first NaN.")),
     _code("GPU000", frozenset({Severity.OK, Severity.INFO}), "gpu-count",
           severity_rule='OK when every rank sees its GPU, INFO when the check ran without GPUs'),
     _code("GPU001", _CRITICAL, "gpu-count",

@@ -26,9 +26,20 @@ GENERIC = frozenset({"RUN002", "RUN003", "RUN004", "RUN005", "RUN008"})
 # (INIT001), a container's /dev/shm, open files, processes or memory too small (LIM001, LIM002,
 # LIM004, LIM005).
 SPECIFIC = frozenset({"GPU001", "GPU003", "GPU005", "GPU008", "INIT001", "LIM001", "LIM002", "LIM004", "LIM005"})
+# Replicas that went apart (callback): a loss that went non-finite (DOC018) makes the weights non-finite
+# (DOC017) and different (DOC013) on ranks other than its own, through the averaged gradient, so these
+# are linked across ranks, by step: the loss went non-finite no later than the weights were seen apart.
+REPLICAS = {"DOC018": frozenset({"DOC017", "DOC013"}), "DOC017": frozenset({"DOC013"})}
+
+
+def _step(f: Finding, *keys: str) -> float:
+    value = next((f.evidence.get(k) for k in keys if isinstance(f.evidence.get(k), int)), None)
+    return float(value) if value is not None else float("inf")
 
 
 def _explains(cause: Finding, effect: Finding) -> bool:
+    if effect.code in REPLICAS.get(cause.code, ()):
+        return _step(cause, "first_step", "step") <= _step(effect, "first_seen_step", "step")
     if cause.code not in SPECIFIC or effect.code not in GENERIC or cause.severity < Severity.WARN:
         return False
     if not cause.ranks or not effect.ranks:
@@ -40,11 +51,16 @@ def link(findings: Iterable[Finding]) -> list[Finding]:
     """The same findings in the same order, each generic failure that a specific cause explains
     marked `explained_by` that cause's code (the worst such cause, the first of equals)."""
     found = list(findings)
-    causes = sorted((f for f in found if f.code in SPECIFIC), key=lambda f: -int(f.severity))
+    causes = sorted((f for f in found if f.code in SPECIFIC or f.code in REPLICAS), key=lambda f: -int(f.severity))
     out = []
     for f in found:
-        by = next((c for c in causes if _explains(c, f)), None)
-        out.append(dataclasses.replace(f, explained_by=by.code) if by is not None and not f.explained_by else f)
+        # Linked before (the callback links each check's new findings): kept, but climbed like a new link.
+        by = (next((c for c in causes if c.code == f.explained_by), None) if f.explained_by
+              else next((c for c in causes if _explains(c, f)), None))
+        # A chain (DOC018 -> DOC017 -> DOC013) hangs under its first cause, so one verdict leads.
+        while by is not None and (up := next((c for c in causes if _explains(c, by)), None)) is not None:
+            by = up
+        out.append(dataclasses.replace(f, explained_by=by.code) if by is not None else f)
     return out
 
 
@@ -57,10 +73,16 @@ def ordered(findings: Sequence[Finding], keep_order: bool = False) -> list[Findi
     out: list[Finding] = []
     for root in sorted(roots, key=key):
         out.append(root)
-        out += sorted((f for f in linked if f.explained_by == root.code and f not in out and _explains(root, f)),
-                      key=key)
+        under = [f for f in linked if f.explained_by == root.code and f not in out and _chained(root, f, linked)]
+        # Within a chain, each finding after the one that explains it (DOC017 before the DOC013 it explains).
+        out += sorted(under, key=lambda f: (sum(_explains(m, f) for m in under if m is not f), key(f)))
     out += [f for f in linked if f not in out]  # explained by a cause that is not a root: never dropped
     return out
+
+
+def _chained(root: Finding, f: Finding, found: Sequence[Finding]) -> bool:
+    """`root` explains `f`, itself or through a finding it explains (DOC018 -> DOC017 -> DOC013)."""
+    return _explains(root, f) or any(_explains(root, mid) and _explains(mid, f) for mid in found)
 
 
 def verdict_line(findings: Sequence[Finding]) -> str:

@@ -124,6 +124,7 @@ class Seen:
     first_seen_step: int
     last_equal_step: Optional[int]
     bypassed_ddp: bool = False  # DDP's forward was never called (the reducer counted no iteration)
+    nonfinite_loss: Optional[str] = None  # which rank's loss went non-finite first (judge/losses.said), if any
 
 
 def findings(comparison: Comparison, seen: Seen, hosts: Mapping[int, str], probe: str = PROBE) -> list[Finding]:
@@ -217,8 +218,9 @@ def _cause(comparison: Comparison, seen: Seen, nonfinite: list[int]) -> tuple[st
         return ("the optimizer's settings differ between ranks (DOC014)",
                 "Give every rank the same optimizer settings and step schedulers on every rank alike.", "DOC014")
     if nonfinite:
+        began = f"; {seen.nonfinite_loss}" if seen.nonfinite_loss else ""
         return (f"rank {rank_ranges(nonfinite)} holds non-finite values (DOC017): a step skipped or taken on some "
-                "ranks only",
+                f"ranks only{began}",
                 "Decide to skip a step on every rank alike (all-reduce the non-finite flag first); find the NaN's source.",
                 "DOC017")
     equal_grads = [e.grads_equal for e in entries if e.grads_equal is not None]
@@ -265,10 +267,11 @@ def _nonfinite_finding(comparison: Comparison, ranks: list[int], seen: Seen, hos
     tail = (f"; rank {rank_ranges(finite)}'s are finite" if finite else "") + (
         f", the gradients are non-finite on rank {rank_ranges(grads)}: the step was taken where the weights went "
         "non-finite and skipped where they did not" if grads and finite else "")
+    began = f" ({seen.nonfinite_loss})" if seen.nonfinite_loss else ""
     return codes.finding(
         "DOC017", probe,
         f"Non-finite weights (NaN or inf) in {_names(entries)} on rank {rank_ranges(ranks)} at step {seen.first_seen_step}"
-        + tail,
+        + tail + began,
         ranks=tuple(ranks), nodes=_nodes(hosts, ranks),
         evidence={"tensors": [list(e.names) for e in entries[:64]], "step": seen.first_seen_step,
                   "nonfinite_gradients_on": grads, "finite_weights_on": finite})

@@ -33,18 +33,18 @@ def nccl_one_rank(tmp_path):
     dist.destroy_process_group()
 
 
-def _loop(model, opt, steps: int, doctor=None) -> None:
+def _loop(model, opt, steps: int, doctor=None, nan_at: int = -1) -> None:
     x = torch.randn(256, 512, device="cuda")
     y = torch.randint(0, 10, (256,), device="cuda")
-    for _ in range(steps):
+    for i in range(steps):
         if doctor is not None:
             doctor.step_begin((x, y))
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss = torch.nn.functional.cross_entropy(model(x if i != nan_at else x * float("nan")), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if doctor is not None:
-            doctor.step_end()
+            doctor.step_end(loss)  # the loss watched too (callback/loss_watch.py): a copy on the device, no read
 
 
 def test_the_callback_makes_no_synchronising_call(nccl_one_rank):
@@ -79,3 +79,29 @@ def test_the_callback_makes_no_synchronising_call(nccl_one_rank):
     finally:
         doctor.close()
     assert all(f.severity.label in ("ok", "info") for f in doctor.report()), doctor.report()
+
+
+def test_a_nan_loss_is_dated_to_its_step_a_check_late_without_a_synchronising_call(nccl_one_rank):
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ddpdoctor.callback.loss_watch import LossWatch
+
+    model = DistributedDataParallel(torch.nn.Linear(512, 10).cuda(), device_ids=[0])
+    watch = LossWatch()
+    x = torch.randn(64, 512, device="cuda")
+    for step in range(1, 3):  # the ring and its positions made outside the mode
+        watch.see(torch.nn.functional.cross_entropy(model(x), torch.zeros(64, dtype=torch.long, device="cuda")), step)
+    watch.take(2)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(3, 31):
+            inputs = x * float("nan") if step == 17 else x
+            loss = torch.nn.functional.cross_entropy(model(inputs), torch.zeros(64, dtype=torch.long, device="cuda"))
+            watch.see(loss, step)
+            if step % 10 == 0:  # the scans launched; one read only once complete (the NaN's, launched at 20)
+                assert watch.take(step) in ((None,) if step < 30 else (None, 17))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert watch.take(31) == 17

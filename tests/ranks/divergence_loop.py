@@ -86,7 +86,7 @@ class Case:
 
     def step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
         name, model, opt = self.name, self.model, self.opt
-        with self.doctor.step((x, y)):
+        with self.doctor.step((x, y)) as watched:
             opt.zero_grad()
             if name in ("all_no_sync", "accumulate"):
                 for k, (xs, ys) in enumerate(zip(x.chunk(2), y.chunk(2))):
@@ -106,11 +106,13 @@ class Case:
             if self.scaler is not None:
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     loss = nn.functional.cross_entropy(model(x).float(), y)
+                watched.loss = loss
                 self.scaler.scale(loss).backward()
                 self.scaler.step(opt)
                 self.scaler.update()
                 return
             loss = nn.functional.cross_entropy(out, y)
+            watched.loss = loss  # the step's loss, watched for the first non-finite value (DOC018)
             loss.backward()
             if name == "nan_skip" and not torch.isfinite(loss):
                 return  # skipped on this rank alone

@@ -33,6 +33,7 @@ def run(tmp_path_factory):
         path = tmp / f"r.{case}"
         return {f["code"]: f for f in json.loads(path.read_text())["findings"]} if path.exists() else {}
 
+    found.order = lambda case: [f["code"] for f in json.loads((tmp / f"r.{case}").read_text())["findings"]]
     return found
 
 
@@ -93,10 +94,18 @@ def test_a_layer_unfrozen_after_ddp_was_built_drifts_alone(run):
 
 
 @pytest.mark.timeout(180)
-def test_a_step_skipped_on_one_rank_for_a_nan_is_named_with_the_rank_whose_weights_went_nan(run):
+def test_a_step_skipped_on_one_rank_for_a_nan_names_the_rank_whose_loss_went_nan_first_and_whose_weights_followed(run):
     found = run("nan_skip")  # rank 1's loss is NaN from step 30: rank 0 steps into NaN weights, rank 1 skips
     assert found["DOC017"]["ranks"] == [0] and "rank 1's are finite" in found["DOC017"]["title"]
     _diverged(found, "non-finite", ["fc1.weight"], (30, 40))
+    # Where it began: rank 1's loss, at its 31st step (the weights are only seen apart at the check of step 40);
+    # rank 0's loss follows one step later, from the NaN gradient it averaged in. One verdict leads: the loss.
+    loss = found["DOC018"]
+    assert loss["ranks"] == [1] and loss["evidence"]["first_nonfinite_step"] == {"0": 32, "1": 31}, loss
+    assert "first on rank 1, at step 31; then rank 0 at step 32" in loss["title"]
+    assert "rank 1's loss went non-finite first, at step 31" in found["DOC017"]["title"]
+    assert found["DOC017"]["explained_by"] == "DOC018" and found["DOC013"]["explained_by"] == "DOC018"
+    assert run.order("nan_skip")[0] == "DOC018"
 
 
 @pytest.mark.timeout(180)

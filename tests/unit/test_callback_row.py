@@ -13,7 +13,7 @@ from ddpdoctor.callback.doctor import Doctor
 from ddpdoctor.callback.row import COLUMNS, HEADER, SCALARS, GatheredRow, pack, packed_length, unpack
 
 FULL = GatheredRow(rank=3, steps_done=150, loader_len_batches=1250, stale_epoch=True, peak_mem_bytes=79 * 2**30 + 7,
-                   batch_fingerprint=2**52 - 3, wait_measured=True, step_ms=[12.5, 13.25, 11.0],
+                   batch_fingerprint=2**52 - 3, wait_measured=True, loss_nonfinite_step=31, step_ms=[12.5, 13.25, 11.0],
                    data_ms=[0.5, 0.75, 2.0], wait_ms=[1.0, 0.0, 3.5], samples=[32.0, 32.0, 31.0])
 UNKNOWN = GatheredRow(rank=0, steps_done=1, step_ms=[4.0], data_ms=[0.0], wait_ms=[0.0], samples=[0.0])
 
@@ -28,7 +28,7 @@ def test_unpack_reads_back_what_pack_wrote(row, width):
 def test_an_unknown_scalar_travels_as_nan_and_a_known_zero_does_not():
     values = pack(UNKNOWN, 2)
     names = [name for name, _ in SCALARS]
-    for name in ("loader_len_batches", "peak_mem_bytes", "batch_fingerprint"):
+    for name in ("loader_len_batches", "peak_mem_bytes", "batch_fingerprint", "loss_nonfinite_step"):
         assert math.isnan(values[names.index(name)])
     zeros = GatheredRow(rank=0, steps_done=1, loader_len_batches=0, peak_mem_bytes=0, batch_fingerprint=0)
     back = unpack(pack(zeros, 2))
@@ -37,7 +37,7 @@ def test_an_unknown_scalar_travels_as_nan_and_a_known_zero_does_not():
 
 def test_the_layout_is_the_fields_scalars_then_count_then_padded_columns():
     assert COLUMNS == ["step_ms", "data_ms", "wait_ms", "samples"]
-    assert HEADER == len(SCALARS) + 1 == 24
+    assert HEADER == len(SCALARS) + 1 == 25
     values = pack(FULL, 5)
     assert values[:2] == [3.0, 150.0] and values[HEADER - 1] == 3.0  # rank, steps done, ..., count
     assert values[HEADER:HEADER + 5] == [12.5, 13.25, 11.0, 0.0, 0.0]  # a column padded to the width
