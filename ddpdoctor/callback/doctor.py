@@ -305,6 +305,8 @@ class Doctor:
         steps = self._steps = self._steps + 1
         if loss is not None:
             self._loss.see(loss, steps)
+        if self._replicas.per_step:  # a step long enough to afford a fingerprint of the weights (replicas.py)
+            self._replicas.record(steps)
         if steps > self._detail_from:
             self._step_ms.append((now - began) * 1e3)
             # 0: not known (no batch given, or a scalar): DOC010 is then not said rather than guessed.
@@ -420,8 +422,11 @@ class Doctor:
         if bypassed and not self._bypass_said:
             self._bypass_said = True
             found.append(bypass_finding(rows, {r: w.host for r, w in windows.items()}))
+        step_ms = max((1e3 * r.window_s / r.window_steps for r in rows.values() if r.window_steps > 0), default=0.0)
         try:
             result = self._replicas.check(self._steps, self._replicas.due(window_s, slowest))
+            self._replicas.plan_per_step(self._steps, max((r.fingerprint_ms for r in rows.values()), default=0.0),
+                                         step_ms)
         except Exception as exc:  # a bug of ours must not end the user's job (every rank runs the same code)
             log.warning("ddpdoctor: comparing replicas failed on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
             self._replicas.done = True
@@ -471,7 +476,8 @@ class Doctor:
                            stale_epoch=stale, peak_mem_bytes=peak, batch_fingerprint=fingerprint,
                            wait_measured=self._wait is not None, wait_samples=wait.samples if wait else 0,
                            window_steps=self._steps - self._window_from, window_s=window_s,
-                           digest_ms=self._replicas.digest_ms, loss_nonfinite_step=self._loss.take(self._steps),
+                           digest_ms=self._replicas.digest_ms, fingerprint_ms=self._replicas.fingerprint_ms,
+                           loss_nonfinite_step=self._loss.take(self._steps),
                            reducer_iteration=self._wait.iteration if self._wait is not None else -1,
                            step_ms=steps, data_ms=data, wait_ms=[share * step for step in steps],
                            samples=list(self._samples)[-len(steps):] if steps else [],

@@ -14,6 +14,12 @@ check (as the timing gather is: callback/gather.py), so the check never waits fo
 
 A check is due when the last one cost at most FREE_MS, or BUDGET of the training time since: on a
 small model that is every check, on 100M parameters on a CPU (35 ms a read) one check in 7 s.
+
+Where a step is long beside a read of the weights (one replica fingerprint, measured at each
+comparison, at most BUDGET of the slowest rank's step: 70 us for a 4-tensor model on one CPU core of
+the VM, against steps of 14 ms and more; about 15 us a tensor), each rank also keeps one fingerprint
+per step in a ring of RING steps, and a difference's details carry the rings: the first step whose
+fingerprints differ dates the divergence to the step, not only to the two checks around it.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ if TYPE_CHECKING:
 BUDGET = 0.005  # of the wall time between checks the comparison may take
 FREE_MS = 5.0  # a comparison this cheap runs at every check (at the default 2 s between checks, 0.25%)
 BYPASS_STEPS = 20  # steps after which a DDP whose reducer counted no iteration was never called
+RING = 1024  # per-step fingerprints kept: two check windows of 2 s at 4 ms a step and more
+GPU_READ_BYTES_PER_MS = 1e9  # a GPU reads its weights at 1 TB/s or faster (H100: 3.35): a fingerprint's least cost
 
 
 @dataclass
@@ -57,6 +65,10 @@ class ReplicaWatch:
         self.late = late
         self.layout = rd.layout(optimizer, inner, rd.averaged_by(self.ddp) if self.ddp is not None else None)
         self.digest_ms = 0.0  # this rank's last comparison, in ms of its own time
+        self.fingerprint_ms = 0.0  # one per-step fingerprint's cost on this rank, measured at the last comparison
+        self.per_step = False  # a fingerprint is kept at every step (record), decided at the checks from the table
+        self.recorded_from: Optional[int] = None  # the first step of the unbroken per-step record
+        self._ring: Optional[torch.Tensor] = None
         self.since_s = 0.0  # training time since the last comparison (from the gathered table: all ranks alike)
         self.last_equal_step: Optional[int] = None
         self.first_seen_step: Optional[int] = None
@@ -100,6 +112,43 @@ class ReplicaWatch:
         self.since_s += window_s
         return (slowest_digest_ms <= max(FREE_MS, BUDGET * 1e3 * self.since_s) or self.last_equal_step is None)
 
+    def plan_per_step(self, step: int, slowest_fingerprint_ms: float, slowest_step_ms: float) -> None:
+        """Whether the steps after this check each keep a fingerprint: where one costs at most BUDGET of
+        the slowest rank's step. From the gathered table, so every rank records the same steps."""
+        want = (not self.done and slowest_fingerprint_ms > 0 and slowest_step_ms > 0
+                and slowest_fingerprint_ms <= BUDGET * slowest_step_ms)
+        if want and not self.per_step:
+            import torch
+
+            self.recorded_from = step + 1
+            if self._ring is None:
+                device = self.layout.tensors[0].device if self.layout.tensors else self.device
+                self._ring = torch.zeros(RING, dtype=torch.int64, device=device)
+        elif not want:
+            self.recorded_from = None
+        self.per_step = want
+
+    def record(self, step: int) -> None:
+        """This step's fingerprint into the ring (a few kernels on a GPU, never read here)."""
+        assert self._ring is not None
+        self._ring[step % RING] = rd.fingerprint(self.layout)
+
+    def _measure_fingerprint(self) -> None:
+        """One fingerprint timed, where it is cheap enough to try (the last comparison took at most FREE_MS);
+        otherwise the comparison's own time stands for it (more than a fingerprint costs: no per-step record
+        is then kept on a model that cannot afford it)."""
+        if self.digest_ms > FREE_MS:
+            self.fingerprint_ms = self.digest_ms
+            return
+        ms = float("inf")
+        for _ in range(3):  # the least of three: a single cold call read 0.2-0.3 ms where the steady cost is 0.07
+            began = time.perf_counter()
+            rd.fingerprint(self.layout)
+            ms = min(ms, 1e3 * (time.perf_counter() - began))
+        if self.late:  # the host only queued it: the GPU's read of every weight is its cost there
+            ms = max(ms, sum(e.numel for e in self.layout.entries) * 4 / GPU_READ_BYTES_PER_MS)
+        self.fingerprint_ms = ms
+
     def check(self, step: int, due: bool) -> Optional[tuple[judge.Comparison, judge.Seen]]:
         """The comparison's progress at this check: what differs, once the ranks have gathered it."""
         if self.late:
@@ -107,6 +156,7 @@ class ReplicaWatch:
         if not due:
             return None
         self.since_s = 0.0
+        self._measure_fingerprint()
         differ = self._differ(self._reduce(self._timed(self._vector)).tolist())
         if not differ:
             self.last_equal_step = step
@@ -137,6 +187,7 @@ class ReplicaWatch:
                 return None
         if due:
             self.since_s = 0.0
+            self._measure_fingerprint()
             self._pending = self._launch("reduce", self._reduce(self._timed(self._vector)), step)
         return None
 
@@ -174,9 +225,12 @@ class ReplicaWatch:
         """On a difference: the settings, the bit sums of weights and gradients, and both norms."""
         import torch
 
+        ring = (self._ring.to(self.device, torch.float64) if self._ring is not None
+                else torch.full((RING,), -1.0, dtype=torch.float64, device=self.device))
         return torch.cat([self._settings(), self._padded(rd.digest(self.layout)),
                           self._padded(rd.digest(self.layout, grads=True), -1.0),
-                          self._padded(rd.norms(self.layout)), self._padded(rd.norms(self.layout, grads=True), -1.0)])
+                          self._padded(rd.norms(self.layout)), self._padded(rd.norms(self.layout, grads=True), -1.0),
+                          ring])
 
     def _reduce(self, vector: torch.Tensor) -> torch.Tensor:
         import torch
@@ -202,13 +256,15 @@ class ReplicaWatch:
 
     def _compare(self, gathered: list[float], step: int) -> tuple[judge.Comparison, judge.Seen]:
         settings = len(rd.settings_names())
-        width = settings + 4 * rd.MAX_ENTRIES
+        width = settings + 4 * rd.MAX_ENTRIES + RING
         digests = {}
+        rings = {}
         for rank in range(self.world_size):
             row = gathered[rank * width:(rank + 1) * width]
             at = settings
             params, grads, pnorms, gnorms = (row[at + k * rd.MAX_ENTRIES: at + (k + 1) * rd.MAX_ENTRIES] for k in range(4))
             digests[rank] = judge.RankDigest(rank, params, row[:settings], grads, pnorms, gnorms)
+            rings[rank] = row[at + 4 * rd.MAX_ENTRIES:]
         comparison = judge.compare(digests, [e.names for e in self.layout.entries],
                                    [e.averaged for e in self.layout.entries], rd.settings_names())
         if not comparison.entries:  # only the settings differ (so far): the weights were still equal here
@@ -219,7 +275,22 @@ class ReplicaWatch:
         # Named once: replicas that differ do not come back together, and each further look costs a read of
         # every tensor and a gather.
         self.done = True
-        return comparison, judge.Seen(self.first_seen_step, self.last_equal_step)
+        self.per_step = False
+        return comparison, judge.Seen(self.first_seen_step, self.last_equal_step,
+                                      first_step=self._first_differing_step(rings, step))
+
+    def _first_differing_step(self, rings: dict[int, list[float]], step: int) -> Optional[int]:
+        """The first step whose fingerprints differ across ranks, where the per-step record covers every
+        step since the last equal check (None: it does not, and the two checks bracket it)."""
+        if self.recorded_from is None:
+            return None
+        since = (self.last_equal_step or 0) + 1  # the first step not known equal
+        low = max(self.recorded_from, since, step - RING + 1)  # older steps are overwritten in the ring
+        for s in range(low, step + 1):
+            if len({ring[s % RING] for ring in rings.values()}) > 1:
+                # The first recorded step differing says nothing of the unrecorded ones before it.
+                return s if s > low or low == since else None
+        return None
 
 
 def _batchnorm(module: Any) -> bool:

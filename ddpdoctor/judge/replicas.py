@@ -125,6 +125,7 @@ class Seen:
     last_equal_step: Optional[int]
     bypassed_ddp: bool = False  # DDP's forward was never called (the reducer counted no iteration)
     nonfinite_loss: Optional[str] = None  # which rank's loss went non-finite first (judge/losses.said), if any
+    first_step: Optional[int] = None  # the first step whose weights differ, from the per-step record (if kept)
 
 
 def findings(comparison: Comparison, seen: Seen, hosts: Mapping[int, str], probe: str = PROBE) -> list[Finding]:
@@ -142,6 +143,8 @@ def findings(comparison: Comparison, seen: Seen, hosts: Mapping[int, str], probe
 
 
 def _when(seen: Seen) -> str:
+    if seen.first_step is not None:
+        return f"since step {seen.first_step} (the first step whose weights differ, equal after step {seen.first_step - 1})"
     if seen.last_equal_step is None:
         return f"at step {seen.first_seen_step}, the first compared"
     return f"since step {seen.last_equal_step + 1}-{seen.first_seen_step} (equal at step {seen.last_equal_step})"
@@ -197,7 +200,7 @@ def _weights_finding(comparison: Comparison, seen: Seen, hosts: Mapping[int, str
                                "gradients_equal": e.grads_equal} for e in entries[:64]],
                   "tensors_differing": tensors, "largest_norm_rel_diff": largest,
                   "first_seen_step": seen.first_seen_step, "last_equal_step": seen.last_equal_step,
-                  "cause": cause, "explained_by": explained_by})
+                  "first_differing_step": seen.first_step, "cause": cause, "explained_by": explained_by})
 
 
 def _cause(comparison: Comparison, seen: Seen, nonfinite: list[int]) -> tuple[str, str, Optional[str]]:

@@ -125,6 +125,18 @@ def digest(layout_: Layout, grads: bool = False) -> torch.Tensor:
     return torch.stack(sums).to(torch.float64)
 
 
+def fingerprint(layout_: Layout) -> torch.Tensor:
+    """One number for the whole replica: the wrapping sum of every tensor's bitsum, its low 52 bits,
+    as a 0-d int64 on the tensors' device (no wait). Cheap enough, on a small model, to keep one per
+    step: equal replicas give equal fingerprints, and the first step they differ dates a divergence."""
+    import torch
+
+    if not layout_.tensors:
+        return torch.zeros((), dtype=torch.int64)
+    device = layout_.tensors[0].device
+    return torch.stack([bitsum(t).to(device) for t in layout_.tensors]).sum().bitwise_and(MASK_52)
+
+
 def norms(layout_: Layout, grads: bool = False) -> torch.Tensor:
     """Per entry, the L2 norm of its tensors (gradients: -1 where none), float64 on their device:
     how far apart differing replicas are. Non-finite values give NaN or inf, as they are."""

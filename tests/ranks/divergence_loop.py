@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import time
 
 import torch
 import torch.distributed as dist
@@ -49,7 +50,8 @@ class Net(nn.Module):
 
 
 class Case:
-    def __init__(self, name: str, rank: int, path: str) -> None:
+    def __init__(self, name: str, rank: int, path: str, sleep_ms: float = 0.0) -> None:
+        self.sleep_s = sleep_ms / 1e3
         self.name, self.rank = name, rank
         torch.manual_seed(100 + rank)  # a rank's own initial weights: DDP must broadcast rank 0's
         kwargs: dict = {}
@@ -87,6 +89,8 @@ class Case:
     def step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
         name, model, opt = self.name, self.model, self.opt
         with self.doctor.step((x, y)) as watched:
+            if self.sleep_s:
+                time.sleep(self.sleep_s)  # a longer step (I/O, a bigger model): a per-step fingerprint is then cheap
             opt.zero_grad()
             if name in ("all_no_sync", "accumulate"):
                 for k, (xs, ys) in enumerate(zip(x.chunk(2), y.chunk(2))):
@@ -137,11 +141,12 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--cases", required=True)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--sleep-ms", type=float, default=0.0, help="added to every step of every case")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    cases = [Case(name, rank, args.json) for name in args.cases.split(",")]
+    cases = [Case(name, rank, args.json, args.sleep_ms) for name in args.cases.split(",")]
     g = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard of data
     for step in range(args.steps):
         x, y = torch.randn(16, 8, generator=g), torch.randint(0, 2, (16,), generator=g)

@@ -112,3 +112,22 @@ def test_a_step_skipped_on_one_rank_for_a_nan_names_the_rank_whose_loss_went_nan
 def test_batchnorm_without_buffer_broadcast_is_information_only(run):
     found = run("bn_no_broadcast")
     assert found["DOC016"]["severity"] == "info" and set(found) <= {"DOC016", "DOC010"}, found
+
+
+@pytest.mark.timeout(120)
+def test_on_longer_steps_the_divergence_is_dated_to_its_step_and_a_healthy_loop_stays_quiet(tmp_path):
+    """Steps of 40 ms: one fingerprint of this model's weights (about 70 microseconds) is within the 0.5%
+    budget (3x over, so a loaded machine keeps it), so every step keeps one, and the first step whose
+    weights differ is named, not only the two checks around it (callback/replicas.py)."""
+    port = free_port()
+    results = run_script_ranks(LOOP, ["--json", str(tmp_path / "r"), "--cases", "plain,nan_skip",
+                                      "--steps", "45", "--sleep-ms", "40"], {0: port, 1: port}, timeout_s=100)
+    assert [rc for rc, _ in results] == [0, 0], results
+
+    def found(case: str) -> dict[str, dict]:
+        return {f["code"]: f for f in json.loads((tmp_path / f"r.{case}").read_text())["findings"]}
+
+    assert set(found("plain")) <= {"DOC010"}, found("plain")
+    nan = found("nan_skip")["DOC013"]  # rank 1 skips the step of index 30 (its 31st), rank 0 takes it
+    assert (nan["evidence"]["last_equal_step"], nan["evidence"]["first_seen_step"]) == (30, 40), nan
+    assert nan["evidence"]["first_differing_step"] == 31 and "since step 31 (the first step" in nan["title"], nan
