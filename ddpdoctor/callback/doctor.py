@@ -42,6 +42,7 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from ddpdoctor.core import keys
+from ddpdoctor.callback.buffers import BufferWatch
 from ddpdoctor.callback.data_parallel import DATA_PARALLEL_STEPS, DataParallelGpus
 from ddpdoctor.callback.gather import BatchPrint, Gather
 from ddpdoctor.callback.hang_watch import HangWatch
@@ -61,6 +62,7 @@ from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.history import recording
 from ddpdoctor.judge import causal_order
 from ddpdoctor.judge import losses as loss_judge
+from ddpdoctor.judge.replicas import buffers_finding
 from ddpdoctor.judge.replicas import findings as replica_findings
 from ddpdoctor.measure import contention
 
@@ -217,6 +219,7 @@ class Doctor:
         self._wait = reducer_wait(model, opts.measure_comm, self.distributed, self.device.type)
         self._replicas = ReplicaWatch(model, optimizer, self.world_size, self._gather.device, self._gather.late)
         self._bypass_said = False
+        self._buffers = BufferWatch(self._replicas.ddp, self.world_size, self._gather.device, self._gather.late)
         self._loss = LossWatch()  # the first step whose loss was non-finite (given to step_end)
         self._loss_firsts: dict[int, Optional[int]] = {}  # per rank, from the last gathered table
         self._dp = DataParallelGpus(model)
@@ -423,17 +426,27 @@ class Doctor:
             self._bypass_said = True
             found.append(bypass_finding(rows, {r: w.host for r, w in windows.items()}))
         step_ms = max((1e3 * r.window_s / r.window_steps for r in rows.values() if r.window_steps > 0), default=0.0)
+        hosts = {r: w.host for r, w in windows.items()} or {self.rank: self.host}
         try:
-            result = self._replicas.check(self._steps, self._replicas.due(window_s, slowest))
+            due = self._replicas.due(window_s, slowest)
+            result = self._replicas.check(self._steps, due)
             self._replicas.plan_per_step(self._steps, max((r.fingerprint_ms for r in rows.values()), default=0.0),
                                          step_ms)
+            stashed = {(r.buffers_step, r.buffers_count) for r in rows.values()}
+            if len(stashed) > 1:  # the ranks read different forwards (one did not broadcast): read again, alike
+                self._buffers.drop()
+            buffers = self._buffers.compare(len(stashed) == 1 and None not in next(iter(stashed)), self._steps)
+            if buffers is not None:
+                found.append(buffers_finding(buffers.step, buffers.names, buffers.groups, buffers.never_broadcast,
+                                             buffers.ignored, hosts))
+            if due:
+                self._buffers.arm(self._steps)
         except Exception as exc:  # a bug of ours must not end the user's job (every rank runs the same code)
             log.warning("ddpdoctor: comparing replicas failed on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
             self._replicas.done = True
             return
         if result is not None:
             comparison, seen = result
-            hosts = {r: w.host for r, w in windows.items()} or {self.rank: self.host}
             found += replica_findings(comparison, replace(seen, bypassed_ddp=bypassed,
                                                           nonfinite_loss=loss_judge.said(self._loss_firsts)), hosts)
         if found:
@@ -477,6 +490,7 @@ class Doctor:
                            wait_measured=self._wait is not None, wait_samples=wait.samples if wait else 0,
                            window_steps=self._steps - self._window_from, window_s=window_s,
                            digest_ms=self._replicas.digest_ms, fingerprint_ms=self._replicas.fingerprint_ms,
+                           buffers_step=self._buffers.stash_step, buffers_count=self._buffers.stash_count,
                            loss_nonfinite_step=self._loss.take(self._steps),
                            reducer_iteration=self._wait.iteration if self._wait is not None else -1,
                            step_ms=steps, data_ms=data, wait_ms=[share * step for step in steps],

@@ -40,6 +40,8 @@ class GatheredRow:
     window_steps: int = 0  # every step since the last check (the columns hold the last WINDOW_CAP)
     window_s: float = 0.0  # the wall time since the last check: the slowest rank's step sets the next check
     digest_ms: float = 0.0  # this rank's last replica comparison (callback/replicas.py): sets when the next is due
+    buffers_step: Optional[int] = None  # the step whose forward's buffers this rank holds to compare (buffers.py)
+    buffers_count: int = -1
     fingerprint_ms: float = 0.0  # one replica fingerprint's cost: sets whether every step keeps one
     loss_nonfinite_step: Optional[int] = None  # the first step whose loss was NaN or inf (callback/loss_watch.py)
     reducer_iteration: int = -1  # the last iteration DDP's reducer recorded (-1: not read); 0 after many steps:

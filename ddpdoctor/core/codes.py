@@ -273,6 +273,16 @@ _ENTRIES = (
                "log of 0), its device, and its inputs' range; where every rank went together, lower the learning "
                "rate, clip gradients, or train in bfloat16 instead of float16. `torch.autograd.detect_anomaly()` "
                "on that rank names the operation that made the first NaN.")),
+    _code("DOC019", _WARN, "callback",
+          why=("DDP copies rank 0's buffers to every rank at the start of each forward (broadcast_buffers=True), "
+               "so just after that copy every buffer it broadcasts is the same on every rank. A buffer that differs "
+               "there is one DDP does not broadcast: on a model that had no buffer when DDP(...) was built DDP "
+               "broadcasts none, even one registered later (torch reads the list again only when it broadcasts); "
+               "buffers DDP was told to ignore are not broadcast either. Each rank keeps its own statistic, "
+               "evaluation differs by rank, and a checkpoint saved by rank 0 keeps rank 0's."),
+          fix=("Register buffers before wrapping the model in DDP(...) (or give the model any buffer at "
+               "construction), or broadcast them from rank 0 yourself (torch.distributed.broadcast) after "
+               "changing them; all-reduce a statistic that should cover every rank's data.")),
     _code("GPU000", frozenset({Severity.OK, Severity.INFO}), "gpu-count",
           severity_rule='OK when every rank sees its GPU, INFO when the check ran without GPUs'),
     _code("GPU001", _CRITICAL, "gpu-count",

@@ -278,3 +278,30 @@ def _nonfinite_finding(comparison: Comparison, ranks: list[int], seen: Seen, hos
         ranks=tuple(ranks), nodes=_nodes(hosts, ranks),
         evidence={"tensors": [list(e.names) for e in entries[:64]], "step": seen.first_seen_step,
                   "nonfinite_gradients_on": grads, "finite_weights_on": finite})
+
+
+def buffers_finding(step: int, names: Sequence[str], groups: Sequence[Sequence[int]], never_broadcast: bool,
+                    ignored: Sequence[str], hosts: Mapping[int, str], probe: str = PROBE) -> Finding:
+    """DOC019: buffers that differ between ranks just after DDP's broadcast (callback/buffers.py)."""
+    ranks = (sorted(r for g in groups[1:] for r in g) if len(groups) > 1 and len(groups[0]) > len(groups[1])
+             else sorted(r for g in groups for r in g))
+    everyone = sorted(r for g in groups for r in g)
+    where = (f"on rank {rank_ranges(ranks)} against the others" if len(ranks) < len(everyone)
+             else f"between ranks {rank_ranges(ranks)}")
+    shown = ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    if never_broadcast:
+        cause = ("the model had no buffer when DDP(...) was built, so DDP broadcasts none: it reads the buffers "
+                 "again only when it broadcasts")
+    elif ignored and len(ignored) == len(names):
+        cause = "DDP was told to ignore them (_set_params_and_buffers_to_ignore_for_model)"
+    else:
+        cause = "DDP's broadcast did not reach them"
+    return codes.finding(
+        "DOC019", probe,
+        (f"Buffers differ between ranks just after DDP's broadcast: {len(names)} buffer{'s' if len(names) != 1 else ''} "
+         f"({shown}) {where}, at the forward of step {step}: {cause}; each rank keeps its own, and a checkpoint "
+         "keeps rank 0's"),
+        ranks=tuple(ranks), nodes=_nodes(hosts, ranks),
+        evidence={"buffers": list(names[:64]), "count": len(names), "rank_groups": [rank_ranges(g) for g in groups],
+                  "step": step, "ddp_broadcasts_no_buffer": never_broadcast, "ignored_by_ddp": list(ignored[:64]),
+                  "cause": cause})

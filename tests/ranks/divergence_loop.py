@@ -18,7 +18,9 @@ The bugs (their public reports in docs/callback.md, "Ranks out of sync"):
 - module_forward: the loss computed with model.module(x), bypassing DDP (minimind#853);
 - unfrozen: a layer frozen when DDP was built and unfrozen after (Lightning#20340);
 - nan_skip: rank 1's loss turns NaN at step 30 and each rank skips its step when its loss is not finite;
-- bn_no_broadcast: BatchNorm with broadcast_buffers=False (information, not a bug).
+- bn_no_broadcast: BatchNorm with broadcast_buffers=False (information, not a bug);
+- late_buffer: a running mean of the inputs registered as a buffer after DDP(...) on a model that had
+  no buffer then, updated from each rank's batch: DDP never broadcasts it (torch 2.13, recorded).
 Healthy: plain, batchnorm (default broadcast), amp (bfloat16 autocast with a GradScaler), static_graph,
 fp16_hook (DDP's fp16 compression hook), accumulate (no_sync on all but the last micro-batch).
 """
@@ -71,6 +73,8 @@ class Case:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             self.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        if name == "late_buffer":
+            self.net.fc1.register_buffer("input_mean", torch.zeros(8))  # after DDP(...): never broadcast
         if name == "resume_rank0" and rank == 0:
             torch.manual_seed(7)
             self.model.module.load_state_dict(Net().state_dict())  # "resume": on rank 0 only, after wrapping
@@ -92,6 +96,9 @@ class Case:
             if self.sleep_s:
                 time.sleep(self.sleep_s)  # a longer step (I/O, a bigger model): a per-step fingerprint is then cheap
             opt.zero_grad()
+            if name == "late_buffer":
+                with torch.no_grad():  # a running mean of the inputs, from this rank's own batch
+                    self.net.fc1.input_mean.mul_(0.9).add_(x.mean(0), alpha=0.1)
             if name in ("all_no_sync", "accumulate"):
                 for k, (xs, ys) in enumerate(zip(x.chunk(2), y.chunk(2))):
                     last = k == 1 and name == "accumulate"
@@ -154,7 +161,8 @@ def main() -> None:
             case.step(step, x, y)
     for case in cases:
         case.doctor.close()
-    summary = {c.name: {"steps": c.doctor._steps, "findings": [f.code for f in c.doctor.report()]} for c in cases}
+    summary = {c.name: {"steps": c.doctor._steps, "findings": [f.code for f in c.doctor.report()],
+                        "buffers_compared": c.doctor._buffers.compared} for c in cases}
     with open(f"{args.json}.summary{rank}", "w") as f:
         json.dump(summary, f)
     dist.barrier()

@@ -17,11 +17,11 @@ pytestmark = pytest.mark.ranks
 FIT = Path(__file__).with_name("adapter_fit.py")
 
 
-def fit(tmp_path: Path, framework: str) -> tuple[list, dict]:
+def fit(tmp_path: Path, framework: str, fault: str = "ADAPTER_SLOW") -> tuple[list, dict]:
     report = tmp_path / f"{framework}.json"
     port = free_port()
     results = run_script_ranks(FIT, [framework, "--json", str(report)], {0: port, 1: port}, timeout_s=120,
-                               extra_env={"ADAPTER_SLOW": "1"}, cwd=tmp_path)
+                               extra_env={fault: "1"}, cwd=tmp_path)
     assert [rc for rc, _ in results] == [0, 0], [e for _, e in results]
     summaries = {r: json.loads(Path(f"{report}.summary{r}").read_text()) for r in range(2)}
     return json.loads(report.read_text())["findings"], summaries
@@ -39,3 +39,15 @@ def test_the_adapter_watches_a_real_fit_and_names_the_slow_rank(tmp_path, framew
     scaling = codes["DOC010"]["evidence"]
     assert scaling["effective_batch"] == 64 and scaling["learning_rates"] == ([0.01] if framework == "lightning"
                                                                               else [5e-5]), scaling
+
+
+def test_the_lightning_adapter_passes_the_loss_and_names_the_rank_whose_loss_went_nan_first(tmp_path):
+    """training_step's loss reaches the callback (on_train_batch_end's outputs): rank 1's batches turn NaN from
+    its 51st step, and DOC018 names rank 1 at step 51; rank 0's loss follows at the next step (the averaged
+    gradient), as in the plain loop (tests/ranks/test_divergence_e2e.py)."""
+    pytest.importorskip("lightning", reason="lightning is not installed (pip install -e '.[adapters]')")
+    findings, _ = fit(tmp_path, "lightning", fault="ADAPTER_NAN")
+    codes = {f["code"]: f for f in findings}
+    loss = codes["DOC018"]
+    assert loss["ranks"] == [1] and loss["evidence"]["first_nonfinite_step"] == {"0": 52, "1": 51}, loss
+    assert [f["code"] for f in findings][0] == "DOC018", findings

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.ranks
 LOOP = Path(__file__).with_name("divergence_loop.py")
 HEALTHY = ["plain", "batchnorm", "amp", "static_graph", "fp16_hook", "accumulate"]
 BUGS = ["temperature", "clamp_rank0", "lr_by_rank", "sched_rank0", "ema_rank0", "resume_rank0", "all_no_sync",
-        "module_forward", "unfrozen", "nan_skip", "bn_no_broadcast"]
+        "module_forward", "unfrozen", "nan_skip", "bn_no_broadcast", "late_buffer"]
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,7 @@ def run(tmp_path_factory):
         return {f["code"]: f for f in json.loads(path.read_text())["findings"]} if path.exists() else {}
 
     found.order = lambda case: [f["code"] for f in json.loads((tmp / f"r.{case}").read_text())["findings"]]
+    found.summary = lambda case, rank=0: json.loads((tmp / f"r.summary{rank}").read_text())[case]
     return found
 
 
@@ -41,6 +42,8 @@ def run(tmp_path_factory):
 @pytest.mark.parametrize("case", HEALTHY)
 def test_a_healthy_loop_raises_nothing(run, case):
     assert set(run(case)) <= {"DOC010"}, run(case)
+    if case == "batchnorm":  # its running statistics compared just after DDP's broadcast, every time equal
+        assert run.summary(case)["buffers_compared"] >= 4 and run.summary(case, 1)["buffers_compared"] >= 4
 
 
 def _diverged(found: dict, cause: str, tensors: list[str], since: tuple) -> dict:
@@ -106,6 +109,16 @@ def test_a_step_skipped_on_one_rank_for_a_nan_names_the_rank_whose_loss_went_nan
     assert "rank 1's loss went non-finite first, at step 31" in found["DOC017"]["title"]
     assert found["DOC017"]["explained_by"] == "DOC018" and found["DOC013"]["explained_by"] == "DOC018"
     assert run.order("nan_skip")[0] == "DOC018"
+
+
+@pytest.mark.timeout(180)
+def test_a_buffer_ddp_never_broadcasts_is_named_just_after_the_broadcast(run):
+    found = run("late_buffer")  # registered after DDP(...) on a model that had no buffer: never broadcast
+    buffers = found["DOC019"]
+    assert buffers["severity"] == "warn" and buffers["evidence"]["buffers"] == ["fc1.input_mean"], buffers
+    assert buffers["evidence"]["ddp_broadcasts_no_buffer"] is True and buffers["ranks"] == [0, 1]
+    assert buffers["evidence"]["step"] == 2  # armed at the first comparison (step 1), read at the next forward
+    assert "DOC013" not in found  # the weights themselves stay equal
 
 
 @pytest.mark.timeout(180)

@@ -1,0 +1,152 @@
+"""The model's buffers, read just after DDP's broadcast and compared across ranks at the checks.
+
+Why just after the broadcast: with broadcast_buffers=True (DDP's default) DDP copies rank 0's
+buffers to every rank at the start of each forward that syncs, and the module's forward then
+changes them from the rank's own batch (BatchNorm's running statistics). Compared at a check, they
+would always differ; read by a forward pre-hook on the wrapped module, after DDP's broadcast and
+before the module runs, every buffer DDP broadcast is rank 0's. A buffer that differs there is one
+DDP does not broadcast. Recorded on torch 2.13 (2 gloo ranks): a buffer registered after DDP(...)
+on a model that had none when it was built is never broadcast (`will_sync_module_buffers` asks
+for the buffers DDP found at construction; it reads the list again only when it broadcasts), while
+on a model built with a BatchNorm the same late buffer is broadcast. Buffers DDP was told to
+ignore are not broadcast either. Each rank then keeps its own values, and a checkpoint keeps rank 0's.
+
+The two hooks are armed at a comparison (callback/replicas.py decides when one is due, every
+rank alike), fire at the next forward and remove themselves: nothing runs at the other steps.
+The digests are gathered at the next check where every rank read the same step's forward; on a
+GPU the gather is read one check later, as the callback's own gather is (callback/gather.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from ddpdoctor.measure import replica_digest as rd
+
+if TYPE_CHECKING:
+    import torch
+
+MAX_BUFFERS = 512  # compared per buffer; a model with more compares its first MAX_BUFFERS
+
+
+@dataclass
+class BufferDiff:
+    """What the gathered digests say: the buffers that differ and the ranks, grouped by equal values."""
+
+    step: int
+    names: list[str]
+    groups: list[list[int]]  # the ranks by equal digests of the differing buffers, largest group first
+    never_broadcast: bool  # DDP found no buffer when it was built: it broadcasts none
+    ignored: list[str]  # of the names, those DDP was told to ignore
+
+
+class BufferWatch:
+    """One rank's side: arm, stash the digests after the broadcast, gather them, say what differs."""
+
+    def __init__(self, ddp: Any, world_size: int, device: torch.device, late: bool) -> None:
+        self.ddp = ddp
+        self.world_size = world_size
+        self.device = device
+        self.late = late
+        # Only where DDP broadcasts (the default): with broadcast_buffers=False they differ by design (DOC016).
+        self.done = (ddp is None or world_size < 2 or not getattr(ddp, "broadcast_buffers", False)
+                     or not hasattr(ddp, "_check_sync_bufs_pre_fwd"))
+        self.stash_step: Optional[int] = None  # the step whose forward's buffers are stashed
+        self.stash_count = -1
+        self._stash: Optional[torch.Tensor] = None
+        self._names: list[str] = []
+        self._handles: list[Any] = []
+        self._armed_step = 0
+        self._will_sync = False
+        self._pending: Optional[tuple[int, Any, Any]] = None  # (step, pinned host tensor, event)
+        self.compared = 0  # comparisons judged (so a quiet run can show it compared)
+
+    def arm(self, step: int) -> None:
+        """At a due comparison: read the buffers at the next forward (the step after `step`)."""
+        if self.done or self._handles or self.stash_step is not None:
+            return
+        if not list(self.ddp.module.buffers()):
+            return  # nothing to compare (yet)
+        self._armed_step = step + 1
+        self._handles = [self.ddp.register_forward_pre_hook(self._before_ddp),
+                         self.ddp.module.register_forward_pre_hook(self._after_broadcast)]
+
+    def _before_ddp(self, module: Any, args: Any) -> None:
+        # What DDP's own _pre_forward will decide, read before it runs (nothing changes in between).
+        self._will_sync = bool(self.ddp._check_sync_bufs_pre_fwd())
+
+    def _after_broadcast(self, module: Any, args: Any) -> None:
+        import torch
+
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if not self._will_sync:
+            # This forward did not broadcast (under no_sync(), after a forward without gradients): nothing is
+            # promised equal. Where DDP never broadcasts (no buffer when it was built), the buffers are read anyway.
+            if len(getattr(self.ddp, "modules_buffers", []) or []) > 0:
+                return
+        named = list(module.named_buffers())[:MAX_BUFFERS]
+        self._names = [n for n, _ in named]
+        with torch.no_grad():
+            digests = torch.stack([rd.bitsum(b).to(self.device) for _, b in named]).to(torch.float64)
+        self._stash = torch.full((MAX_BUFFERS,), -1.0, dtype=torch.float64, device=self.device)
+        self._stash[:len(named)] = digests
+        self.stash_count = len(named)
+        self.stash_step = self._armed_step
+
+    def drop(self) -> None:
+        """Forget this rank's stash (its peers read another forward's): armed again at the next comparison."""
+        self._stash, self.stash_step, self.stash_count = None, None, -1
+
+    def compare(self, agreed: bool, step: int) -> Optional[BufferDiff]:
+        """At a check, every rank alike: `agreed` when every rank's row stashed the same step's forward
+        (then all gather now); on a GPU the previous check's gather is read here."""
+        out = None
+        if self._pending is not None:
+            at, host, event = self._pending
+            self._pending = None
+            if not event.query():
+                event.synchronize()  # a whole check interval behind: every rank reads the same gather
+            out = self._diff(at, host.reshape(self.world_size, -1).tolist())
+        if agreed and self._stash is not None and self.stash_step is not None:
+            gathered = self._gather(self._stash)
+            at = self.stash_step
+            self._stash, self.stash_step, self.stash_count = None, None, -1
+            if self.late:
+                import torch
+
+                host = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
+                host.copy_(gathered, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(self.device))
+                self._pending = (at, host, event)
+            else:
+                out = out or self._diff(at, gathered.reshape(self.world_size, -1).tolist())
+        if out is not None:
+            self.done = True
+        return out
+
+    def _gather(self, vector: torch.Tensor) -> torch.Tensor:
+        import torch
+        import torch.distributed as dist
+
+        out = torch.empty(self.world_size * vector.numel(), dtype=torch.float64, device=vector.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, vector)
+        return out
+
+    def _diff(self, step: int, rows: list[list[float]]) -> Optional[BufferDiff]:
+        self.compared += 1
+        differing = [i for i in range(min(len(self._names), MAX_BUFFERS)) if len({row[i] for row in rows}) > 1]
+        if not differing:
+            return None
+        by: dict[tuple[float, ...], list[int]] = {}
+        for rank, row in enumerate(rows):
+            by.setdefault(tuple(row[i] for i in differing), []).append(rank)
+        groups = sorted(by.values(), key=lambda rs: (-len(rs), rs))
+        names = [self._names[i] for i in differing]
+        ignored = set(getattr(self.ddp, "parameters_to_ignore", ()) or ())
+        return BufferDiff(step, names, groups, not (getattr(self.ddp, "modules_buffers", None) or []),
+                          [n for n in names if n in ignored])
