@@ -44,6 +44,9 @@ class Report:
     fates: Mapping[int, "RankFate"] = field(default_factory=dict)
     # The report's first line, from its root cause (judge/causal_order.verdict_line), set by the reporter.
     verdict_line: str = ""
+    # The findings in the order they are shown (judge/causal_order.ordered: each root cause, worst first, then
+    # what it explains), set by the reporter; the JSON lists them so. Empty: run findings, then each probe's.
+    shown: list[Finding] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -138,7 +141,7 @@ class Report:
                 }
                 for r in range(rec.world_size)
             ],
-            "findings": [f.to_json() for f in self.findings],
+            "findings": [f.to_json() for f in (self.shown or self.findings)],
             "by_node": self.by_node(),
             "probes": [
                 {"name": p.name, "status": p.status,

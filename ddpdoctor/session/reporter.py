@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from ddpdoctor.core.report import ProbeSection, Report, write_json
 from ddpdoctor.core.run_record import RunRecord
-from ddpdoctor.judge.causal_order import link, verdict_line
+from ddpdoctor.judge.causal_order import link, ordered, verdict_line
 from ddpdoctor.judge.run_diagnosis import diagnose_run, rank_fates
 from ddpdoctor.probes import RunView, get_probe, with_context
 from ddpdoctor.probes.base import diagnose_safely
@@ -37,7 +37,7 @@ def build_report(record: RunRecord, backend: str = "", device: str = "",
         section.findings = [next(linked) for _ in section.findings]
     every = run_findings + [f for s in sections for f in s.findings]
     return Report(record, run_findings, sections, backend, device, list(command or sys.argv),
-                  fates=rank_fates(record), verdict_line=verdict_line(every))
+                  fates=rank_fates(record), verdict_line=verdict_line(every), shown=ordered(every))
 
 
 def _write_prom(report: Report, path: str) -> None:

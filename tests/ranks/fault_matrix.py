@@ -141,6 +141,22 @@ class CellResult:
     finding: str = ""
     problems: list[str] = field(default_factory=list)
     ran_at: str = ""
+    # One verdict first (issue 37): the report's first warning-or-worse finding, and the one it led with
+    # under the order reports had before the causal order (worst first, the run's own findings first).
+    lead: str = ""
+    lead_before: str = ""
+
+
+SEVERITY_RANK = {"critical": 3, "warn": 2, "info": 1, "ok": 0}
+
+
+def leads(report: dict[str, Any]) -> tuple[Optional[dict[str, Any]], Optional[dict[str, Any]]]:
+    """(the finding the report leads with, the one it led with before the causal order): warnings or worse."""
+    serious = [f for f in report.get("findings", []) if SEVERITY_RANK.get(f["severity"], 0) >= 2]
+    if not serious:
+        return None, None
+    before = sorted(serious, key=lambda f: (-SEVERITY_RANK[f["severity"]], f["probe"] != "run", f["code"]))[0]
+    return serious[0], before
 
 
 def check_cell(run: Any, row: Row, fault: str) -> CellResult:
@@ -167,6 +183,13 @@ def check_cell(run: Any, row: Row, fault: str) -> CellResult:
                 f"{f['code']} {f['title']}" for f in report.get("findings", []) if f["severity"] != "ok"))
         else:
             result.finding = f"{named['code']}: {named['title']}"
+        lead, before = leads(report)
+        result.lead = f"{lead['code']} rank {lead['ranks']}" if lead else ""
+        result.lead_before = f"{before['code']} rank {before['ranks']}" if before else ""
+        if named is not None and (lead is None or (lead["code"], lead["ranks"]) != (named["code"], named["ranks"])):
+            problems.append(f"the report leads with {result.lead or 'nothing'}, not with the fault's {named['code']}")
+        if lead is not None and not str(report.get("verdict_line", "")).startswith(lead["code"]):
+            problems.append(f"the verdict line does not name the lead {lead['code']}: {report.get('verdict_line')!r}")
         # RUN006 (interrupted) lists every rank it stopped: a fact, not blame.
         blamed = {r for f in report.get("findings", []) if f["severity"] == "critical" and f["probe"] == "run"
                   and f["code"] != "RUN006" for r in f["ranks"]}
@@ -238,14 +261,18 @@ def render_doc(results: dict[tuple[str, str], CellResult]) -> str:
     lines += ["", "## Faults", ""]
     lines += [f"- `{fault}`: {FAULT_WORDS[fault]}" for fault in FAULTS]
     lines += ["", "## What each cell reported", "",
-              "| stage | fault | exit | finding |", "|---|---|---|---|"]
+              "The report's lead is its first warning-or-worse finding (the verdict line names it); *before* is",
+              "the one it led with under the order reports had before the causal order (issue 37): worst first,",
+              "the run's own findings first. A cell fails when its report does not lead with the fault.", "",
+              "| stage | fault | exit | leads with (before) | finding |", "|---|---|---|---|---|"]
     for row in ROWS:
         for fault in FAULTS:
             r = results.get((row.stage, fault))
             if r is None:
                 continue
             said = r.finding.replace("|", "\\|") if r.passed else "FAIL: " + "; ".join(r.problems).replace("|", "\\|")
-            lines.append(f"| `{row.stage}` | {fault} | {r.exit_code} | {said} |")
+            lead = f"{r.lead} ({r.lead_before})" if r.lead_before and r.lead_before != r.lead else r.lead
+            lines.append(f"| `{row.stage}` | {fault} | {r.exit_code} | {lead} | {said} |")
     stamps = sorted(r.ran_at for r in results.values() if r.ran_at)
     if stamps:
         lines += ["", f"Runs from {stamps[0]} to {stamps[-1]}, on a 2-core VM."]

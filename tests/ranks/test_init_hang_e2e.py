@@ -83,4 +83,8 @@ def test_an_interface_name_this_host_lacks_is_named_even_though_init_then_fails(
     failed = [f for f in report["findings"] if f["code"] == "RUN008"]
     assert failed and failed[0]["evidence"]["collective_by_rank"]["1"].startswith("init_process_group"), report
     assert bad[0]["evidence"]["expected_error"] in failed[0]["evidence"]["errors"]["1"]
+    # One verdict first (issue 37): the interface, the cause, leads; the failed init hangs under it.
+    assert report["findings"][0]["code"] == "INIT001", [f["code"] for f in report["findings"]]
+    assert failed[0]["explained_by"] == "INIT001", failed[0]
+    assert report["verdict_line"].startswith("INIT001 (rank 1)"), report["verdict_line"]
     assert not tagged_processes(tag)

@@ -130,3 +130,37 @@ def test_check_names_a_cgroup_s_pids_memory_and_cpu_limits_with_their_values(tmp
     assert len(memory) == 1 and memory[0]["evidence"]["memory_max_bytes"] == MEMORY_MAX, run.explain()
     assert len(quota) == 1 and quota[0]["evidence"]["cpu_quota_cpus"] == QUOTA_CPUS, run.explain()
     assert not run.findings("LIM000")
+
+
+SMALL_TMP_MB = 48  # a nearly full scratch disk: below the 1 GiB LIM009 asks, room enough for check's own files
+
+
+def test_check_names_an_absent_rdma_device_a_transport_switched_off_and_a_small_scratch_disk(tmp_path):
+    """The environment and the disk, made as a job script or a container makes them: NCCL_IB_HCA naming a
+    device this node lacks (LIM007), NCCL_P2P_DISABLE=1 (LIM008, information) and TMPDIR on a 48 MB tmpfs
+    (LIM009, information), in one `check --probes limits`. Healthy control: test_check_e2e.py's healthy run
+    (LIM000, no variable set, TMPDIR on the machine's disk)."""
+    why_not = _can_mount_a_private_shm()  # the same mount namespace and tmpfs, on another folder
+    if why_not:
+        pytest.skip(why_not)
+    if os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband"):
+        pytest.skip("this machine has RDMA devices: NCCL_IB_HCA=mlx5_97 may name one")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    report = tmp_path / "report.json"
+    inner = (f"mount -t tmpfs -o size={SMALL_TMP_MB}m tmpfs {scratch} && TMPDIR={scratch} NCCL_IB_HCA=mlx5_97 "
+             f"NCCL_P2P_DISABLE=1 exec {sys.executable} -m ddpdoctor check --no-live --probes limits "
+             f"--json {report} --port {free_port()}")
+    run = run_command(["unshare", "-m", "sh", "-c", inner], tmp_path, report_name="report.json")
+    assert run.report is not None and run.returncode == 1, run.explain()
+    hca, p2p, disk = run.findings("LIM007"), run.findings("LIM008"), run.findings("LIM009")
+    assert len(hca) == 1 and hca[0]["evidence"]["absent"] == ["mlx5_97"] and hca[0]["ranks"] == [0, 1], run.explain()
+    assert hca[0]["severity"] == "warn" and "NET/IB : No device found" in hca[0]["evidence"]["expected_errors"]
+    assert [(f["evidence"]["variable"], f["evidence"]["value"], f["severity"]) for f in p2p] == [
+        ("NCCL_P2P_DISABLE", "1", "info")], run.explain()
+    scratch_disk = [f for f in disk if f["evidence"]["path"] == str(scratch)]
+    assert len(scratch_disk) == 1 and scratch_disk[0]["severity"] == "info", run.explain()
+    assert scratch_disk[0]["evidence"]["size_bytes"] == SMALL_TMP_MB << 20
+    assert scratch_disk[0]["evidence"]["free_bytes"] <= SMALL_TMP_MB << 20 and scratch_disk[0]["ranks"] == [0, 1]
+    assert not any(f["evidence"]["path"] == str(tmp_path) for f in disk)  # the report's folder has room
+    assert_nothing_left(run)

@@ -120,7 +120,7 @@ def test_crash_report_json():
     assert data["ranks"][1]["exit"]["code"] == 86
     assert data["ranks"][1]["last_stage"] == "train"
     assert data["injected_faults"] == ["crash:rank=1:stage=train"]
-    assert [f["code"] for f in data["findings"]] == ["RUN010", "RUN002"]
+    assert [f["code"] for f in data["findings"]] == ["RUN002", "RUN010"]  # shown order: the crash (critical) first
     probe, = data["probes"]
     assert probe["status"] == "not-run" and probe["findings"] == [] and probe["facts"] == {}
 
