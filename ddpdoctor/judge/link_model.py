@@ -105,7 +105,7 @@ def ring_expectation(hops: list[Hop]) -> Expectation:
     known = [(g, why, h) for (g, why), h in rated if g is not None]
     if len(known) < len(rated):
         unknown = next(why for (g, why), _ in rated if g is None)
-        return Expectation(None, f"not modelled: {unknown}")
+        return Expectation(None, unknown)  # the reader says "not modelled: ..." once (TOP007, the bench)
     gbps, why, hop = min(known, key=lambda item: item[0])
     return Expectation(gbps, why, (hop.a, hop.b), hop_wire_gbps(hop))
 

@@ -312,3 +312,14 @@ def test_a_uuid_match_wins_over_an_index():
              1: {"host": "h", "gpu_index": 1}, 2: {"host": "h", "gpu_index": 9}}
     view = node_views(facts, RunView(world_size=3))[0]
     assert view.rank_gpu == {0: 1, 1: 1}  # rank 2 names no GPU of the node
+
+
+def test_a_paste_with_its_prompt_line_is_read_and_an_unknown_link_is_said_not_modelled_once(tmp_path, capsys):
+    """A user's paste starts with their shell prompt and command (issue 41: once "not valid JSON"); the
+    PCIe link behind SYS is not in `topo -m`, so the all-reduce is not modelled, said once, not twice."""
+    text = "user@node:~$ nvidia-smi topo -m\n" + fixture("topo_a10x4_sys_healthy.txt")
+    code, diagnosis, _ = diagnose(tmp_path, capsys, text)
+    assert code == 0, diagnosis
+    top007 = next(f for f in diagnosis["findings"] if f["code"] == "TOP007")
+    assert top007["title"].count("not modelled") == 1, top007["title"]
+    assert top007["title"].startswith("All-reduce bandwidth not modelled: SYS"), top007["title"]
