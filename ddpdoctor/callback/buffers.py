@@ -19,8 +19,9 @@ GPU the gather is read one check later, as the callback's own gather is (callbac
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ddpdoctor.measure import replica_digest as rd
 
@@ -59,7 +60,8 @@ class BufferWatch:
         self._handles: list[Any] = []
         self._armed_step = 0
         self._will_sync = False
-        self._pending: Optional[tuple[int, Any, Any]] = None  # (step, pinned host tensor, event)
+        self._pending: Optional[tuple[int, Any, Any, list[str]]] = None  # (step, pinned host, event, names)
+        self._used_step: Optional[int] = None  # the last stash gathered (a GPU's table still shows it a check on)
         self.compared = 0  # comparisons judged (so a quiet run can show it compared)
 
     def arm(self, step: int) -> None:
@@ -69,50 +71,67 @@ class BufferWatch:
         if not list(self.ddp.module.buffers()):
             return  # nothing to compare (yet)
         self._armed_step = step + 1
-        self._handles = [self.ddp.register_forward_pre_hook(self._before_ddp),
-                         self.ddp.module.register_forward_pre_hook(self._after_broadcast)]
+        # Closures over a weak reference, not bound methods: a deepcopy or torch.save of the module between
+        # a check and the next forward must not drag this watch (and the DDP wrapper) along.
+        me = weakref.ref(self)
+        self._handles = [self.ddp.register_forward_pre_hook(_calling(me, "_before_ddp")),
+                         self.ddp.module.register_forward_pre_hook(_calling(me, "_after_broadcast"))]
+
+    def close(self) -> None:
+        """At the Doctor's close: hooks still armed are removed."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def _before_ddp(self, module: Any, args: Any) -> None:
         # What DDP's own _pre_forward will decide, read before it runs (nothing changes in between).
         self._will_sync = bool(self.ddp._check_sync_bufs_pre_fwd())
 
     def _after_broadcast(self, module: Any, args: Any) -> None:
-        import torch
-
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self.close()
         if not self._will_sync:
             # This forward did not broadcast (under no_sync(), after a forward without gradients): nothing is
             # promised equal. Where DDP never broadcasts (no buffer when it was built), the buffers are read anyway.
             if len(getattr(self.ddp, "modules_buffers", []) or []) > 0:
                 return
+        import torch
+
         named = list(module.named_buffers())[:MAX_BUFFERS]
-        self._names = [n for n, _ in named]
+        if not named:
+            return
+        device = named[0][1].device  # summed where the buffers are: copied to the collective's device at a check
         with torch.no_grad():
-            digests = torch.stack([rd.bitsum(b).to(self.device) for _, b in named]).to(torch.float64)
-        self._stash = torch.full((MAX_BUFFERS,), -1.0, dtype=torch.float64, device=self.device)
-        self._stash[:len(named)] = digests
-        self.stash_count = len(named)
-        self.stash_step = self._armed_step
+            digests = torch.stack([rd.bitsum(b).to(device) for _, b in named]).to(torch.float64)
+            stash = torch.full((MAX_BUFFERS,), -1.0, dtype=torch.float64, device=device)
+            stash[:len(named)] = digests
+        self._names = [n for n, _ in named]
+        self._stash, self.stash_count, self.stash_step = stash, len(named), self._armed_step
 
     def drop(self) -> None:
         """Forget this rank's stash (its peers read another forward's): armed again at the next comparison."""
         self._stash, self.stash_step, self.stash_count = None, None, -1
 
-    def compare(self, agreed: bool, step: int) -> Optional[BufferDiff]:
-        """At a check, every rank alike: `agreed` when every rank's row stashed the same step's forward
-        (then all gather now); on a GPU the previous check's gather is read here."""
+    def compare(self, agreed_step: Optional[int]) -> Optional[BufferDiff]:
+        """At a check, every rank alike: `agreed_step` is the step whose forward every rank's row says it
+        stashed (None: they differ, or none did). The gather happens when the table says so, never from
+        this rank's own state, so every rank calls it at the same check; on a GPU the previous check's
+        gather is read here."""
+        import torch
+
         out = None
         if self._pending is not None:
-            at, host, event = self._pending
+            at, host, event, names = self._pending
             self._pending = None
             if not event.query():
                 event.synchronize()  # a whole check interval behind: every rank reads the same gather
-            out = self._diff(at, host.reshape(self.world_size, -1).tolist())
-        if agreed and self._stash is not None and self.stash_step is not None:
-            gathered = self._gather(self._stash)
-            at = self.stash_step
+            out = self._diff(at, host.reshape(self.world_size, -1).tolist(), names)
+        if agreed_step is not None and agreed_step != self._used_step and not self.done:
+            mine = self._stash if self.stash_step == agreed_step and self._stash is not None else None
+            # (A rank without that stash cannot be, the table said it holds it; sent as -2 rather than a hang.)
+            sent = mine.to(self.device) if mine is not None else torch.full((MAX_BUFFERS,), -2.0, dtype=torch.float64,
+                                                                          device=self.device)
+            gathered = self._gather(sent)
+            at = self._used_step = agreed_step
             self._stash, self.stash_step, self.stash_count = None, None, -1
             if self.late:
                 import torch
@@ -121,9 +140,9 @@ class BufferWatch:
                 host.copy_(gathered, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(torch.cuda.current_stream(self.device))
-                self._pending = (at, host, event)
+                self._pending = (at, host, event, list(self._names))
             else:
-                out = out or self._diff(at, gathered.reshape(self.world_size, -1).tolist())
+                out = out or self._diff(at, gathered.reshape(self.world_size, -1).tolist(), self._names)
         if out is not None:
             self.done = True
         return out
@@ -137,16 +156,34 @@ class BufferWatch:
         gather(out, vector)
         return out
 
-    def _diff(self, step: int, rows: list[list[float]]) -> Optional[BufferDiff]:
+    def _diff(self, step: int, rows: list[list[float]], names: list[str]) -> Optional[BufferDiff]:
+        if any(row and row[0] == -2.0 for row in rows):
+            return None  # a rank had no stash to send: nothing compared this time
         self.compared += 1
-        differing = [i for i in range(min(len(self._names), MAX_BUFFERS)) if len({row[i] for row in rows}) > 1]
+        differing = [i for i in range(min(len(names), MAX_BUFFERS)) if len({row[i] for row in rows}) > 1]
         if not differing:
             return None
         by: dict[tuple[float, ...], list[int]] = {}
         for rank, row in enumerate(rows):
             by.setdefault(tuple(row[i] for i in differing), []).append(rank)
         groups = sorted(by.values(), key=lambda rs: (-len(rs), rs))
-        names = [self._names[i] for i in differing]
+        names = [names[i] for i in differing]
         ignored = set(getattr(self.ddp, "parameters_to_ignore", ()) or ())
         return BufferDiff(step, names, groups, not (getattr(self.ddp, "modules_buffers", None) or []),
                           [n for n in names if n in ignored])
+
+
+def _calling(watch: weakref.ref, method: str) -> Callable[[Any, Any], None]:
+    """A forward pre-hook that calls `method` on the watch while it lives, and never raises into the user's
+    forward: a failure leaves this rank without a stash, its row then differs from its peers', and every
+    rank drops and reads again at a later comparison (callback/doctor.py)."""
+    def hook(module: Any, args: Any) -> None:
+        target = watch()
+        if target is None:
+            return
+        try:
+            getattr(target, method)(module, args)
+        except Exception:
+            target.close()
+            target._stash, target.stash_step, target.stash_count = None, None, -1
+    return hook

@@ -306,10 +306,17 @@ class Doctor:
         if not began:  # no step_begin before it (or the step already ended): nothing to time
             return
         steps = self._steps = self._steps + 1
-        if loss is not None:
-            self._loss.see(loss, steps)
-        if self._replicas.per_step:  # a step long enough to afford a fingerprint of the weights (replicas.py)
-            self._replicas.record(steps)
+        try:
+            if loss is not None:
+                self._loss.see(loss, steps)
+            if self._replicas.per_step:  # a step long enough to afford a fingerprint of the weights (replicas.py)
+                self._replicas.record(steps)
+        except Exception as exc:  # a loss or a weight of a kind we cannot read: stop that watch, never the job
+            log.warning("ddpdoctor: watching the loss or weights failed on rank %d: %s: %s", self.rank,
+                        type(exc).__name__, exc)
+            self._loss.off = True
+            self._replicas.per_step = False  # the ring's gaps are then bracketed by checks, never guessed
+            self._replicas.recorded_from = None
         if steps > self._detail_from:
             self._step_ms.append((now - began) * 1e3)
             # 0: not known (no batch given, or a scalar): DOC010 is then not said rather than guessed.
@@ -364,6 +371,7 @@ class Doctor:
             return
         self._closed = True
         self._hang.stop()
+        self._buffers.close()
         self._cpu.close()
         atexit.unregister(self.close)
         self._hang.publish_left()
@@ -407,18 +415,22 @@ class Doctor:
             self._judge_losses(rows, windows)
         self._compare_replicas(rows, windows)
 
-    def _judge_losses(self, rows: dict[int, GatheredRow], windows: dict[int, RankWindow]) -> None:
+    def _judge_losses(self, rows: dict[int, GatheredRow], windows: dict[int, RankWindow], may_raise: bool = True) -> None:
         """DOC018: which rank's loss went non-finite first (judge/losses.py), from the gathered table."""
         self._loss_firsts = {r: row.loss_nonfinite_step for r, row in rows.items()}
-        found = loss_judge.finding(self._loss_firsts, {r: w.host for r, w in windows.items()})
+        found = loss_judge.finding(self._loss_firsts, {r: w.host for r, w in windows.items()},
+                                   at_step=max((row.steps_done for row in rows.values()), default=None))
         if found is not None:
-            self._take_new([found])
+            self._take_new([found], may_raise)
 
     def _compare_replicas(self, rows: dict[int, GatheredRow], windows: dict[int, RankWindow]) -> None:
         """Every rank's replica against the others' (callback/replicas.py), when due: decided from the
         gathered table, so every rank takes part in the same collectives at the same check."""
         window_s = max((r.window_s for r in rows.values()), default=0.0)
         slowest = max((r.digest_ms for r in rows.values()), default=0.0)
+        if any(r.replicas_off for r in rows.values()):  # a rank's comparison failed: every rank stops comparing
+            self._replicas.done = self._buffers.done = True
+            self._replicas.per_step = False
         bypassed = bool(rows) and self._wait is not None and any(
             r.reducer_iteration == 0 and r.steps_done >= BYPASS_STEPS for r in rows.values())
         found: list[Finding] = []
@@ -435,7 +447,8 @@ class Doctor:
             stashed = {(r.buffers_step, r.buffers_count) for r in rows.values()}
             if len(stashed) > 1:  # the ranks read different forwards (one did not broadcast): read again, alike
                 self._buffers.drop()
-            buffers = self._buffers.compare(len(stashed) == 1 and None not in next(iter(stashed)), self._steps)
+            agreed = next(iter(stashed))[0] if len(stashed) == 1 else None
+            buffers = self._buffers.compare(agreed)
             if buffers is not None:
                 found.append(buffers_finding(buffers.step, buffers.names, buffers.groups, buffers.never_broadcast,
                                              buffers.ignored, hosts))
@@ -443,7 +456,9 @@ class Doctor:
                 self._buffers.arm(self._steps)
         except Exception as exc:  # a bug of ours must not end the user's job (every rank runs the same code)
             log.warning("ddpdoctor: comparing replicas failed on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
-            self._replicas.done = True
+            # This rank stops, and says so in its next row (replicas_off), so every rank stops at the same check.
+            self._replicas.done = self._replicas.failed = self._buffers.done = True
+            self._replicas.per_step = False
             return
         if result is not None:
             comparison, seen = result
@@ -470,7 +485,9 @@ class Doctor:
             return
         if gathered is not None:
             rows = self._rows(gathered)
-            self._judge_rows({r: row.to_window(*self._where_of(r)) for r, row in rows.items()}, may_raise=False)
+            windows = {r: row.to_window(*self._where_of(r)) for r, row in rows.items()}
+            self._judge_rows(windows, may_raise=False)
+            self._judge_losses(rows, windows, may_raise=False)
 
     def _window_row(self) -> GatheredRow:
         """This rank's window (its last WINDOW_CAP steps) and its local facts, as one row of the gather."""
@@ -491,7 +508,8 @@ class Doctor:
                            window_steps=self._steps - self._window_from, window_s=window_s,
                            digest_ms=self._replicas.digest_ms, fingerprint_ms=self._replicas.fingerprint_ms,
                            buffers_step=self._buffers.stash_step, buffers_count=self._buffers.stash_count,
-                           loss_nonfinite_step=self._loss.take(self._steps),
+                           loss_nonfinite_step=safely(lambda: self._loss.take(self._steps)),
+                           replicas_off=self._replicas.done and self._replicas.failed,
                            reducer_iteration=self._wait.iteration if self._wait is not None else -1,
                            step_ms=steps, data_ms=data, wait_ms=[share * step for step in steps],
                            samples=list(self._samples)[-len(steps):] if steps else [],

@@ -10,8 +10,9 @@ passes the step's output); without it this is not watched.
 
 Cost per step: on CPU one read of a scalar (no wait there); on a GPU one copy kernel into a ring
 of RING float32 values on the device. At each check the ring's window is scanned on the device
-and the result copied to pinned memory, read at a later check once complete (as the gather is:
-callback/gather.py), so a GPU rank's first non-finite step is known one check late, never waited for.
+and the result copied to pinned memory, read at the next check (as the gather is: callback/gather.py,
+waited for only if the GPU is a whole check interval behind), so a GPU rank's first non-finite step is
+known one check late and every rank reports the same steps scanned.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class LossWatch:
 
     def __init__(self) -> None:
         self.first: Optional[int] = None
+        self.off = False  # a loss of a kind it could not read: no longer watched (the job goes on)
         self._ring: Optional[torch.Tensor] = None
         self._positions: Optional[torch.Tensor] = None
         self._scanned = 0  # the last step the device-side scan covered
@@ -38,7 +40,7 @@ class LossWatch:
 
     def see(self, loss: Any, step: int) -> None:
         """This step's loss (a tensor or a number); called from step_end, a few microseconds."""
-        if self.first is not None or loss is None:
+        if self.first is not None or loss is None or self.off:
             return
         if isinstance(loss, (int, float)):
             if not math.isfinite(loss):
@@ -68,11 +70,15 @@ class LossWatch:
             return self.first
         import torch
 
-        while self._pending and self._pending[0][1].query():
-            host, _ = self._pending.pop(0)
+        # Every scan in flight was launched at an earlier check: read now, waited for if the GPU is that far
+        # behind (as the gather is), so every rank reports the same steps scanned at the same check.
+        for host, event in self._pending:
+            if not event.query():
+                event.synchronize()
             found = int(host.item())  # complete: a read of pinned host memory
             if found < NONE and self.first is None:
                 self.first = found
+        self._pending = []
         if self.first is None and step > self._scanned:
             assert self._positions is not None
             # The step each slot holds in the window (step - RING, step]; slots of older steps are not this window's.

@@ -67,6 +67,7 @@ class ReplicaWatch:
         self.digest_ms = 0.0  # this rank's last comparison, in ms of its own time
         self.fingerprint_ms = 0.0  # one per-step fingerprint's cost on this rank, measured at the last comparison
         self.per_step = False  # a fingerprint is kept at every step (record), decided at the checks from the table
+        self.failed = False  # a comparison raised on this rank (its row tells its peers: they stop too)
         self.recorded_from: Optional[int] = None  # the first step of the unbroken per-step record
         self._ring: Optional[torch.Tensor] = None
         self.since_s = 0.0  # training time since the last comparison (from the gathered table: all ranks alike)
@@ -133,21 +134,24 @@ class ReplicaWatch:
         assert self._ring is not None
         self._ring[step % RING] = rd.fingerprint(self.layout)
 
-    def _measure_fingerprint(self) -> None:
+    def _measure_fingerprint(self) -> float:
         """One fingerprint timed, where it is cheap enough to try (the last comparison took at most FREE_MS);
         otherwise the comparison's own time stands for it (more than a fingerprint costs: no per-step record
         is then kept on a model that cannot afford it)."""
         if self.digest_ms > FREE_MS:
             self.fingerprint_ms = self.digest_ms
-            return
+            return 0.0
         ms = float("inf")
+        spent = time.perf_counter()
         for _ in range(3):  # the least of three: a single cold call read 0.2-0.3 ms where the steady cost is 0.07
             began = time.perf_counter()
             rd.fingerprint(self.layout)
             ms = min(ms, 1e3 * (time.perf_counter() - began))
-        if self.late:  # the host only queued it: the GPU's read of every weight is its cost there
+        spent = 1e3 * (time.perf_counter() - spent)
+        if self.layout.tensors and self.layout.tensors[0].is_cuda:  # queued only: the GPU's read of the weights
             ms = max(ms, sum(e.numel for e in self.layout.entries) * 4 / GPU_READ_BYTES_PER_MS)
         self.fingerprint_ms = ms
+        return spent  # this rank's own time on it: counted in the comparison's cost (digest_ms)
 
     def check(self, step: int, due: bool) -> Optional[tuple[judge.Comparison, judge.Seen]]:
         """The comparison's progress at this check: what differs, once the ranks have gathered it."""
@@ -156,8 +160,10 @@ class ReplicaWatch:
         if not due:
             return None
         self.since_s = 0.0
-        self._measure_fingerprint()
-        differ = self._differ(self._reduce(self._timed(self._vector)).tolist())
+        spent = self._measure_fingerprint()
+        reduced = self._reduce(self._timed(self._vector))
+        self.digest_ms += spent
+        differ = self._differ(reduced.tolist())
         if not differ:
             self.last_equal_step = step
             return None
@@ -187,8 +193,9 @@ class ReplicaWatch:
                 return None
         if due:
             self.since_s = 0.0
-            self._measure_fingerprint()
+            spent = self._measure_fingerprint()
             self._pending = self._launch("reduce", self._reduce(self._timed(self._vector)), step)
+            self.digest_ms += spent
         return None
 
     def _launch(self, kind: str, result: torch.Tensor, step: int) -> _Pending:

@@ -40,6 +40,7 @@ class GatheredRow:
     window_steps: int = 0  # every step since the last check (the columns hold the last WINDOW_CAP)
     window_s: float = 0.0  # the wall time since the last check: the slowest rank's step sets the next check
     digest_ms: float = 0.0  # this rank's last replica comparison (callback/replicas.py): sets when the next is due
+    replicas_off: bool = False  # this rank's replica comparison failed: every rank stops comparing
     buffers_step: Optional[int] = None  # the step whose forward's buffers this rank holds to compare (buffers.py)
     buffers_count: int = -1
     fingerprint_ms: float = 0.0  # one replica fingerprint's cost: sets whether every step keeps one

@@ -71,7 +71,7 @@ _HELP = (
     "expected e.g. slow:rank=1:factor=2, hang:rank=0:stage=train, crash:rank=1:stage=init, "
     "hang:rank=1:stage=collective, kill:rank=1:stage=ddp, oom:rank=1:stage=probe:topology, "
     "sigint:rank=0:stage=train, sigterm:rank=1:stage=init, diverge:rank=1, corrupt:rank=1, "
-    "slowlink:ranks=1,2, blip:ranks=1,2, desync:rank=1, "
+    "slowlink:ranks=1,2[:mbps=500], blip:ranks=1,2, desync:rank=1, "
     "noshow:rank=1, badport:rank=1, badaddr:rank=1, dtype:rank=1, slowdata:rank=1:ms=20, bigbatch:rank=1:factor=2, "
     "hog:rank=1[:pct=100], quota:rank=1:pct=30, preempt:rank=1:pct=30 or mempressure:rank=1:mb=2048; "
     "stages: "
@@ -107,8 +107,9 @@ class Fault:
             parts.append(f"pct={self.pct:g}")
         if self.mb is not None:
             parts.append(f"mb={self.mb:g}")
-        if self.mbps is not None:
-            parts.append(f"mbps={self.mbps:g}")
+        if self.mbps is not None:  # read back by the run's diagnosis: exact, as factor is
+            short = f"{self.mbps:g}"
+            parts.append(f"mbps={short if float(short) == self.mbps else repr(self.mbps)}")
         if self.factor is not None:
             short = f"{self.factor:g}"
             parts.append(f"factor={short if float(short) == self.factor else repr(self.factor)}")

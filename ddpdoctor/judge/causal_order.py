@@ -37,9 +37,24 @@ def _step(f: Finding, *keys: str) -> float:
     return float(value) if value is not None else float("inf")
 
 
+def _replicas_explain(cause: Finding, effect: Finding) -> bool:
+    """A non-finite loss or weights explain a divergence only where it was not told by another cause (its own
+    `explained_by`: DOC012, DOC014, DOC015 come first), is more than last bits, and began after the replicas
+    were last seen equal and no later than they were seen apart."""
+    if effect.code == "DOC013":
+        said = effect.evidence.get("explained_by")
+        if said not in (None, "DOC017") or (cause.code == "DOC017" and said != "DOC017"):
+            return False
+        if effect.severity < Severity.CRITICAL:
+            return False
+    began = _step(cause, "first_step", "step")
+    equal = effect.evidence.get("last_equal_step")
+    return began <= _step(effect, "first_seen_step", "step") and not (isinstance(equal, int) and began <= equal)
+
+
 def _explains(cause: Finding, effect: Finding) -> bool:
     if effect.code in REPLICAS.get(cause.code, ()):
-        return _step(cause, "first_step", "step") <= _step(effect, "first_seen_step", "step")
+        return _replicas_explain(cause, effect)
     if cause.code not in SPECIFIC or effect.code not in GENERIC or cause.severity < Severity.WARN:
         return False
     if not cause.ranks or not effect.ranks:

@@ -38,7 +38,8 @@ def said(firsts: Mapping[int, Optional[int]]) -> Optional[str]:
     return f"rank {rank_ranges(ranks)}'s loss went non-finite first, at step {step}"
 
 
-def finding(firsts: Mapping[int, Optional[int]], hosts: Mapping[int, str], probe: str = PROBE) -> Optional[Finding]:
+def finding(firsts: Mapping[int, Optional[int]], hosts: Mapping[int, str], probe: str = PROBE,
+            at_step: Optional[int] = None) -> Optional[Finding]:
     """DOC018 when any rank's loss went non-finite; None when every loss stayed finite (or none was given)."""
     step, ranks = first_ranks(firsts)
     if step is None:
@@ -53,8 +54,8 @@ def finding(firsts: Mapping[int, Optional[int]], hosts: Mapping[int, str], probe
         title = f"The loss went non-finite (NaN or inf) first on rank {rank_ranges(ranks)}, at step {step}"
         if later:
             title += "; then " + ", ".join(f"rank {r} at step {s}" for r, s in sorted(later.items(), key=lambda x: x[1]))
-        if finite:
-            title += f"; rank {rank_ranges(finite)}'s stayed finite"
+        if finite:  # said once (the finding is not repeated), so as of when it was seen
+            title += f"; rank {rank_ranges(finite)}'s " + (f"was finite to step {at_step}" if at_step else "was finite")
     return codes.finding(
         "DOC018", probe, title, ranks=tuple(ranks),
         nodes=tuple(sorted({hosts[r] for r in ranks if r in hosts})),

@@ -204,6 +204,8 @@ def test_a_slow_link_takes_its_rate_in_mbit_per_s_beside_its_two_ranks():
     faults = parse_faults("slowlink:ranks=4,5:mbps=500,slowlink:ranks=2,4")
     assert [(f.rank, f.peer, f.mbps) for f in faults] == [(4, 5, 500.0), (2, 4, None)]
     assert faults[0].describe() == "slowlink:ranks=4,5:mbps=500"
+    odd = parse_faults("slowlink:ranks=1,2:mbps=1234.5678")[0]
+    assert parse_faults(odd.describe())[0].mbps == 1234.5678  # the report's spec reads back exactly
     injector = Injector(faults, 4)
     assert injector.link_delay_s((4, 5), 2**20) == pytest.approx(2**20 / 62.5e6)  # 500 Mbit/s
     assert injector.link_delay_s((2, 4), 2**20) == pytest.approx(2**20 / 0.25e9)  # the default rate

@@ -39,10 +39,10 @@ def test_numbers_non_scalar_losses_and_none_are_read_alike():
 
 
 def test_one_rank_first_is_named_alone_with_the_others_after_it_and_the_finite_ones():
-    f = losses.finding({0: 32, 1: 31, 2: None}, {0: "a", 1: "b", 2: "b"})
+    f = losses.finding({0: 32, 1: 31, 2: None}, {0: "a", 1: "b", 2: "b"}, at_step=40)
     assert f is not None and f.code == "DOC018" and f.ranks == (1,) and f.nodes == ("b",)
     assert f.title == ("The loss went non-finite (NaN or inf) first on rank 1, at step 31; then rank 0 at step 32; "
-                       "rank 2's stayed finite")
+                       "rank 2's was finite to step 40")
     assert losses.said({0: 32, 1: 31, 2: None}) == "rank 1's loss went non-finite first, at step 31"
 
 
@@ -57,10 +57,11 @@ def test_finite_losses_or_none_given_say_nothing():
     assert losses.finding({0: None, 1: None}, {}) is None and losses.said({}) is None
 
 
-def _weights(code: str, step: int, ranks: tuple[int, ...]):
-    key = "first_seen_step" if code == "DOC013" else "step"
+def _weights(code: str, step: int, ranks: tuple[int, ...], said: object = "DOC017", equal: object = 30):
+    evidence = ({"first_seen_step": step, "last_equal_step": equal, "explained_by": said} if code == "DOC013"
+                else {"step": step})
     return codes.finding(code, "callback", f"{code} at {step}", ranks=ranks, nodes=(),
-                         **({"severity": codes.Severity.CRITICAL} if code == "DOC013" else {}), evidence={key: step})
+                         **({"severity": codes.Severity.CRITICAL} if code == "DOC013" else {}), evidence=evidence)
 
 
 def test_the_loss_leads_the_weights_it_made_non_finite_on_another_rank():
@@ -77,3 +78,12 @@ def test_a_loss_that_went_non_finite_after_the_weights_were_apart_explains_nothi
     assert loss is not None
     ordered = causal_order.ordered([_weights("DOC017", 40, (0,)), loss])
     assert ordered[0].code == "DOC017" and all(not f.explained_by for f in ordered)
+
+
+def test_a_divergence_told_by_another_cause_or_seen_equal_after_the_nan_is_not_the_loss_s():
+    loss = losses.finding({0: 5, 1: None}, {})  # a transient inf early in the run
+    assert loss is not None
+    settings = _weights("DOC013", 4000, (1,), said="DOC014", equal=3990)  # the learning rates differ: DOC014's
+    assert not causal_order.ordered([settings, loss])[0].explained_by
+    later = _weights("DOC013", 4000, (1,), said=None, equal=3990)  # equal at 3990, long after the NaN at 5
+    assert all(not f.explained_by for f in causal_order.ordered([later, loss]))
