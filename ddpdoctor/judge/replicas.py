@@ -300,7 +300,7 @@ def buffers_finding(step: int, names: Sequence[str], groups: Sequence[Sequence[i
         "DOC019", probe,
         (f"Buffers differ between ranks just after DDP's broadcast: {len(names)} buffer{'s' if len(names) != 1 else ''} "
          f"({shown}) {where}, at the forward of step {step}: {cause}; each rank keeps its own, and a checkpoint "
-         "keeps rank 0's"),
+         "saved by rank 0 keeps rank 0's (of the buffers it saves: not those registered with persistent=False)"),
         ranks=tuple(ranks), nodes=_nodes(hosts, ranks),
         evidence={"buffers": list(names[:64]), "count": len(names), "rank_groups": [rank_ranges(g) for g in groups],
                   "step": step, "ddp_broadcasts_no_buffer": never_broadcast, "ignored_by_ddp": list(ignored[:64]),
