@@ -73,12 +73,30 @@ def hf_fit(report: str) -> None:
 
     g = torch.Generator().manual_seed(0)
     rows = [{"x": torch.randn(64, generator=g), "labels": int(i % 4)} for i in range(32 * STEPS * 2)]
+    if os.environ.get("ADAPTER_SLOWDATA") == "1" and os.environ.get("RANK") == "1":
+        rows = SlowRows(rows, 0.004)  # rank 1's dataset takes 4 ms a sample (issue 42)
     callback = hf_callback(every=20, check_every_s=0, json_path=report, step_deadline_s=60)
     args = TrainingArguments(output_dir=os.path.dirname(report), use_cpu=True, ddp_backend="gloo", max_steps=STEPS,
                              per_device_train_batch_size=32, report_to=[], save_strategy="no", logging_strategy="no",
                              disable_tqdm=True, dataloader_num_workers=0)
     Trainer(model=Model(), args=args, train_dataset=rows, callbacks=[callback]).train()
     _summary(report, callback.doctor)
+
+
+class SlowRows(torch.utils.data.Dataset):
+    """A dataset whose every sample takes `seconds` to read, as a slow disk or decoding would."""
+
+    def __init__(self, rows: list, seconds: float) -> None:
+        self.rows, self.seconds = rows, seconds
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        import time
+
+        time.sleep(self.seconds)
+        return self.rows[i]
 
 
 def _summary(report: str, doctor) -> None:  # type: ignore[no-untyped-def]

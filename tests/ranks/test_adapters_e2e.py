@@ -51,3 +51,14 @@ def test_the_lightning_adapter_passes_the_loss_and_names_the_rank_whose_loss_wen
     loss = codes["DOC018"]
     assert loss["ranks"] == [1] and loss["evidence"]["first_nonfinite_step"] == {"0": 52, "1": 51}, loss
     assert [f["code"] for f in findings][0] == "DOC018", findings
+
+
+def test_the_hf_adapter_names_a_rank_whose_dataset_is_slow_with_data_loading_as_its_cause(tmp_path):
+    """Issue 42: rank 1's dataset takes 4 ms a sample (the Trainer's own DataLoader, no workers); the Trainer
+    never passes batches to callbacks, but the time between its on_step_end and on_step_begin is the loader's."""
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[adapters]')")
+    findings, summaries = fit(tmp_path, "hf", fault="ADAPTER_SLOWDATA")
+    codes = {f["code"]: f for f in findings}
+    assert codes["STR001"]["ranks"] == [1] and codes["STR001"]["evidence"]["cause"] == "data loading", findings
+    assert [f["code"] for f in findings][0] == "STR001", findings
+    assert all(s["replicas_equal_at"] == 100 for s in summaries.values()), summaries  # and the replicas agreed
