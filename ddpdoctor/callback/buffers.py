@@ -23,6 +23,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ddpdoctor.callback.gather import all_gathered, to_host_late
 from ddpdoctor.measure import replica_digest as rd
 
 if TYPE_CHECKING:
@@ -134,13 +135,7 @@ class BufferWatch:
             at = self._used_step = agreed_step
             self._stash, self.stash_step, self.stash_count = None, None, -1
             if self.late:
-                import torch
-
-                host = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
-                host.copy_(gathered, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(torch.cuda.current_stream(self.device))
-                self._pending = (at, host, event, list(self._names))
+                self._pending = (at, *to_host_late(gathered), list(self._names))
             else:
                 out = out or self._diff(at, gathered.reshape(self.world_size, -1).tolist(), self._names)
         if out is not None:
@@ -148,13 +143,7 @@ class BufferWatch:
         return out
 
     def _gather(self, vector: torch.Tensor) -> torch.Tensor:
-        import torch
-        import torch.distributed as dist
-
-        out = torch.empty(self.world_size * vector.numel(), dtype=torch.float64, device=vector.device)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(out, vector)
-        return out
+        return all_gathered(vector, self.world_size)
 
     def _diff(self, step: int, rows: list[list[float]], names: list[str]) -> Optional[BufferDiff]:
         if any(row and row[0] == -2.0 for row in rows):

@@ -45,19 +45,12 @@ class Gather:
         import torch
 
         if not self.late:
-            sent = torch.tensor(values, dtype=torch.float64)
-            out = torch.empty(self.world_size * len(values), dtype=torch.float64)
-            _all_gather(out, sent)
+            out = all_gathered(torch.tensor(values, dtype=torch.float64), self.world_size)
             return out.reshape(self.world_size, -1).tolist()
         ready = self._take_previous()
         sent = torch.tensor(values, dtype=torch.float64).pin_memory().to(self.device, non_blocking=True)
-        out = torch.empty(self.world_size * len(values), dtype=torch.float64, device=self.device)
-        _all_gather(out, sent)  # NCCL: queued on the stream; the CPU does not wait for it
-        host = torch.empty(out.shape, dtype=torch.float64, pin_memory=True)
-        host.copy_(out, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        self._pending.append((host, event))
+        # NCCL: queued on the stream; the CPU does not wait for it, nor for the copy to host.
+        self._pending.append(to_host_late(all_gathered(sent, self.world_size)))
         return ready
 
     def flush(self) -> Optional[list[list[float]]]:
@@ -77,12 +70,28 @@ class Gather:
         return host.reshape(self.world_size, -1).tolist()
 
 
-def _all_gather(out: torch.Tensor, sent: torch.Tensor) -> None:
+def all_gathered(sent: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Every rank's `sent` (float64), side by side on its device: the callback's collectives all go through here."""
+    import torch
     import torch.distributed as dist
 
+    out = torch.empty(world_size * sent.numel(), dtype=torch.float64, device=sent.device)
     # torch 2.13 renamed all_gather_into_tensor (and warns on the old name); older torch has only that.
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(out, sent)
+    return out
+
+
+def to_host_late(result: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """A GPU result copied into pinned host memory on its stream, and the event that says the copy is done:
+    read at a later check (after `event.query()`), so the step path never waits for the GPU."""
+    import torch
+
+    host = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
+    host.copy_(result, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(result.device))
+    return host, event
 
 
 class BatchPrint:

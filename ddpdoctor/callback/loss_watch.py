@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
+from ddpdoctor.callback.gather import to_host_late
+
 if TYPE_CHECKING:
     import torch
 
@@ -85,10 +87,6 @@ class LossWatch:
             steps = step - torch.remainder(step - self._positions, RING)
             candidates = torch.where((steps > self._scanned) & ~torch.isfinite(self._ring), steps,
                                      torch.full_like(steps, NONE))
-            host = torch.empty((), dtype=torch.int64, pin_memory=True)
-            host.copy_(candidates.min(), non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self._ring.device))
-            self._pending.append((host, event))
+            self._pending.append(to_host_late(candidates.min()))
             self._scanned = step
         return self.first

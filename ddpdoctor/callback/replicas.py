@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
+from ddpdoctor.callback.gather import all_gathered, to_host_late
 from ddpdoctor.core import codes
 from ddpdoctor.core.findings import Finding
 from ddpdoctor.judge import replicas as judge
@@ -199,13 +200,7 @@ class ReplicaWatch:
         return None
 
     def _launch(self, kind: str, result: torch.Tensor, step: int) -> _Pending:
-        import torch
-
-        host = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
-        host.copy_(result, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        return _Pending(kind, step, host, event)
+        return _Pending(kind, step, *to_host_late(result))
 
     # -- the numbers -----------------------------------------------------------
     def _settings(self) -> torch.Tensor:
@@ -248,13 +243,7 @@ class ReplicaWatch:
         return both
 
     def _gather(self, vector: torch.Tensor) -> torch.Tensor:
-        import torch
-        import torch.distributed as dist
-
-        out = torch.empty(self.world_size * vector.numel(), dtype=torch.float64, device=vector.device)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(out, vector)
-        return out
+        return all_gathered(vector, self.world_size)
 
     @staticmethod
     def _differ(reduced: list[float]) -> bool:
