@@ -5,16 +5,21 @@
 
 Both frameworks create the process group and the DDP wrapper before any callback runs, so
 these adapters see the job from its first training step (use `ddpdoctor.watch()`-style
-init diagnosis outside them). Lightning hands its callbacks the batch; Hugging Face does
-not, so there the same-batch check (DOC001) cannot run, and the DDP wrapper is found by
-looking for the DistributedDataParallel that holds the model Trainer passes.
+init diagnosis outside them). Lightning hands its callbacks the batch and training_step's
+loss; Hugging Face hands them neither, so its adapter reads both off the model's forward
+(callback/model_tap.py), and finds the DDP wrapper by looking for the DistributedDataParallel
+that holds the model the Trainer passes. Accelerate used directly needs no adapter: `Doctor`
+takes what `Accelerator.prepare` returned (docs/callback.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from typing import Any
 
 from ddpdoctor.callback.doctor import Doctor
+from ddpdoctor.callback.model_tap import ModelTap
 from ddpdoctor.callback.options import checked
 
 
@@ -32,6 +37,28 @@ def _ddp_holding(model: Any) -> Any:
     return model
 
 
+def _time_between_steps_collective(trainer: Any, doctor: Doctor) -> Any:
+    """Lightning (2.x) broadcasts a SIGTERM flag from rank 0 before every batch, outside the callback's
+    step: a rank that reaches it first waits there for the others, and that wait would read as its
+    data loading, making a straggler's peers look as slow as it. The broadcast is timed and handed to
+    the Doctor as waiting (`framework_wait`). Returns the loop timed, or None where this Lightning has
+    no such method (then nothing is between the steps to time, or it is not known where)."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    original = getattr(loop, "_broadcast_sigterm_tensor", None)
+    if loop is None or not callable(original):
+        return None
+
+    def timed() -> Any:
+        began = time.perf_counter()
+        try:
+            return original()
+        finally:
+            doctor.framework_wait((time.perf_counter() - began) * 1e3)
+
+    loop._broadcast_sigterm_tensor = timed  # on this loop only; removed at on_train_end
+    return loop
+
+
 def lightning_callback(**options: Any) -> Any:
     """A `lightning.pytorch.Callback` (or `pytorch_lightning.Callback`) running a Doctor.
 
@@ -45,6 +72,7 @@ def lightning_callback(**options: Any) -> Any:
     class DoctorCallback(Callback):
         def __init__(self) -> None:
             self.doctor: Any = None
+            self.timed: Any = None
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             model = trainer.strategy.model if trainer.strategy.model is not None else pl_module
@@ -52,6 +80,7 @@ def lightning_callback(**options: Any) -> Any:
             # A fresh dict per fit: the next fit (or trainer) must not inherit this one's optimizer.
             chosen = {"optimizer": optimizers[0] if optimizers else None, "loader": trainer.train_dataloader, **options}
             self.doctor = Doctor(_ddp_holding(model), **chosen)  # the user's optimizer or loader, if given, wins
+            self.timed = _time_between_steps_collective(trainer, self.doctor)
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             if self.doctor is not None:
@@ -64,6 +93,10 @@ def lightning_callback(**options: Any) -> Any:
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             if self.doctor is not None:
+                if self.timed is not None:
+                    with contextlib.suppress(AttributeError):
+                        del self.timed._broadcast_sigterm_tensor  # Lightning's own method again
+                    self.timed = None
                 self.doctor.close()
 
     return DoctorCallback()
@@ -77,6 +110,7 @@ def hf_callback(**options: Any) -> Any:
     class DoctorTrainerCallback(TrainerCallback):
         def __init__(self) -> None:
             self.doctor: Any = None
+            self.tap: Any = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                            train_dataloader: Any = None, **kwargs: Any) -> None:
@@ -88,6 +122,8 @@ def hf_callback(**options: Any) -> Any:
                 chosen = {"optimizer": kwargs.get("optimizer"), "batch_size": batch, "loader": train_dataloader,
                           **options}
                 self.doctor = Doctor(_ddp_holding(model), **chosen)
+                # The batch (DOC001) and the loss (DOC018), which the Trainer passes its callbacks neither of.
+                self.tap = ModelTap(model, self.doctor)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.doctor is not None:
@@ -95,10 +131,11 @@ def hf_callback(**options: Any) -> Any:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.doctor is not None:
-                self.doctor.step_end()
+                self.doctor.step_end(self.tap.take_loss())
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.doctor is not None:
+                self.tap.close()
                 self.doctor.close()
 
     return DoctorTrainerCallback()

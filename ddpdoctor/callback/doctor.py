@@ -197,6 +197,10 @@ class Doctor:
         # The window's last WINDOW_CAP steps, per step: begin to end, end of the previous to begin, samples.
         self._step_ms: deque[float] = deque(maxlen=WINDOW_CAP)
         self._data_ms: deque[float] = deque(maxlen=WINDOW_CAP)
+        # Per step, the part of the time before it that the framework spent waiting in its own collective
+        # (framework_wait): waiting for peers, not loading. Zero for a plain loop.
+        self._between_ms: deque[float] = deque(maxlen=WINDOW_CAP)
+        self._between_pending = 0.0
         self._samples: deque[float] = deque(maxlen=WINDOW_CAP)
         self._window_from = 0  # the steps done at the last check, and when it ended
         self._window_began = time.perf_counter()
@@ -292,11 +296,32 @@ class Doctor:
     def step_begin(self, batch: Any = None, slow: bool = False) -> None:
         now = time.perf_counter()
         if self._steps >= self._detail_from:
-            self._data_ms.append((now - self._last_end) * 1e3 if self._last_end else 0.0)
+            gap = (now - self._last_end) * 1e3 if self._last_end else 0.0
+            between = min(self._between_pending, gap)
+            self._data_ms.append(gap - between)
+            self._between_ms.append(between)
             self._batch = batch
+        self._between_pending = 0.0
         if slow:
             self._slow = "step marked slow"
         self._began = now  # last: the watchdog reads it, with _slow
+
+    @property
+    def in_step(self) -> bool:
+        """Between step_begin and step_end (a framework's hook on the model asks: callback/model_tap.py)."""
+        return bool(self._began)
+
+    def framework_wait(self, ms: float) -> None:
+        """Time the framework spent between steps in a collective of its own (Lightning broadcasts a flag
+        from rank 0 before every batch): its peers' lateness, which would otherwise read as this rank's
+        data loading and hide a straggler from the judge. Counted with the next step's wait."""
+        self._between_pending += ms
+
+    def see_batch(self, batch: Any) -> None:
+        """The step's batch, where the framework shows it to the model only (Hugging Face's Trainer): the
+        first one given in a step counts, as `step_begin(batch)` would have taken it."""
+        if self._batch is None and self._steps >= self._detail_from:
+            self._batch = batch
 
     def step_end(self, loss: Any = None) -> None:
         """The step is over (after optimizer.step()). `loss`: the step's loss (a tensor or a number), watched
@@ -401,6 +426,7 @@ class Doctor:
         row = self._window_row()
         self._step_ms.clear()
         self._data_ms.clear()
+        self._between_ms.clear()
         self._samples.clear()
         self._window_from = self._steps
         self._window_began = time.perf_counter()
@@ -493,6 +519,8 @@ class Doctor:
         """This rank's window (its last WINDOW_CAP steps) and its local facts, as one row of the gather."""
         steps = list(self._step_ms)
         data = list(self._data_ms)[-len(steps):] if steps else []
+        between = list(self._between_ms)[-len(steps):] if steps else []
+        between = [0.0] * (len(steps) - len(between)) + between  # aligned with the steps, whatever the deques held
         wait = self._wait.take() if self._wait is not None else None
         wait_ms = wait.mean_ms if wait is not None and wait.mean_ms is not None else 0.0
         # The reducer gives the window's mean wait, not each step's: each step gets the window's share
@@ -511,9 +539,12 @@ class Doctor:
                            loss_nonfinite_step=safely(lambda: self._loss.take(self._steps)),
                            replicas_off=self._replicas.done and self._replicas.failed,
                            reducer_iteration=self._wait.iteration if self._wait is not None else -1,
-                           step_ms=steps, data_ms=data, wait_ms=[share * step for step in steps],
+                           # A framework's wait between steps joins the step as waiting (zero in a plain loop).
+                           step_ms=[step + b for step, b in zip(steps, between)], data_ms=data,
+                           wait_ms=[share * step + b for step, b in zip(steps, between)],
                            samples=list(self._samples)[-len(steps):] if steps else [],
-                           **contention_fields(self._cpu.take(wait_s=(wait_ms * len(steps) + sum(data)) / 1e3)))
+                           **contention_fields(self._cpu.take(wait_s=(wait_ms * len(steps) + sum(between) + sum(data))
+                                                              / 1e3)))
 
     def _take_new(self, found: list[Finding], may_raise: bool = True) -> None:
         """Findings not seen before: rank 0 reports them, the others only remember them; then

@@ -26,7 +26,7 @@ from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
 from ddpdoctor.probes.stragglers.contention import (DIRECT, FIX, NEIGHBOUR_SEEN_PCT, Denied, denied, held_apart,
-                                                   neighbour_excess, own_threads_excess, peer_wait_pct, who)
+                                                   held_by_neighbour, neighbour_excess, own_threads_excess, peer_wait_pct, who)
 from ddpdoctor.probes.stragglers.facts import SampledFacts, StragglersFacts, Summary
 
 NAME = "stragglers"
@@ -502,6 +502,7 @@ def _denied_cpu(facts: ByRank, scores: Scores, skip: set[int]) -> dict[int, tupl
             continue
         why = denied(contention, r, scores.peers(r))
         if why is not None and (_waited_for(waited, scores, r) or held_apart(contention, r, scores.peers(r))):
+            why.held_by_neighbour = held_by_neighbour(contention, r, scores.peers(r))
             out[r] = (why, waited[r], _median([waited[p] for p in scores.peers(r)]))
     return out
 
@@ -532,7 +533,8 @@ def _starved(scores: Scores, run: RunView, found: tuple[Denied, float, float]) -
     # DDP's sampled iterations (callback/reducer_wait.py), where a stop burst mostly lands on
     # unsampled ones: a rank stopped 16-33% of each window was seen waited for 4-14% after its first
     # checks, under the callback's 10% bar, and went unnamed in 3 of 10 runs of the e2e test's loop.
-    share = max(waited, why.lost_pct - why.peers_lost_pct) if why.cause in DIRECT else waited
+    # The same holds for a rank held off its own cores by a process seen there (contention.held_by_neighbour).
+    share = max(waited, why.lost_pct - why.peers_lost_pct) if why.cause in DIRECT or why.held_by_neighbour else waited
     return codes.finding(
         "STR001", NAME,
         f"Rank {rank} on {s.host} is a straggler ({why.cause}): {why.sentence}",

@@ -1,8 +1,19 @@
-"""A real short fit with Lightning or Hugging Face Trainer and ddpdoctor's adapter, on CPU ranks.
+"""Real short fits through each framework ddpdoctor adapts to, one scenario after another in one job.
 
-Started once per rank by tests/ranks/test_adapters_e2e.py (RANK, LOCAL_RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT set: both frameworks then join processes launched outside them).
-Rank 1 computes slower on purpose with `--slow`, to prove the adapter sees a straggler.
+Started once per rank by tests/ranks/test_adapters_e2e.py and benchmarks/adapters_detection.py
+(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set: Lightning, the Hugging Face Trainer
+and Accelerate all join processes launched outside them). The frameworks' imports cost seconds,
+so one job runs several fits in a row, each with its own Doctor and report (JSON.SCENARIO.json):
+
+- healthy: nothing wrong;
+- slowdata: rank 1's dataset takes SLOW_SAMPLE_S a sample (a slow disk or decoding);
+- hog: the ranks pinned one to a core, and a busy process (runtime/outside_faults.py, another
+  process, as a data loader's workers or another job would be) on rank 1's core;
+- nosampler: the data is not sharded, each framework's own way to get that wrong (Lightning's
+  `use_distributed_sampler=False`, a Trainer whose `get_train_dataloader` returns a plain DataLoader,
+  a loader not passed to `Accelerator.prepare`);
+- nan: rank 1's batches turn NaN from its step NAN_FROM + 1.
+- hang (alone, with `on_hang="exit"`): rank 1 blocks on a lock it holds inside step HANG_STEP's forward.
 """
 
 from __future__ import annotations
@@ -10,102 +21,239 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
+import time
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from ddpdoctor.measure.slow_compute import spin
-
 STEPS = 110  # checks every 20 steps: a straggler judged at step 80 and confirmed at 100
+# A busy neighbour costs a rank that sleeps in every all-reduce less than its share (the scheduler favours a
+# thread that wakes): more checks to confirm it at, as a job that runs for minutes has.
+STEPS_BY_SCENARIO = {"hog": 210}
+BATCH = 32
+SLOW_SAMPLE_S = 0.0005  # 16 ms a batch of 32 on rank 1, against a step of about a millisecond
+NAN_FROM = 50
+HANG_STEP = 6
+SCENARIOS = ("healthy", "slowdata", "hog", "nosampler", "nan")
+RANK = int(os.environ.get("RANK", "0"))
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))  # read once: Lightning removes it from the environment after a fit
+OPTIONS = dict(every=20, check_every_s=0, step_deadline_s=60)
 
 
-def _slow() -> bool:
-    return os.environ.get("ADAPTER_SLOW") == "1" and os.environ.get("RANK") == "1"
+class Net(nn.Module):
+    """The same small MLP in every framework; its forward is where rank 1 misbehaves."""
+
+    def __init__(self, scenario: str) -> None:
+        super().__init__()
+        self.scenario, self.forwards = scenario, 0
+        self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
+
+    def forward(self, x: torch.Tensor, labels: Any = None) -> Any:
+        if self.training:
+            self.forwards += 1
+            misbehave(self.scenario, self.forwards, self.report_path)
+            if self.scenario == "nan" and RANK == 1 and self.forwards > NAN_FROM:
+                x = x * float("nan")  # a corrupt batch on rank 1: its loss goes NaN
+        logits = self.net(x)
+        if labels is None:
+            return logits
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    report_path = ""
 
 
-def lightning_fit(report: str) -> None:
+def misbehave(scenario: str, step: int, report: str) -> None:
+    if scenario != "hang" or RANK != 1 or step != HANG_STEP:
+        return
+    with open(f"{report}.culprit", "w") as f:
+        json.dump({"pid": os.getpid(), "t": time.time()}, f)
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()  # a deadlock in the user's own code: never returns
+
+
+class Rows(torch.utils.data.Dataset):
+    """Rows of (x, label); on rank 1 under `slowdata`, each read takes SLOW_SAMPLE_S (time.sleep: off the CPU)."""
+
+    def __init__(self, n: int, slow: bool, as_dict: bool) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 64, generator=g), torch.randint(0, 4, (n,), generator=g)
+        self.slow, self.as_dict = slow, as_dict
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Any:
+        if self.slow:
+            time.sleep(SLOW_SAMPLE_S)
+        return {"x": self.x[i], "labels": self.y[i]} if self.as_dict else (self.x[i], self.y[i])
+
+
+def steps(scenario: str) -> int:
+    return STEPS_BY_SCENARIO.get(scenario, STEPS)
+
+
+def rows(scenario: str, as_dict: bool) -> Rows:
+    return Rows(BATCH * steps(scenario) * 2, slow=scenario == "slowdata" and RANK == 1, as_dict=as_dict)
+
+
+def lightning_fit(scenario: str, report: str, options: dict) -> Any:
     import lightning
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     from ddpdoctor.adapters import lightning_callback
 
     class Model(lightning.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
+            self.model = Net(scenario)
 
         def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
-            if _slow():
-                spin(0.004)
-            x, y = batch
-            if os.environ.get("ADAPTER_NAN") == "1" and os.environ.get("RANK") == "1" and batch_idx >= 50:
-                x = x * float("nan")  # a corrupt batch on rank 1 from its 51st step: its loss goes NaN
-            return nn.functional.cross_entropy(self.net(x), y)
+            return self.model(*batch)["loss"]
 
         def configure_optimizers(self):  # type: ignore[no-untyped-def]
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(32 * STEPS * 2, 64, generator=g), torch.randint(0, 4, (32 * STEPS * 2,), generator=g))
-    callback = lightning_callback(every=20, check_every_s=0, json_path=report, step_deadline_s=60)
-    trainer = lightning.Trainer(accelerator="cpu", devices=int(os.environ["WORLD_SIZE"]), strategy="ddp",
-                                max_steps=STEPS, enable_progress_bar=False, enable_model_summary=False,
-                                logger=False, enable_checkpointing=False, callbacks=[callback])
-    trainer.fit(Model(), DataLoader(data, batch_size=32))
-    _summary(report, callback.doctor)
+    callback = lightning_callback(json_path=report, **options)
+    trainer = lightning.Trainer(accelerator="cpu", devices=WORLD, strategy="ddp",
+                                max_steps=steps(scenario), enable_progress_bar=False, enable_model_summary=False,
+                                logger=False, enable_checkpointing=False, callbacks=[callback],
+                                use_distributed_sampler=scenario != "nosampler")
+    trainer.fit(Model(), DataLoader(rows(scenario, as_dict=False), batch_size=BATCH))
+    return callback.doctor
 
 
-def hf_fit(report: str) -> None:
+def hf_fit(scenario: str, report: str, options: dict) -> Any:
+    from torch.utils.data import DataLoader
     from transformers import Trainer, TrainingArguments
 
     from ddpdoctor.adapters import hf_callback
 
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
+    class PlainLoaderTrainer(Trainer):
+        """A Trainer subclassed for its own loader, which returns a plain DataLoader: accelerate never shards it."""
 
-        def forward(self, x, labels=None):  # type: ignore[no-untyped-def]
-            if _slow():
-                spin(0.004)
-            logits = self.net(x)
-            return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+        def get_train_dataloader(self) -> DataLoader:
+            return DataLoader(self.train_dataset, batch_size=BATCH)
 
-    g = torch.Generator().manual_seed(0)
-    rows = [{"x": torch.randn(64, generator=g), "labels": int(i % 4)} for i in range(32 * STEPS * 2)]
-    if os.environ.get("ADAPTER_SLOWDATA") == "1" and os.environ.get("RANK") == "1":
-        rows = SlowRows(rows, 0.004)  # rank 1's dataset takes 4 ms a sample (issue 42)
-    callback = hf_callback(every=20, check_every_s=0, json_path=report, step_deadline_s=60)
-    args = TrainingArguments(output_dir=os.path.dirname(report), use_cpu=True, ddp_backend="gloo", max_steps=STEPS,
-                             per_device_train_batch_size=32, report_to=[], save_strategy="no", logging_strategy="no",
-                             disable_tqdm=True, dataloader_num_workers=0)
-    Trainer(model=Model(), args=args, train_dataset=rows, callbacks=[callback]).train()
-    _summary(report, callback.doctor)
+    callback = hf_callback(json_path=report, **options)
+    args = TrainingArguments(output_dir=os.path.dirname(report), use_cpu=True, ddp_backend="gloo", max_steps=steps(scenario),
+                             per_device_train_batch_size=BATCH, report_to=[], save_strategy="no",
+                             logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+    kind = PlainLoaderTrainer if scenario == "nosampler" else Trainer
+    kind(model=Net(scenario), args=args, train_dataset=rows(scenario, as_dict=True), callbacks=[callback]).train()
+    return callback.doctor
 
 
-class SlowRows(torch.utils.data.Dataset):
-    """A dataset whose every sample takes `seconds` to read, as a slow disk or decoding would."""
+def accelerate_fit(scenario: str, report: str, options: dict) -> Any:
+    """`Accelerator.prepare` and a plain loop, with Doctor given the model, optimizer and loader it prepared."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
 
-    def __init__(self, rows: list, seconds: float) -> None:
-        self.rows, self.seconds = rows, seconds
+    import ddpdoctor
 
-    def __len__(self) -> int:
-        return len(self.rows)
+    accelerator = Accelerator(cpu=True)
+    model = Net(scenario)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(rows(scenario, as_dict=False), batch_size=BATCH)
+    if scenario == "nosampler":  # the loader left out of prepare: every rank reads the whole dataset
+        model, optimizer = accelerator.prepare(model, optimizer)
+    else:
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    doctor = ddpdoctor.Doctor(model, optimizer, loader, json_path=report, **options)
+    for step, (x, y) in enumerate(loader, 1):
+        with doctor.step((x, y)) as now:
+            loss = model(x, y)["loss"]
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            now.loss = loss
+        if step == steps(scenario):
+            break
+    doctor.close()
+    return doctor
 
-    def __getitem__(self, i: int) -> dict:
-        import time
 
-        time.sleep(self.seconds)
-        return self.rows[i]
+def wrong(scenario: str, findings: list[dict]) -> str:
+    """What is wrong with a scenario's report (rank 0's findings, as written), or "" when it is right:
+    its fault named first with the right rank and cause, and nothing else above information."""
+    loud = [f for f in findings if f["severity"] in ("warn", "critical")]
+
+    def told(fs: list[dict]) -> str:
+        return "; ".join(f"{f['code']} {f['ranks']} {f['evidence'].get('cause', '')} ({f['title'][:150]})" for f in fs)
+
+    said = told(loud) or "nothing"
+    expected = {"slowdata": ("STR001", [1], "data loading"), "hog": ("STR001", [1], "CPU contention"),
+                "nosampler": ("DOC001", [0, 1], None), "nan": ("DOC018", [1], None)}.get(scenario)
+    if expected is None:
+        return "" if not loud else f"a false alarm: {said}"
+    code, ranks, cause = expected
+    if not loud or loud[0]["code"] != code or loud[0]["ranks"] != ranks or \
+            (cause is not None and loud[0]["evidence"].get("cause") != cause):
+        return f"expected {code} {ranks} {cause or ''} first, said {said}"
+    if scenario == "nan" and loud[0]["evidence"].get("first_nonfinite_step", {}).get("1") != NAN_FROM + 1:
+        return f"DOC018 dated {loud[0]['evidence'].get('first_nonfinite_step')}, not rank 1 at {NAN_FROM + 1}"
+    extra = [f for f in loud[1:] if f["code"] != code]
+    return "" if not extra else f"also said {told(extra)}"
 
 
-def _summary(report: str, doctor) -> None:  # type: ignore[no-untyped-def]
+FITS: dict[str, Callable[[str, str, dict], Any]] = {"lightning": lightning_fit, "hf": hf_fit,
+                                                    "accelerate": accelerate_fit}
+
+
+def run(framework: str, scenario: str, prefix: str) -> None:
+    report = f"{prefix}.{scenario}.json"
+    Net.report_path = report
+    options = dict(OPTIONS, **({"on_hang": "exit", "step_deadline_s": 3.0} if scenario == "hang" else {}))
+    hog, pinned = None, os.sched_getaffinity(0)
+    if scenario == "hog":
+        from ddpdoctor.runtime import outside_faults
+
+        os.sched_setaffinity(0, {RANK % (os.cpu_count() or 1)})
+        if RANK == 1:
+            hog = outside_faults.start("hog", os.getpid(), pct=100.0, cpu=RANK % (os.cpu_count() or 1))
+    began = time.perf_counter()
+    try:
+        doctor = FITS[framework](scenario, report, options)
+    finally:
+        if hog is not None:
+            hog.stop()
+        os.sched_setaffinity(0, pinned)
+    if RANK == 0 and doctor._history.windows:  # what rank 0 judged last (History.facts()), for recording
+        with open(f"{report}.facts", "w") as f:
+            json.dump({"facts": doctor._history.facts()}, f)
+    with open(f"{report}.summary{RANK}", "w") as f:
+        json.dump({"fit_s": round(time.perf_counter() - began, 2), "steps": doctor._steps, "comm_measured": doctor.wait_measured,
+                   "findings": [x.code for x in doctor.report()],
+                   "replicas_equal_at": doctor._replicas.last_equal_step, "seen": seen(doctor)}, f)
+
+
+def seen(doctor: Any) -> dict:
+    """Rank 0's view of the kept windows, per rank (medians, ms; the CPU wait): for reading a run, not asserted."""
+    import statistics
+
+    out: dict = {}
+    for rows in doctor._history.windows:
+        for r, w in rows.items():
+            c = w.contention or {}
+            out.setdefault(str(r), []).append([round(statistics.median(w.step_ms), 2), round(statistics.median(w.wait_ms), 2),
+                                               round(statistics.median(w.data_ms), 2), c.get("run_delay_pct"), c.get("cpu_pct"),
+                                               c.get("process_run_delay_pct"), c.get("process_cpu_pct"), c.get("corunners")])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("framework", choices=sorted(FITS))
+    parser.add_argument("--json", required=True, help="reports go to JSON.SCENARIO.json")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"of {', '.join(SCENARIOS)}, hang")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for scenario in args.scenarios.split(","):
+        run(args.framework, scenario, args.json)
     import torch.distributed as dist
 
-    with open(f"{report}.summary{os.environ['RANK']}", "w") as f:
-        json.dump({"steps": doctor._steps, "comm_measured": doctor.wait_measured,
-                   "findings": [x.code for x in doctor.report()],
-                   "replicas_equal_at": doctor._replicas.last_equal_step}, f)
     if dist.is_initialized():
         # Rank 0 hosts the store: nobody leaves while another still uses it (gloo aborts otherwise).
         dist.barrier()
@@ -113,8 +261,4 @@ def _summary(report: str, doctor) -> None:  # type: ignore[no-untyped-def]
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("framework", choices=("lightning", "hf"))
-    parser.add_argument("--json", required=True)
-    args = parser.parse_args()
-    (lightning_fit if args.framework == "lightning" else hf_fit)(args.json)
+    main()

@@ -1,64 +1,76 @@
-"""The Lightning and Hugging Face adapters in a real short fit on 2 CPU ranks (tests/ranks/adapter_fit.py).
+"""Each framework ddpdoctor adapts to, in real fits on 2 CPU ranks with faults made as the world makes them
+(tests/ranks/adapter_fit.py): Lightning through `lightning_callback`, the Hugging Face Trainer through
+`hf_callback`, and Accelerate used directly (`Accelerator.prepare` and a plain loop, `Doctor` given what
+prepare returned). One job per framework runs the scenarios one after the other (the frameworks' imports
+cost seconds): a healthy fit that must stay quiet, a rank whose dataset is slow, a busy process on a
+rank's core, an unsharded loader, a rank whose loss goes NaN; a second job deadlocks a rank in a step.
 
-Rank 1 really computes slower; the adapter's Doctor must measure the job's own steps and name it.
-Skipped, with the reason, where the frameworks are not installed (`pip install -e ".[adapters]"`).
+How often each is right over repeated runs: benchmarks/adapters_detection.py (docs/callback.md).
+Skipped, with the reason, where a framework is not installed (`pip install -e ".[adapters]"`, as .ci/run does).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from .adapter_fit import HANG_STEP, NAN_FROM, SCENARIOS, steps, wrong
 from .harness import free_port, run_script_ranks
 
 pytestmark = pytest.mark.ranks
 FIT = Path(__file__).with_name("adapter_fit.py")
+FRAMEWORKS = [("lightning", "lightning"), ("hf", "transformers"), ("accelerate", "accelerate")]
 
 
-def fit(tmp_path: Path, framework: str, fault: str = "ADAPTER_SLOW") -> tuple[list, dict]:
-    report = tmp_path / f"{framework}.json"
+def job(tmp_path: Path, framework: str, scenarios: tuple[str, ...], timeout_s: float) -> list[tuple[int, str]]:
     port = free_port()
-    results = run_script_ranks(FIT, [framework, "--json", str(report)], {0: port, 1: port}, timeout_s=120,
-                               extra_env={fault: "1"}, cwd=tmp_path)
-    assert [rc for rc, _ in results] == [0, 0], [e for _, e in results]
-    summaries = {r: json.loads(Path(f"{report}.summary{r}").read_text()) for r in range(2)}
-    return json.loads(report.read_text())["findings"], summaries
+    return run_script_ranks(FIT, [framework, "--json", str(tmp_path / framework), "--scenarios", ",".join(scenarios)],
+                            {0: port, 1: port}, timeout_s=timeout_s, cwd=tmp_path)
 
 
-@pytest.mark.parametrize("framework, module", [("lightning", "lightning"), ("hf", "transformers")])
-def test_the_adapter_watches_a_real_fit_and_names_the_slow_rank(tmp_path, framework, module):
+def report(tmp_path: Path, framework: str, scenario: str) -> list[dict]:
+    return json.loads((tmp_path / f"{framework}.{scenario}.json").read_text())["findings"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("framework, module", FRAMEWORKS)
+def test_each_fault_is_named_through_the_framework_and_a_healthy_fit_stays_quiet(tmp_path, framework, module):
     pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[adapters]')")
-    findings, summaries = fit(tmp_path, framework)
-    assert all(s["steps"] == 110 and s["comm_measured"] for s in summaries.values()), summaries
-    codes = {f["code"]: f for f in findings}
-    assert codes["STR001"]["ranks"] == [1] and codes["STR001"]["evidence"]["cause"] == "compute", findings
-    assert "DOC008" not in codes and "DOC004" not in codes  # the frameworks shard and wrap: no false alarm
-    # The optimizer the framework built, and 2 ranks x 32 (Hugging Face: from its arguments, batches are not passed).
-    scaling = codes["DOC010"]["evidence"]
-    assert scaling["effective_batch"] == 64 and scaling["learning_rates"] == ([0.01] if framework == "lightning"
-                                                                              else [5e-5]), scaling
+    results = job(tmp_path, framework, SCENARIOS, timeout_s=240)
+    assert [rc for rc, _ in results] == [0, 0], [err[-3000:] for _, err in results]
+    found = {s: report(tmp_path, framework, s) for s in SCENARIOS}
+    assert {s: wrong(s, found[s]) for s in SCENARIOS} == {s: "" for s in SCENARIOS}, found
+    for s in SCENARIOS:
+        summaries = [json.loads((tmp_path / f"{framework}.{s}.json.summary{r}").read_text()) for r in range(2)]
+        assert all(x["steps"] == steps(s) and x["comm_measured"] for x in summaries), (s, summaries)
+    codes = {s: {f["code"]: f for f in found[s]} for s in SCENARIOS}
+    healthy = codes["healthy"]
+    assert "DOC008" not in healthy and "DOC004" not in healthy  # each framework shards and wraps: no false alarm
+    # The optimizer the framework built, and 2 ranks x 32 (Hugging Face: from its arguments).
+    scaling = healthy["DOC010"]["evidence"]
+    assert scaling["effective_batch"] == 64 and scaling["learning_rates"] == ([5e-5] if framework == "hf" else [0.01])
+    assert "ddpdoctor-hog" in codes["hog"]["STR001"]["title"], codes["hog"]["STR001"]
+    assert "DOC008" in codes["nosampler"]  # and the loader's sampler said why
+    first_nan = codes["nan"]["DOC018"]["evidence"]["first_nonfinite_step"]
+    assert first_nan["1"] == NAN_FROM + 1 and first_nan["0"] > NAN_FROM + 1, first_nan  # rank 0 only after
 
 
-def test_the_lightning_adapter_passes_the_loss_and_names_the_rank_whose_loss_went_nan_first(tmp_path):
-    """training_step's loss reaches the callback (on_train_batch_end's outputs): rank 1's batches turn NaN from
-    its 51st step, and DOC018 names rank 1 at step 51; rank 0's loss follows at the next step (the averaged
-    gradient), as in the plain loop (tests/ranks/test_divergence_e2e.py)."""
-    pytest.importorskip("lightning", reason="lightning is not installed (pip install -e '.[adapters]')")
-    findings, _ = fit(tmp_path, "lightning", fault="ADAPTER_NAN")
-    codes = {f["code"]: f for f in findings}
-    loss = codes["DOC018"]
-    assert loss["ranks"] == [1] and loss["evidence"]["first_nonfinite_step"] == {"0": 52, "1": 51}, loss
-    assert [f["code"] for f in findings][0] == "DOC018", findings
-
-
-def test_the_hf_adapter_names_a_rank_whose_dataset_is_slow_with_data_loading_as_its_cause(tmp_path):
-    """Issue 42: rank 1's dataset takes 4 ms a sample (the Trainer's own DataLoader, no workers); the Trainer
-    never passes batches to callbacks, but the time between its on_step_end and on_step_begin is the loader's."""
-    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[adapters]')")
-    findings, summaries = fit(tmp_path, "hf", fault="ADAPTER_SLOWDATA")
-    codes = {f["code"]: f for f in findings}
-    assert codes["STR001"]["ranks"] == [1] and codes["STR001"]["evidence"]["cause"] == "data loading", findings
-    assert [f["code"] for f in findings][0] == "STR001", findings
-    assert all(s["replicas_equal_at"] == 100 for s in summaries.values()), summaries  # and the replicas agreed
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("framework, module", FRAMEWORKS)
+def test_a_rank_deadlocked_in_a_training_step_is_named_through_the_framework(tmp_path, framework, module):
+    """Rank 1 blocks on a lock it holds inside step HANG_STEP's forward (`on_hang="exit"`, a 3 s deadline): one
+    verdict names it, stuck in its own code at its line, and rank 0 as the rank that only waited; both leave."""
+    pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[adapters]')")
+    results = job(tmp_path, framework, ("hang",), timeout_s=120)
+    assert [rc for rc, _ in results] == [123, 124], [err[-3000:] for _, err in results]  # the victim, the culprit
+    hang = {f["code"]: f for f in report(tmp_path, framework, "hang")}["DOC007"]
+    evidence = hang["evidence"]
+    assert hang["ranks"] == [1] and evidence["cause_by_rank"] == {"1": "own code"}, hang
+    assert list(evidence["affected_ranks"]) == ["0"], hang
+    assert re.search(r"adapter_fit\.py:\d+ in misbehave", evidence["user_frame_by_rank"]["1"]), evidence
+    assert "lock.acquire()" in "\n".join(evidence["python_stack_rank_1"])
+    assert json.loads((tmp_path / f"{framework}.hang.json.culprit").read_text())["pid"]
+    assert HANG_STEP == 6

@@ -1,0 +1,74 @@
+"""The batch and the loss, read off the model's forward, for a framework that hides both from its callbacks.
+
+The Hugging Face Trainer calls `on_step_begin`/`on_step_end` but passes its callbacks neither the
+batch nor the loss. Without the batch the same-batch check (DOC001: data not sharded) cannot run;
+without the loss, which rank's loss went NaN first (DOC018) cannot be said, and the Trainer's own
+`logging_nan_inf_filter` (on by default) hides a NaN loss from its logs too. Both pass through the
+model: a forward pre-hook sees the inputs, a forward hook sees the outputs (a Hugging Face model
+given labels returns `loss` in them).
+
+Per forward: one Python call each way and, for the loss, a reference kept (no copy, no read: a GPU
+is never waited for; `LossWatch` copies it on the device at the step's end). Only forwards in
+training mode inside a Doctor step count: evaluation's forwards are not training steps. With
+gradient accumulation a step has several forwards: the first one's inputs stand for the batch
+(as the plain loop's `doctor.step(batch)` does), and the micro-batches' losses are summed on the
+device (one add), so a NaN in any of them is seen. A loss computed outside the model (the
+Trainer's `compute_loss_func`, label smoothing) is not seen: `loss_seen` then stays False and the
+report says DOC018 could not be judged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+class ModelTap:
+    """Hooks on `module` feeding `doctor.see_batch`, and the step's loss for `take_loss()`."""
+
+    def __init__(self, module: Any, doctor: Any) -> None:
+        self.doctor = doctor
+        self.loss: Any = None
+        self.loss_seen = False
+        self._handles = [module.register_forward_pre_hook(self._before, with_kwargs=True),
+                         module.register_forward_hook(self._after)]
+
+    def _inside(self, module: Any) -> bool:
+        return bool(module.training and self.doctor.in_step)
+
+    def _before(self, module: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if self._inside(module):
+                self.doctor.see_batch(kwargs if kwargs else args)
+        except Exception:  # a tap must never break the user's forward
+            pass
+
+    def _after(self, module: Any, args: Any, output: Any) -> None:
+        try:
+            if not self._inside(module):
+                return
+            loss = _loss_of(output)
+            if loss is None:
+                return
+            self.loss_seen = True
+            loss = loss.detach()
+            self.loss = loss if self.loss is None else self.loss + loss
+        except Exception:
+            pass
+
+    def take_loss(self) -> Optional[Any]:
+        """The step's loss (summed over its micro-batches), or None: once per step, at its end."""
+        loss, self.loss = self.loss, None
+        return loss
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _loss_of(output: Any) -> Any:
+    """`output.loss` / `output["loss"]` (a Hugging Face ModelOutput is both), if it is a tensor."""
+    import torch
+
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
