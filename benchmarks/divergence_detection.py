@@ -101,8 +101,10 @@ def lightning(runs: int) -> None:
     said: list[str] = []
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as tmp:
-            report, port = os.path.join(tmp, "l.json"), _port()
-            procs = [subprocess.Popen([sys.executable, FIT, "lightning", "--json", report], cwd=tmp,
+            prefix, port = os.path.join(tmp, "l"), _port()
+            report = f"{prefix}.healthy.json"  # adapter_fit.py writes PREFIX.SCENARIO.json
+            procs = [subprocess.Popen([sys.executable, FIT, "lightning", "--json", prefix, "--scenarios", "healthy"],
+                                      cwd=tmp,
                                       env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                                                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"),
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]

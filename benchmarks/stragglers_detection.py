@@ -158,7 +158,9 @@ def outside_run(place: str, inject: Optional[str], world: int, seconds: float, k
             steps = judged[-1]["facts"]["0"]["steps"]["step_ms"] if judged else []
             step = sorted(steps)[len(steps) // 2] if steps else None
         elif place == "lightning":
-            _loop_run([lightning_python, FIT, "lightning", "--json", path], env, inject)
+            prefix = path[:-len(".json")]  # adapter_fit.py writes PREFIX.SCENARIO.json: the healthy fit's is `path`
+            _loop_run([lightning_python, FIT, "lightning", "--json", prefix, "--scenarios", "healthy"], env, inject)
+            os.replace(f"{prefix}.healthy.json", path)
         else:
             cmd = [sys.executable, "-m", "ddpdoctor", "check", "--no-live", "--json", path]
             if place == "stragglers":

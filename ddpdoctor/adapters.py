@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from ddpdoctor.callback.doctor import Doctor
-from ddpdoctor.callback.model_tap import ModelTap
+from ddpdoctor.callback.model_tap import ModelTap, unseen_loss
 from ddpdoctor.callback.options import checked
 
 
@@ -136,6 +136,8 @@ def hf_callback(**options: Any) -> Any:
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.doctor is not None:
                 self.tap.close()
+                if not self.tap.loss_seen and self.doctor.steps_done:  # said, never a silent gap (DOC020)
+                    self.doctor.tell([unseen_loss(self.doctor.world_size, self.doctor.steps_done)])
                 self.doctor.close()
 
     return DoctorTrainerCallback()

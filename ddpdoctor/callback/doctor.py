@@ -307,9 +307,18 @@ class Doctor:
         self._began = now  # last: the watchdog reads it, with _slow
 
     @property
+    def steps_done(self) -> int:
+        return self._steps
+
+    @property
     def in_step(self) -> bool:
         """Between step_begin and step_end (a framework's hook on the model asks: callback/model_tap.py)."""
         return bool(self._began)
+
+    def tell(self, found: list[Finding]) -> None:
+        """Findings an adapter made of what it saw, or could not see, of its framework (Hugging Face's loss
+        computed outside the model: DOC020): reported as this Doctor's own, by rank 0, never raised."""
+        self._take_new(found, may_raise=False)
 
     def framework_wait(self, ms: float) -> None:
         """Time the framework spent between steps in a collective of its own (Lightning broadcasts a flag

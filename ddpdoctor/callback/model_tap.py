@@ -14,7 +14,7 @@ gradient accumulation a step has several forwards: the first one's inputs stand 
 (as the plain loop's `doctor.step(batch)` does), and the micro-batches' losses are summed on the
 device (one add), so a NaN in any of them is seen. A loss computed outside the model (the
 Trainer's `compute_loss_func`, label smoothing) is not seen: `loss_seen` then stays False and the
-report says DOC018 could not be judged.
+report says so (DOC020) rather than staying silent about a NaN it could not see.
 """
 
 from __future__ import annotations
@@ -72,3 +72,14 @@ def _loss_of(output: Any) -> Any:
 
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+def unseen_loss(world_size: int, steps: int) -> Any:
+    """DOC020: no training forward of the model returned a loss, so DOC018 was not judged (said by rank 0)."""
+    from ddpdoctor.core import codes
+
+    return codes.finding(
+        "DOC020", "callback",
+        f"The loss was not watched: in {steps} steps the model's forward returned no loss (the Trainer computed it "
+        "outside the model), so which rank's loss went NaN first (DOC018) cannot be said",
+        ranks=tuple(range(world_size)), nodes=(), evidence={"steps": steps, "seen_from": "the model's outputs.loss"})

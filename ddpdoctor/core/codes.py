@@ -283,6 +283,13 @@ _ENTRIES = (
           fix=("Register buffers before wrapping the model in DDP(...) (or give the model any buffer at "
                "construction), or broadcast them from rank 0 yourself (torch.distributed.broadcast) after "
                "changing them; all-reduce a statistic that should cover every rank's data.")),
+    _code("DOC020", _INFO, "callback",
+          why=("The Hugging Face Trainer passes its callbacks no loss; the adapter reads the loss the model returns "
+               "(outputs.loss) off the model's forward. A loss computed outside the model (compute_loss_func, label "
+               "smoothing, a compute_loss override) never passes there, so which rank's loss went NaN first cannot "
+               "be said, and the Trainer's logging_nan_inf_filter (on by default) hides a NaN loss from its logs."),
+          fix=("Let the model compute the loss (pass labels), or train with a custom loop and give Doctor the loss "
+               "(`step.loss = loss`); set logging_nan_inf_filter=False to see non-finite losses in the logs.")),
     _code("GPU000", frozenset({Severity.OK, Severity.INFO}), "gpu-count",
           severity_rule='OK when every rank sees its GPU, INFO when the check ran without GPUs'),
     _code("GPU001", _CRITICAL, "gpu-count",

@@ -147,3 +147,19 @@ def test_lightning_s_broadcast_before_each_batch_is_timed_and_handed_over_as_wai
     assert len(seen) == 1 and "_broadcast_sigterm_tensor" not in vars(Loop())
     assert _time_between_steps_collective(SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=object())),
                                           doctor) is None  # type: ignore[arg-type]
+
+
+def test_a_loss_the_model_never_returned_is_said_not_watched_and_reported_by_rank_0():
+    from ddpdoctor.callback.model_tap import unseen_loss
+
+    model = nn.Linear(4, 2)
+    doctor = _doctor(model)
+    try:
+        finding = unseen_loss(world_size=2, steps=110)
+        assert finding.code == "DOC020" and finding.ranks == (0, 1) and "110 steps" in finding.title
+        doctor.tell([finding])
+        assert [f.code for f in doctor.report()] == ["DOC020"]
+        doctor.tell([finding])  # once
+        assert [f.code for f in doctor.report()] == ["DOC020"]
+    finally:
+        doctor.close()
