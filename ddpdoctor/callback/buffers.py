@@ -19,11 +19,11 @@ GPU the gather is read one check later, as the callback's own gather is (callbac
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ddpdoctor.callback.gather import all_gathered, to_host_late
+from ddpdoctor.callback.weak_hooks import weak_hook
 from ddpdoctor.measure import replica_digest as rd
 
 if TYPE_CHECKING:
@@ -74,9 +74,15 @@ class BufferWatch:
         self._armed_step = step + 1
         # Closures over a weak reference, not bound methods: a deepcopy or torch.save of the module between
         # a check and the next forward must not drag this watch (and the DDP wrapper) along.
-        me = weakref.ref(self)
-        self._handles = [self.ddp.register_forward_pre_hook(_calling(me, "_before_ddp")),
-                         self.ddp.module.register_forward_pre_hook(_calling(me, "_after_broadcast"))]
+        self._handles = [self.ddp.register_forward_pre_hook(weak_hook(self, "_before_ddp", on_error="_failed")),
+                         self.ddp.module.register_forward_pre_hook(weak_hook(self, "_after_broadcast",
+                                                                             on_error="_failed"))]
+
+    def _failed(self) -> None:
+        """A hook of ours failed: this rank keeps no stash, its row then differs from its peers', and every
+        rank drops and reads again at a later comparison (callback/doctor.py)."""
+        self.close()
+        self._stash, self.stash_step, self.stash_count = None, None, -1
 
     def close(self) -> None:
         """At the Doctor's close: hooks still armed are removed."""
@@ -161,18 +167,3 @@ class BufferWatch:
         return BufferDiff(step, names, groups, not (getattr(self.ddp, "modules_buffers", None) or []),
                           [n for n in names if n in ignored])
 
-
-def _calling(watch: weakref.ref, method: str) -> Callable[[Any, Any], None]:
-    """A forward pre-hook that calls `method` on the watch while it lives, and never raises into the user's
-    forward: a failure leaves this rank without a stash, its row then differs from its peers', and every
-    rank drops and reads again at a later comparison (callback/doctor.py)."""
-    def hook(module: Any, args: Any) -> None:
-        target = watch()
-        if target is None:
-            return
-        try:
-            getattr(target, method)(module, args)
-        except Exception:
-            target.close()
-            target._stash, target.stash_step, target.stash_count = None, None, -1
-    return hook

@@ -365,6 +365,7 @@ class Doctor:
         finally:
             # Also when a check raised (raise_on_finding): a step that is over must not be taken for a hang.
             self._began = 0.0
+            self._batch = None  # not kept past its step (a GPU batch's memory is the job's)
             self._last_end = end = time.perf_counter()
             if steps == 1:
                 self._first_end = end

@@ -90,3 +90,24 @@ class LossWatch:
             self._pending.append(to_host_late(candidates.min()))
             self._scanned = step
         return self.first
+
+
+def loss_of(output: Any, bare_is_loss: bool) -> Any:
+    """The loss in what a framework hands over, or None.
+
+    `bare_is_loss`: Lightning's `training_step` returns the loss itself (or a dict holding it); a model's
+    forward returns outputs, where a bare tensor is logits, never the loss. A dict or a Hugging Face
+    ModelOutput (both) gives its "loss"; an object its `.loss`; a tuple (a Hugging Face model with
+    `return_dict=False` and labels) its first element when that is one value (logits never are).
+    What comes back is watched by `LossWatch.see` (several values are summed there)."""
+    import torch
+
+    if isinstance(output, dict):
+        return output.get("loss")
+    if isinstance(output, (tuple, list)):
+        first = output[0] if output else None
+        return first if isinstance(first, torch.Tensor) and first.numel() == 1 else None
+    if bare_is_loss:
+        return output
+    loss = getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) else None

@@ -7,19 +7,23 @@ without the loss, which rank's loss went NaN first (DOC018) cannot be said, and 
 model: a forward pre-hook sees the inputs, a forward hook sees the outputs (a Hugging Face model
 given labels returns `loss` in them).
 
-Per forward: one Python call each way and, for the loss, a reference kept (no copy, no read: a GPU
-is never waited for; `LossWatch` copies it on the device at the step's end). Only forwards in
-training mode inside a Doctor step count: evaluation's forwards are not training steps. With
-gradient accumulation a step has several forwards: the first one's inputs stand for the batch
-(as the plain loop's `doctor.step(batch)` does), and the micro-batches' losses are summed on the
-device (one add), so a NaN in any of them is seen. A loss computed outside the model (the
-Trainer's `compute_loss_func`, label smoothing) is not seen: `loss_seen` then stays False and the
-report says so (DOC020) rather than staying silent about a NaN it could not see.
+Per forward: one Python call each way and, for the loss, a reference kept until the step's end (no
+copy, no read: a GPU is never waited for; `LossWatch` copies it on the device at the step's end).
+Only forwards in training mode inside a Doctor step count: evaluation's forwards are not training
+steps. With gradient accumulation a step has several forwards: the first one's inputs stand for the
+batch (as the plain loop's `doctor.step(batch)` does), and the micro-batches' losses are summed on
+the device (one add), so a NaN in any of them is seen. The hooks hold the tap weakly
+(callback/weak_hooks.py): a deepcopy or `torch.save` of the model does not drag the Doctor along. A
+loss computed outside the model (the Trainer's `compute_loss_func`, label smoothing) is not seen:
+`loss_seen` then stays False and the report says so (DOC020) rather than staying silent.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
+
+from ddpdoctor.callback.loss_watch import loss_of
+from ddpdoctor.callback.weak_hooks import weak_hook
 
 
 class ModelTap:
@@ -29,31 +33,25 @@ class ModelTap:
         self.doctor = doctor
         self.loss: Any = None
         self.loss_seen = False
-        self._handles = [module.register_forward_pre_hook(self._before, with_kwargs=True),
-                         module.register_forward_hook(self._after)]
+        self._handles = [module.register_forward_pre_hook(weak_hook(self, "_before"), with_kwargs=True),
+                         module.register_forward_hook(weak_hook(self, "_after"))]
 
     def _inside(self, module: Any) -> bool:
         return bool(module.training and self.doctor.in_step)
 
     def _before(self, module: Any, args: Any, kwargs: Any) -> None:
-        try:
-            if self._inside(module):
-                self.doctor.see_batch(kwargs if kwargs else args)
-        except Exception:  # a tap must never break the user's forward
-            pass
+        if self._inside(module):
+            self.doctor.see_batch(kwargs if kwargs else args)
 
     def _after(self, module: Any, args: Any, output: Any) -> None:
-        try:
-            if not self._inside(module):
-                return
-            loss = _loss_of(output)
-            if loss is None:
-                return
-            self.loss_seen = True
-            loss = loss.detach()
-            self.loss = loss if self.loss is None else self.loss + loss
-        except Exception:
-            pass
+        if not self._inside(module):
+            return
+        loss = loss_of(output, bare_is_loss=False)
+        if loss is None or not hasattr(loss, "detach"):
+            return
+        self.loss_seen = True
+        loss = loss.detach()
+        self.loss = loss if self.loss is None else self.loss + loss
 
     def take_loss(self) -> Optional[Any]:
         """The step's loss (summed over its micro-batches), or None: once per step, at its end."""
@@ -66,20 +64,12 @@ class ModelTap:
         self._handles = []
 
 
-def _loss_of(output: Any) -> Any:
-    """`output.loss` / `output["loss"]` (a Hugging Face ModelOutput is both), if it is a tensor."""
-    import torch
-
-    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
-    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
-
-
 def unseen_loss(world_size: int, steps: int) -> Any:
     """DOC020: no training forward of the model returned a loss, so DOC018 was not judged (said by rank 0)."""
     from ddpdoctor.core import codes
 
     return codes.finding(
         "DOC020", "callback",
-        f"The loss was not watched: in {steps} steps the model's forward returned no loss (the Trainer computed it "
-        "outside the model), so which rank's loss went NaN first (DOC018) cannot be said",
+        f"The loss was not watched: in {steps} steps the model's forward returned no loss (it was computed outside "
+        "the model: a compute_loss_func, label smoothing), so which rank's loss went NaN first (DOC018) cannot be said",
         ranks=tuple(range(world_size)), nodes=(), evidence={"steps": steps, "seen_from": "the model's outputs.loss"})

@@ -286,8 +286,9 @@ _ENTRIES = (
     _code("DOC020", _INFO, "callback",
           why=("The Hugging Face Trainer passes its callbacks no loss; the adapter reads the loss the model returns "
                "(outputs.loss) off the model's forward. A loss computed outside the model (compute_loss_func, label "
-               "smoothing, a compute_loss override) never passes there, so which rank's loss went NaN first cannot "
-               "be said, and the Trainer's logging_nan_inf_filter (on by default) hides a NaN loss from its logs."),
+               "smoothing, a compute_loss that computes it from the logits) never passes there, so which rank's loss "
+               "went NaN first cannot be said, and the Trainer's logging_nan_inf_filter (on by default) hides a NaN "
+               "loss from its logs."),
           fix=("Let the model compute the loss (pass labels), or train with a custom loop and give Doctor the loss "
                "(`step.loss = loss`); set logging_nan_inf_filter=False to see non-finite losses in the logs.")),
     _code("GPU000", frozenset({Severity.OK, Severity.INFO}), "gpu-count",

@@ -70,7 +70,7 @@ class Denied:
     sentence: str  # "rank 1 waited for a CPU 48% of the time ...: another process (pid N, name) runs on its core"
     fix: str
     evidence: dict[str, Any] = field(default_factory=dict)
-    # Held off its own cores by a process seen there (`held_by_neighbour`): its lost time holds every rank.
+    # Held apart on its own cores by a process seen there (`neighbour_on_own_cores`): its lost time holds every rank.
     held_by_neighbour: bool = False
 
 
@@ -136,17 +136,18 @@ def denied(contention: Mapping[int, Optional[ContentionFacts]], rank: int,
     return found
 
 
-def held_by_neighbour(contention: Mapping[int, Optional[ContentionFacts]], rank: int, peers: Sequence[int]) -> bool:
-    """Held apart (`held_apart`) on cores no peer shares, with another process seen using NEIGHBOUR_PCT of
-    them beyond its peers': the time it lost beyond its peers is then a lower bound of what it costs every
+def neighbour_on_own_cores(contention: Mapping[int, Optional[ContentionFacts]], rank: int,
+                           peers: Sequence[int]) -> bool:
+    """Another process seen using NEIGHBOUR_PCT of the rank's own cores beyond its peers'. For a rank held
+    apart (`held_apart`), the time it lost beyond its peers is then a lower bound of what it costs every
     rank, as for a stopped or throttled rank (DIRECT), because its communication threads are held with it
-    and every collective waits for them. In three more runs of that fit the peers' measured wait for rank 1
-    came to 6, 8 and 10% of an 18 ms step (the callback's bar for a verdict is 10%) while rank 1 lost 11 to
-    13 points more than rank 0 and the step had gone from 7 to 18 ms."""
+    and every collective waits for them. In three runs of Lightning's fit so pinned, a busy process on rank
+    1's core, the peers' measured wait for rank 1 came to 6, 8 and 10% of an
+    18 ms step (the callback's bar for a verdict is 10%) while rank 1 lost 11 to 13 points more than rank 0
+    and the step had gone from 7 to 18 ms."""
     me = contention.get(rank)
     theirs = [c for p in peers if (c := contention.get(p)) is not None]
-    return (me is not None and bool(theirs) and neighbour_excess(me, theirs) >= NEIGHBOUR_PCT
-            and held_apart(contention, rank, peers))
+    return me is not None and bool(theirs) and neighbour_excess(me, theirs) >= NEIGHBOUR_PCT
 
 
 def throttled_gap(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> float:
@@ -191,8 +192,10 @@ def own_threads_discount(me: ContentionFacts, theirs: Sequence[ContentionFacts])
     """What of its lost time its own threads may have taken (`own_threads_excess`), where nothing else is
     seen on its cores: with another process seen using NEIGHBOUR_PCT of them beyond its peers', that
     process is the observed cause, and busier communication threads are what a rank held off its core
-    shows (every collective it is in waits on them). Recorded through Lightning's fit, 2 ranks pinned one
-    to a core, a busy process on rank 1's (tests/fixtures/stragglers_outside/hog100_lightning_collective_held.json):
+    shows (every collective it is in waits on them). Recorded through Lightning's fit, each rank's main
+    thread pinned to its own core after the process group had started its threads (left free: a script that
+    pins itself after init_process_group), a busy process on rank 1's core
+    (tests/fixtures/stragglers_outside/hog100_lightning_collective_held.json):
     the job's step went from about 7 to 19 ms, both ranks waiting 12 to 14 ms of it in the all-reduce; rank 1
     lost 28% of the wall time against 7%, its other threads took 23% of its core against 6% on rank 0, and the
     busy process 64% of rank 1's core. The discount left 4 of the 21 points, and rank 1 unnamed."""

@@ -26,7 +26,8 @@ from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
 from ddpdoctor.probes.stragglers.contention import (DIRECT, FIX, NEIGHBOUR_SEEN_PCT, Denied, denied, held_apart,
-                                                   held_by_neighbour, neighbour_excess, own_threads_excess, peer_wait_pct, who)
+                                                   neighbour_excess, neighbour_on_own_cores, own_threads_excess,
+                                                   peer_wait_pct, who)
 from ddpdoctor.probes.stragglers.facts import SampledFacts, StragglersFacts, Summary
 
 NAME = "stragglers"
@@ -501,8 +502,11 @@ def _denied_cpu(facts: ByRank, scores: Scores, skip: set[int]) -> dict[int, tupl
         if r in skip:
             continue
         why = denied(contention, r, scores.peers(r))
-        if why is not None and (_waited_for(waited, scores, r) or held_apart(contention, r, scores.peers(r))):
-            why.held_by_neighbour = held_by_neighbour(contention, r, scores.peers(r))
+        if why is None:
+            continue
+        held = held_apart(contention, r, scores.peers(r))
+        if _waited_for(waited, scores, r) or held:
+            why.held_by_neighbour = held and neighbour_on_own_cores(contention, r, scores.peers(r))
             out[r] = (why, waited[r], _median([waited[p] for p in scores.peers(r)]))
     return out
 
@@ -533,7 +537,7 @@ def _starved(scores: Scores, run: RunView, found: tuple[Denied, float, float]) -
     # DDP's sampled iterations (callback/reducer_wait.py), where a stop burst mostly lands on
     # unsampled ones: a rank stopped 16-33% of each window was seen waited for 4-14% after its first
     # checks, under the callback's 10% bar, and went unnamed in 3 of 10 runs of the e2e test's loop.
-    # The same holds for a rank held off its own cores by a process seen there (contention.held_by_neighbour).
+    # The same holds for a rank held apart on its own cores by a process seen there (contention.neighbour_on_own_cores).
     share = max(waited, why.lost_pct - why.peers_lost_pct) if why.cause in DIRECT or why.held_by_neighbour else waited
     return codes.finding(
         "STR001", NAME,

@@ -12,7 +12,8 @@ so one job runs several fits in a row, each with its own Doctor and report (JSON
 - nosampler: the data is not sharded, each framework's own way to get that wrong (Lightning's
   `use_distributed_sampler=False`, a Trainer whose `get_train_dataloader` returns a plain DataLoader,
   a loader not passed to `Accelerator.prepare`);
-- nan: rank 1's batches turn NaN from its step NAN_FROM + 1.
+- nan: rank 1's batches turn NaN from its step NAN_FROM + 1;
+- lossout (Hugging Face only): the Trainer computes the loss outside the model (`compute_loss_func`);
 - hang (alone, with `on_hang="exit"`): rank 1 blocks on a lock it holds inside step HANG_STEP's forward.
 """
 
@@ -36,7 +37,8 @@ BATCH = 32
 SLOW_SAMPLE_S = 0.0005  # 16 ms a batch of 32 on rank 1, against a step of about a millisecond
 NAN_FROM = 50
 HANG_STEP = 6
-SCENARIOS = ("healthy", "slowdata", "hog", "nosampler", "nan")
+# The hog last: the scenarios after it run on the same processes, which it pinned.
+SCENARIOS = ("healthy", "slowdata", "nosampler", "nan", "hog")
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))  # read once: Lightning removes it from the environment after a fit
 OPTIONS = dict(every=20, check_every_s=0, step_deadline_s=60)
@@ -50,7 +52,9 @@ class Net(nn.Module):
         self.scenario, self.forwards = scenario, 0
         self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
 
-    def forward(self, x: torch.Tensor, labels: Any = None) -> Any:
+    def forward(self, x: torch.Tensor, labels: Any = None, **loss_kwargs: Any) -> Any:
+        # **loss_kwargs, as Hugging Face's causal LMs take them: the Trainer then gathers every step's token
+        # count across ranks (`num_items_in_batch`), a collective between the steps its callbacks see.
         if self.training:
             self.forwards += 1
             misbehave(self.scenario, self.forwards, self.report_path)
@@ -62,6 +66,16 @@ class Net(nn.Module):
         return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
 
     report_path = ""
+
+
+def pin(cpus: set) -> None:
+    """Every thread of this process on `cpus` (sched_setaffinity(0) moves the calling thread only: gloo's
+    threads, or those the hog's helper pinned, would stay where they were and skew the fits after)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
 
 
 def misbehave(scenario: str, step: int, report: str) -> None:
@@ -122,7 +136,7 @@ def lightning_fit(scenario: str, report: str, options: dict) -> Any:
                                 logger=False, enable_checkpointing=False, callbacks=[callback],
                                 use_distributed_sampler=scenario != "nosampler")
     trainer.fit(Model(), DataLoader(rows(scenario, as_dict=False), batch_size=BATCH))
-    return callback.doctor
+    return callback.doctor, callback.timed_between
 
 
 def hf_fit(scenario: str, report: str, options: dict) -> Any:
@@ -142,8 +156,15 @@ def hf_fit(scenario: str, report: str, options: dict) -> Any:
                              per_device_train_batch_size=BATCH, report_to=[], save_strategy="no",
                              logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
     kind = PlainLoaderTrainer if scenario == "nosampler" else Trainer
-    kind(model=Net(scenario), args=args, train_dataset=rows(scenario, as_dict=True), callbacks=[callback]).train()
-    return callback.doctor
+    outside = {"compute_loss_func": cross_entropy_outside} if scenario == "lossout" else {}
+    kind(model=Net(scenario), args=args, train_dataset=rows(scenario, as_dict=True), callbacks=[callback],
+         **outside).train()
+    return callback.doctor, callback.timed_between
+
+
+def cross_entropy_outside(outputs: Any, labels: Any, num_items_in_batch: Any = None) -> Any:
+    """A loss the Trainer computes from the model's logits (its `compute_loss_func`): the model never sees labels."""
+    return nn.functional.cross_entropy(outputs, labels)
 
 
 def accelerate_fit(scenario: str, report: str, options: dict) -> Any:
@@ -172,7 +193,7 @@ def accelerate_fit(scenario: str, report: str, options: dict) -> Any:
         if step == steps(scenario):
             break
     doctor.close()
-    return doctor
+    return doctor, None
 
 
 def wrong(scenario: str, findings: list[dict]) -> str:
@@ -210,21 +231,22 @@ def run(framework: str, scenario: str, prefix: str) -> None:
     if scenario == "hog":
         from ddpdoctor.runtime import outside_faults
 
-        os.sched_setaffinity(0, {RANK % (os.cpu_count() or 1)})
+        pin({RANK % (os.cpu_count() or 1)})
         if RANK == 1:
             hog = outside_faults.start("hog", os.getpid(), pct=100.0, cpu=RANK % (os.cpu_count() or 1))
     began = time.perf_counter()
     try:
-        doctor = FITS[framework](scenario, report, options)
+        doctor, timed_between = FITS[framework](scenario, report, options)
     finally:
         if hog is not None:
             hog.stop()
-        os.sched_setaffinity(0, pinned)
+        pin(pinned)
     if RANK == 0 and doctor._history.windows:  # what rank 0 judged last (History.facts()), for recording
         with open(f"{report}.facts", "w") as f:
             json.dump({"facts": doctor._history.facts()}, f)
     with open(f"{report}.summary{RANK}", "w") as f:
-        json.dump({"fit_s": round(time.perf_counter() - began, 2), "steps": doctor._steps, "comm_measured": doctor.wait_measured,
+        json.dump({"fit_s": round(time.perf_counter() - began, 2), "steps": doctor._steps, "timed_between": timed_between,
+                   "comm_measured": doctor.wait_measured,
                    "findings": [x.code for x in doctor.report()],
                    "replicas_equal_at": doctor._replicas.last_equal_step, "seen": seen(doctor)}, f)
 
@@ -247,7 +269,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("framework", choices=sorted(FITS))
     parser.add_argument("--json", required=True, help="reports go to JSON.SCENARIO.json")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"of {', '.join(SCENARIOS)}, hang")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"of {', '.join(SCENARIOS)}, lossout, hang")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for scenario in args.scenarios.split(","):

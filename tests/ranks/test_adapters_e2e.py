@@ -23,6 +23,7 @@ from .harness import free_port, run_script_ranks
 pytestmark = pytest.mark.ranks
 FIT = Path(__file__).with_name("adapter_fit.py")
 MODULE = {"lightning": "lightning", "hf": "transformers", "accelerate": "accelerate"}
+TIMED = {"lightning": "_broadcast_sigterm_tensor", "hf": "_get_num_items_in_batch", "accelerate": None}
 
 
 def job(tmp_path: Path, framework: str, scenarios: tuple[str, ...], timeout_s: float) -> list[tuple[int, str]]:
@@ -44,6 +45,8 @@ def assert_named(tmp_path: Path, framework: str, scenarios: tuple[str, ...]) -> 
     for s in scenarios:
         summaries = [json.loads((tmp_path / f"{framework}.{s}.json.summary{r}").read_text()) for r in range(2)]
         assert all(x["steps"] == steps(s) and x["comm_measured"] for x in summaries), (s, summaries)
+        # The framework's collective between steps, timed as waiting (adapters.time_as_waiting), on this version.
+        assert all(x["timed_between"] == TIMED[framework] for x in summaries), (s, summaries)
     codes = {s: {f["code"]: f for f in found[s]} for s in scenarios}
     healthy = codes["healthy"]
     assert "DOC008" not in healthy and "DOC004" not in healthy  # each framework shards and wraps: no false alarm
@@ -74,9 +77,16 @@ def assert_hang_named(tmp_path: Path, framework: str, results: list[tuple[int, s
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("framework", ["lightning", "hf"])
 def test_each_fault_is_named_through_the_adapter_and_a_healthy_fit_stays_quiet(tmp_path, framework):
-    results = job(tmp_path, framework, SCENARIOS + ("hang",), timeout_s=240)
-    assert_named(tmp_path, framework, SCENARIOS)
+    """Hugging Face also runs `lossout`: the Trainer computes the loss outside the model, which the adapter
+    cannot see, and the report says so (DOC020) instead of staying silent about NaNs it could not watch."""
+    extra = ("lossout",) if framework == "hf" else ()
+    results = job(tmp_path, framework, extra + SCENARIOS + ("hang",), timeout_s=240)
+    assert_named(tmp_path, framework, SCENARIOS + extra)
     assert_hang_named(tmp_path, framework, results)
+    if extra:
+        unseen = {f["code"]: f for f in report(tmp_path, framework, "lossout")}
+        assert "DOC020" in unseen and unseen["DOC020"]["severity"] == "info", unseen
+        assert "DOC020" not in {f["code"] for f in report(tmp_path, framework, "healthy")}  # seen there
 
 
 def test_accelerate_s_sharding_is_seen_and_a_loader_not_prepared_is_named(tmp_path):
