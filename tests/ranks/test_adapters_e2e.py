@@ -20,7 +20,7 @@ import pytest
 from .adapter_fit import NAN_FROM, SCENARIOS, steps, wrong
 from .harness import free_port, run_script_ranks
 
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.adapters]
 FIT = Path(__file__).with_name("adapter_fit.py")
 MODULE = {"lightning": "lightning", "hf": "transformers", "accelerate": "accelerate"}
 TIMED = {"lightning": "_broadcast_sigterm_tensor", "hf": "_get_num_items_in_batch", "accelerate": None}

@@ -30,8 +30,7 @@ def test_healthy_run_gives_no_false_alarm(tmp_path, nproc):
     the same path, with 4 ranks time-sharing 2 cores (HOM013)."""
     run = run_check(tmp_path, "--nproc", str(nproc))
     assert run.returncode == 0, run.explain()
-    # torch's "Failed to initialize NumPy" where numpy is absent: not a line for our users (without numpy:
-    # tests/unit/test_fresh_env.py::test_check_passes_without_numpy).
+    # torch's "Failed to initialize NumPy" where numpy is absent (CI's fresh venv): not a line for our users.
     assert "NumPy" not in run.stderr, run.stderr
     report = run.report
     assert report["schema"] == "ddpdoctor.report/1"

@@ -150,6 +150,7 @@ def test_an_unknown_name_lists_the_accepted_ones():
     assert checked({"every": 5, "optimizer": None}).every == 5
 
 
+@pytest.mark.adapters
 def test_the_lightning_adapter_refuses_at_creation():
     pytest.importorskip("lightning")
     with pytest.raises(ValueError, match=r"^every must be >= 1, not 0$"):
@@ -159,6 +160,7 @@ def test_the_lightning_adapter_refuses_at_creation():
     assert adapters.lightning_callback(every=5) is not None
 
 
+@pytest.mark.adapters
 def test_the_hf_adapter_refuses_at_creation():
     # Refused before transformers is imported: the same check wherever it is installed.
     with pytest.raises(ValueError, match=r"^every must be >= 1, not 0$"):

@@ -171,10 +171,13 @@ def test_every_module_imports_without_numpy(no_numpy_env):
 
 
 @pytest.mark.ranks
+@pytest.mark.slow
 def test_check_passes_without_numpy(tmp_path, no_numpy_env):
     """check on 2 ranks where numpy cannot be imported: OK, the same weights' hash, no NumPy warning.
-    In the default tier: CI's venv has numpy since it installs the adapters' frameworks (transformers
-    needs it), so a machine without numpy is made here, by hiding it."""
+
+    Default twin: tests/ranks/test_check_e2e.py::test_healthy_run_gives_no_false_alarm (the same
+    check on 2 ranks, asserting no NumPy line on stderr; CI's fresh venv has no numpy at all, so there
+    it runs exactly this; numpy is hidden here for machines that have it)."""
     from tests.ranks.harness import assert_nothing_left, probe_section, run_check
 
     run = run_check(tmp_path, "--nproc", "2", "--timeout", "60", env=no_numpy_env)
