@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from ddpdoctor.callback.gather import all_gathered, to_host_late
-from ddpdoctor.callback.weak_hooks import weak_hook
+from ddpdoctor.callback.weak_hooks import WeakHook
 from ddpdoctor.measure import replica_digest as rd
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ class BufferWatch:
         self._armed_step = step + 1
         # Closures over a weak reference, not bound methods: a deepcopy or torch.save of the module between
         # a check and the next forward must not drag this watch (and the DDP wrapper) along.
-        self._handles = [self.ddp.register_forward_pre_hook(weak_hook(self, "_before_ddp", on_error="_failed")),
-                         self.ddp.module.register_forward_pre_hook(weak_hook(self, "_after_broadcast",
+        self._handles = [self.ddp.register_forward_pre_hook(WeakHook(self, "_before_ddp", on_error="_failed")),
+                         self.ddp.module.register_forward_pre_hook(WeakHook(self, "_after_broadcast",
                                                                              on_error="_failed"))]
 
     def _failed(self) -> None:

@@ -530,7 +530,6 @@ class Doctor:
         steps = list(self._step_ms)
         data = list(self._data_ms)[-len(steps):] if steps else []
         between = list(self._between_ms)[-len(steps):] if steps else []
-        between = [0.0] * (len(steps) - len(between)) + between  # aligned with the steps, whatever the deques held
         wait = self._wait.take() if self._wait is not None else None
         wait_ms = wait.mean_ms if wait is not None and wait.mean_ms is not None else 0.0
         # The reducer gives the window's mean wait, not each step's: each step gets the window's share

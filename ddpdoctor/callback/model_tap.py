@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ddpdoctor.callback.loss_watch import loss_of
-from ddpdoctor.callback.weak_hooks import weak_hook
+from ddpdoctor.callback.weak_hooks import WeakHook
 
 
 class ModelTap:
@@ -33,8 +33,8 @@ class ModelTap:
         self.doctor = doctor
         self.loss: Any = None
         self.loss_seen = False
-        self._handles = [module.register_forward_pre_hook(weak_hook(self, "_before"), with_kwargs=True),
-                         module.register_forward_hook(weak_hook(self, "_after"))]
+        self._handles = [module.register_forward_pre_hook(WeakHook(self, "_before"), with_kwargs=True),
+                         module.register_forward_hook(WeakHook(self, "_after"))]
 
     def _inside(self, module: Any) -> bool:
         return bool(module.training and self.doctor.in_step)

@@ -41,7 +41,3 @@ class WeakHook:
 
     def __reduce__(self) -> tuple:
         return (WeakHook, ())  # nothing of ours is saved with the model
-
-
-def weak_hook(owner: Any, method: str, on_error: Optional[str] = None) -> WeakHook:
-    return WeakHook(owner, method, on_error)

@@ -147,7 +147,7 @@ def neighbour_on_own_cores(contention: Mapping[int, Optional[ContentionFacts]], 
     and the step had gone from 7 to 18 ms."""
     me = contention.get(rank)
     theirs = [c for p in peers if (c := contention.get(p)) is not None]
-    return me is not None and bool(theirs) and neighbour_excess(me, theirs) >= NEIGHBOUR_PCT
+    return me is not None and bool(theirs) and _neighbour_seen(me, theirs)
 
 
 def throttled_gap(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> float:
@@ -199,9 +199,7 @@ def own_threads_discount(me: ContentionFacts, theirs: Sequence[ContentionFacts])
     the job's step went from about 7 to 19 ms, both ranks waiting 12 to 14 ms of it in the all-reduce; rank 1
     lost 28% of the wall time against 7%, its other threads took 23% of its core against 6% on rank 0, and the
     busy process 64% of rank 1's core. The discount left 4 of the 21 points, and rank 1 unnamed."""
-    if neighbour_excess(me, theirs) >= NEIGHBOUR_PCT:
-        return 0.0
-    return own_threads_excess(me, theirs)
+    return 0.0 if _neighbour_seen(me, theirs) else own_threads_excess(me, theirs)
 
 
 def _same_cores(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> bool:
@@ -226,9 +224,14 @@ def _own_cores(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> bool:
     return bool(me.cpus) and bool(theirs) and all(c.cpus and c.cpus != me.cpus for c in theirs)
 
 
+def _neighbour_seen(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> bool:
+    """Another process seen using NEIGHBOUR_PCT of its own cores beyond its peers' (`neighbour_excess`)."""
+    return neighbour_excess(me, theirs) >= NEIGHBOUR_PCT
+
+
 def _gap_needed(me: ContentionFacts, theirs: Sequence[ContentionFacts]) -> float:
     """LOST_GAP_PTS, or NEIGHBOUR_GAP_PTS where a neighbour is seen on its own cores (NEIGHBOUR_PCT)."""
-    if neighbour_excess(me, theirs) >= NEIGHBOUR_PCT:
+    if _neighbour_seen(me, theirs):
         return NEIGHBOUR_GAP_PTS
     return LOST_GAP_PTS
 
