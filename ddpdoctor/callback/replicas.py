@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     import torch
 
 BUDGET = 0.005  # of the wall time between checks the comparison may take
+# A fingerprint's cost is read at the first comparisons only (the least of them): three timed
+# fingerprints at every check were 1 ms of a check's 12 on 2 CPU ranks (issue 36's 2 ms steps).
+FINGERPRINT_READS = 3
 FREE_MS = 5.0  # a comparison this cheap runs at every check (at the default 2 s between checks, 0.25%)
 BYPASS_STEPS = 20  # steps after which a DDP whose reducer counted no iteration was never called
 RING = 1024  # per-step fingerprints kept: two check windows of 2 s at 4 ms a step and more
@@ -66,7 +69,8 @@ class ReplicaWatch:
         self.late = late
         self.layout = rd.layout(optimizer, inner, rd.averaged_by(self.ddp) if self.ddp is not None else None)
         self.digest_ms = 0.0  # this rank's last comparison, in ms of its own time
-        self.fingerprint_ms = 0.0  # one per-step fingerprint's cost on this rank, measured at the last comparison
+        self.fingerprint_ms = 0.0  # one per-step fingerprint's cost on this rank: the least of its first readings
+        self._fingerprint_reads = 0
         self.per_step = False  # a fingerprint is kept at every step (record), decided at the checks from the table
         self.failed = False  # a comparison raised on this rank (its row tells its peers: they stop too)
         self.recorded_from: Optional[int] = None  # the first step of the unbroken per-step record
@@ -142,7 +146,10 @@ class ReplicaWatch:
         if self.digest_ms > FREE_MS:
             self.fingerprint_ms = self.digest_ms
             return 0.0
-        ms = float("inf")
+        if self._fingerprint_reads >= FINGERPRINT_READS:  # the model does not change: its cost is known
+            return 0.0
+        self._fingerprint_reads += 1
+        ms = self.fingerprint_ms if self._fingerprint_reads > 1 else float("inf")
         spent = time.perf_counter()
         for _ in range(3):  # the least of three: a single cold call read 0.2-0.3 ms where the steady cost is 0.07
             began = time.perf_counter()
@@ -164,7 +171,7 @@ class ReplicaWatch:
         spent = self._measure_fingerprint()
         reduced = self._reduce(self._timed(self._vector))
         self.digest_ms += spent
-        differ = self._differ(reduced.tolist())
+        differ = self._differ(reduced)
         if not differ:
             self.last_equal_step = step
             return None
@@ -184,10 +191,9 @@ class ReplicaWatch:
         if pending is not None:
             if not pending.event.query():  # a whole check interval behind: wait, as every rank does
                 pending.event.synchronize()
-            values = pending.host.tolist()
             if pending.kind == "gather":
-                return self._compare(values, pending.step)
-            if not self._differ(values):
+                return self._compare(pending.host.tolist(), pending.step)
+            if not self._differ(pending.host):
                 self.last_equal_step = pending.step
             else:
                 self._pending = self._launch("gather", self._gather(self._timed(self._detail)), step)
@@ -246,9 +252,12 @@ class ReplicaWatch:
         return all_gathered(vector, self.world_size)
 
     @staticmethod
-    def _differ(reduced: list[float]) -> bool:
-        half = len(reduced) // 2
-        return any(hi != -lo for hi, lo in zip(reduced[:half], reduced[half:]))
+    def _differ(reduced: torch.Tensor) -> bool:
+        """The all-reduced [max, -min] pair differs somewhere: some rank holds another value (NaN too)."""
+        import torch
+
+        half = reduced.numel() // 2
+        return not torch.equal(reduced[:half], -reduced[half:])
 
     def _compare(self, gathered: list[float], step: int) -> tuple[judge.Comparison, judge.Seen]:
         settings = len(rd.settings_names())

@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
+from ddpdoctor.core.medians import median
 from ddpdoctor.measure.contention import ContentionFacts, cpu_count, lost_cpu, summary
 
 # Percentage points of the wall time more than the median of its peers lost. Healthy ranks on the
@@ -271,5 +272,5 @@ def peer_wait_pct(waits: Mapping[int, Sequence[float]], steps: Sequence[float], 
     if not peers or total <= 0:
         return 0.0
     n = min([len(waits[rank])] + [len(waits[p]) for p in peers])
-    extra = sum(max(0.0, statistics.median([waits[p][i] for p in peers]) - waits[rank][i]) for i in range(n))
+    extra = sum(max(0.0, median([waits[p][i] for p in peers]) - waits[rank][i]) for i in range(n))
     return 100.0 * extra / total

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from ddpdoctor.core import codes
+from ddpdoctor.core.medians import median
 from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
@@ -70,7 +71,7 @@ ByRank = Mapping[int, StragglersFacts]
 
 
 def _median(values: Sequence[float]) -> float:
-    return float(statistics.median(values)) if values else float("nan")
+    return median(values)
 
 
 def _low(values: Sequence[float]) -> float:
@@ -118,6 +119,9 @@ class Scores:
     kind: str  # "gpu" | "cpu"
     # Per rank, per step (the first `steps` of each): data, compute, optimizer and work, in ms.
     phases: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+    # What the rules derive from these scores more than once (`_excess`, `_peer_waits`): computed
+    # once a judging. The callback judges inside the training loop, where each costs milliseconds.
+    derived: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def peers(self, rank: int) -> list[int]:
         """The ranks it is compared with: those with as many samples a step, when there are any.
@@ -197,11 +201,15 @@ def _persistent(s: RankScore, threshold: float) -> bool:
 
 def _excess(scores: Scores, rank: int) -> dict[str, float]:
     """Per step, this rank's phase minus the median of its peers' same step, then the median."""
+    key = ("excess", rank)
+    if key in scores.derived:
+        return dict(scores.derived[key])
     peers = scores.peers(rank)
     ph = scores.phases
     out = {key: _median([ph[rank][key][i] - _median([ph[p][key][i] for p in peers]) for i in range(scores.steps)])
            for key in ("data", "compute", "optimizer", "work")}
     out["other"] = out["work"] - out["data"] - out["compute"] - out["optimizer"]
+    scores.derived[key] = dict(out)
     return out
 
 
@@ -484,10 +492,14 @@ def _arrives_last(scores: Scores, rank: int) -> bool:
 
 def _peer_waits(facts: ByRank, scores: Scores) -> dict[int, float]:
     """Per rank, how long its peers waited for it in the all-reduce, as % of the step time."""
+    if "peer_waits" in scores.derived:
+        return dict(scores.derived["peer_waits"])
     n = scores.steps
     waits = {r: _floats(facts[r].steps.comm_wait_ms)[:n] for r in scores.ranks}
     steps = [_median([float(facts[r].steps.step_ms[i]) for r in scores.ranks]) for i in range(n)]
-    return {r: peer_wait_pct(waits, steps, r, scores.peers(r)) for r in scores.ranks}
+    out = {r: peer_wait_pct(waits, steps, r, scores.peers(r)) for r in scores.ranks}
+    scores.derived["peer_waits"] = dict(out)
+    return out
 
 
 def _denied_cpu(facts: ByRank, scores: Scores, skip: set[int]) -> dict[int, tuple[Denied, float, float]]:
@@ -496,7 +508,6 @@ def _denied_cpu(facts: ByRank, scores: Scores, skip: set[int]) -> dict[int, tupl
     contention = {r: facts[r].contention for r in scores.ranks}
     if sum(c is not None for c in contention.values()) < 2:
         return {}
-    waited = _peer_waits(facts, scores)
     out = {}
     for r in sorted(scores.ranks):
         if r in skip:
@@ -504,6 +515,7 @@ def _denied_cpu(facts: ByRank, scores: Scores, skip: set[int]) -> dict[int, tupl
         why = denied(contention, r, scores.peers(r))
         if why is None:
             continue
+        waited = _peer_waits(facts, scores)  # only where a rank was denied: healthy checks skip its cost
         held = held_apart(contention, r, scores.peers(r))
         if _waited_for(waited, scores, r) or held:
             why.held_by_neighbour = held and neighbour_on_own_cores(contention, r, scores.peers(r))
