@@ -382,6 +382,8 @@ def main() -> int:
     parser.add_argument("--loops", default="plain,lightning", help="with --shapes: plain, lightning")
     parser.add_argument("--replay", metavar="DIR", help="judge the callback runs kept in DIR again (no ranks run)")
     args = parser.parse_args()
+    if args.keep:  # the ranks write their reports there: the Doctor refuses a folder that does not exist
+        os.makedirs(args.keep, exist_ok=True)
     if args.replay:
         replay_table(args.replay)
         return 0

@@ -2,15 +2,16 @@
 64 MB tmpfs on /dev/shm (Docker's default) and `ulimit -n 40`, both in one `check --probes limits`;
 and a cgroup with pids.max, a memory limit and a CPU quota, all three in one run. The healthy
 control is the healthy run of test_check_e2e.py (LIM000 on the same machine without them);
-locked memory (which needs an RDMA device) and RLIMIT_NPROC (which needs a non-root user) are
-judged on readings recorded from real limited processes (tests/unit/test_limits.py,
-tests/fixtures/limits/).
+and `ulimit -u` (RLIMIT_NPROC) on a non-root user, `nobody`, whose limit the kernel enforces (it does
+not hold root back). Locked memory, which needs an RDMA device, is judged on readings recorded from
+real limited processes (tests/unit/test_limits.py, tests/fixtures/limits/).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Optional
@@ -20,6 +21,8 @@ import sys
 import pytest
 
 from .harness import assert_nothing_left, free_port, probe_section, run_command
+
+NOBODY = 65534
 
 pytestmark = pytest.mark.ranks
 
@@ -164,3 +167,70 @@ def test_check_names_an_absent_rdma_device_a_transport_switched_off_and_a_small_
     assert scratch_disk[0]["evidence"]["free_bytes"] <= SMALL_TMP_MB << 20 and scratch_disk[0]["ranks"] == [0, 1]
     assert not any(f["evidence"]["path"] == str(tmp_path) for f in disk)  # the report's folder has room
     assert_nothing_left(run)
+
+
+NPROC = 48  # as pids.max above: the check's launcher and 2 ranks start about 38 tasks more than they hold
+
+
+def _as_nobody(argv: str, out: Path) -> str:
+    """A shell line, for `unshare -m`, that runs `argv` as the user nobody with this interpreter.
+
+    The interpreter lives under /root (mode 700 here), which nobody cannot enter: in the private mount
+    namespace a tmpfs with mode 755 covers /root and the interpreter's tree is bound back into it."""
+    hold = out / "pyenv"
+    home = Path.home()
+    tree = Path(os.path.realpath(sys.executable))
+    inside = next((p for p in tree.parents if p.parent == home), None)
+    binds = ""
+    if inside is not None:  # the interpreter's top folder under the home (e.g. /root/.pyenv)
+        binds = (f"mkdir -p {hold} && mount --bind {inside} {hold} && mount -t tmpfs -o mode=755 tmpfs {home} && "
+                 f"mkdir -p {inside} && mount --bind {hold} {inside} && ")
+    return (f"{binds}exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups env HOME={out} TMPDIR={out} "
+            f"{argv}")
+
+
+def _can_run_as_nobody(out: Path) -> str:
+    """Why `nobody` cannot run this interpreter here, or ''."""
+    if os.geteuid() != 0:
+        return "needs root to switch to the user nobody"
+    if not all(shutil.which(tool) for tool in ("unshare", "setpriv", "prlimit")):
+        return "needs util-linux's unshare, setpriv and prlimit"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", _as_nobody(f"{sys.executable} -c 'import ddpdoctor'", out)],
+                           capture_output=True, text=True, timeout=60)
+    return "" if probe.returncode == 0 else f"nobody cannot import ddpdoctor here: {probe.stderr.strip()[-300:]}"
+
+
+@pytest.mark.slow
+def test_check_names_a_ulimit_u_that_holds_a_non_root_user_and_not_the_same_user_without_it(tmp_path):
+    """`ulimit -u 48` (prlimit --nproc) on the user nobody: LIM004 names it with the value; the same user
+    without the limit gets no LIM004 (its healthy control: the same command, no prlimit).
+
+    Default twin: test_check_names_a_cgroup_s_pids_memory_and_cpu_limits_with_their_values (LIM004 from
+    the cgroup's pids.max, the same judge of the tasks to come)."""
+    out = Path(tempfile.mkdtemp(prefix="ddpd-nproc-"))  # /tmp itself: nobody cannot enter pytest's tmp_path
+    try:
+        out.chmod(0o777)
+        why_not = _can_run_as_nobody(out)
+        if why_not:
+            pytest.skip(why_not)
+        runs = {}
+        for name, limit in (("limited", f"prlimit --nproc={NPROC} "), ("control", "")):
+            report = out / f"{name}.json"
+            argv = (f"{limit}{sys.executable} -m ddpdoctor check --no-live --probes limits --json {report} "
+                    f"--port {free_port()}")
+            runs[name] = run_command(["unshare", "-m", "sh", "-c", _as_nobody(argv, out)], tmp_path,
+                                     report_name=str(report))  # absolute: tmp_path / it is it
+            assert_nothing_left(runs[name])
+    finally:
+        subprocess.run(["umount", "-R", str(out / "pyenv")], capture_output=True)
+        shutil.rmtree(out, ignore_errors=True)
+    limited, control = runs["limited"], runs["control"]
+    assert limited.report is not None and limited.returncode == 1, limited.explain()
+    found = limited.findings("LIM004")
+    assert len(found) == 1 and found[0]["evidence"]["nproc_soft"] == NPROC, limited.explain()
+    assert found[0]["evidence"]["uid"] == NOBODY and found[0]["ranks"] == [0, 1]
+    assert f"limited to {NPROC} (ulimit -u)" in found[0]["title"]
+    facts = probe_section(limited.report, "limits")["facts"]
+    assert {f["nproc"]["soft"] for f in facts.values()} == {NPROC}
+    assert control.report is not None and not control.findings("LIM004"), control.explain()
+    assert {f["uid"] for f in probe_section(control.report, "limits")["facts"].values()} == {NOBODY}
