@@ -751,6 +751,23 @@ _ENTRIES = (
     _code("TOP010", _INFO, "topology",
           why="The slot (or the CPU's root port) caps the link below the GPU's own generation.",
           fix='Nothing to repair; a newer platform or slot would double host-to-GPU bandwidth per generation.'),
+    _code("TOP011", frozenset({Severity.WARN, Severity.INFO}), "topology",
+          severity_rule=("WARN where as many GPUs of this node with no pair across the sockets exist (the job could "
+                         "use them), INFO where the job needs GPUs of both sockets"),
+          why=("`nvidia-smi topo -m` says SYS: the path crosses PCIe and the interconnect between the CPU sockets "
+               "(QPI/UPI, Infinity Fabric). GPUs cannot reach each other peer to peer over it on most platforms, so "
+               "NCCL copies each byte through host memory across the sockets, and every all-reduce of the job runs at "
+               "that hop's speed: about 40% of the PCIe link (6 GB/s at Gen3 x16, 13 at Gen4, 25 at Gen5) against "
+               "80% for GPUs under one PCIe switch. Nothing is broken; it is how the machine is built.")),
+    _code("TOP012", frozenset({Severity.WARN, Severity.INFO}), "topology",
+          severity_rule="WARN when the job spans nodes (its traffic between nodes goes this way), INFO when it does not",
+          why=("A GPU and a NIC on different sockets (SYS) cannot use GPUDirect RDMA: NCCL stages the GPU's traffic to "
+               "other nodes in host memory and sends it across the socket interconnect first (NCCL_DEBUG=INFO shows "
+               "the channel without GDRDMA). A job that spans nodes gets less than the NIC's rate on those GPUs, and "
+               "all of them wait for the slowest."),
+          fix=("Multi-node jobs: give each socket (each PCIe switch, ideally) its own NIC, or run on the GPUs near a "
+               "NIC (CUDA_VISIBLE_DEVICES; Slurm `--gpu-bind=closest`); name the NIC each GPU should use with "
+               "NCCL_IB_HCA only if it is near. Single-node jobs are not affected.")),
     _code("WATCH001", _CRITICAL, "watch",
           per_case=("the process never reached init_process_group (its rank may be unknown), or it called it and "
                     "waits for peers")),

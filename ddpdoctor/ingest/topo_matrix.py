@@ -159,11 +159,21 @@ def _add_p2p(matrix: Matrix, pairs: dict[tuple[int, int], GpuPair]) -> None:
                 setattr(pair, name, "DISABLED" if status == "DR" else status)  # DR: NVML's DISABLED_BY_REGKEY
 
 
-def _nic_names(text: str, matrices: list[Matrix]) -> list[str]:
-    """The NIC columns, by their legend's device names where the file has a NIC Legend."""
+def _nics(text: str, matrices: list[Matrix]) -> list[Nic]:
+    """The NIC columns, by their legend's device names where the file has a NIC Legend, each with its
+    path from every GPU row (the socket a NIC sits on is where its paths are not SYS)."""
     legend = {m.group(1): m.group(2) for m in map(_NIC_LEGEND.match, text.splitlines()) if m}
-    columns = [c for m in matrices for c in m.columns if not _GPU.match(c)]
-    return [legend.get(c, c) for c in dict.fromkeys(columns)]
+    nics: dict[str, Nic] = {}
+    for matrix in matrices:
+        gpus = [c for c in matrix.columns if _GPU.match(c)]
+        for column in (c for c in matrix.columns if not _GPU.match(c)):
+            nic = nics.setdefault(column, Nic(name=legend.get(column, column)))
+            at = matrix.columns.index(column)
+            for gpu in gpus:
+                cells = matrix.rows[gpu][0]
+                if at < len(cells) and _LEVEL.match(cells[at]):
+                    nic.gpu_paths[gpu[3:]] = _level(cells[at])
+    return list(nics.values())
 
 
 def read(path: str, text: str) -> ToolOutput:
@@ -182,7 +192,7 @@ def read(path: str, text: str) -> ToolOutput:
     for matrix in p2p:
         _add_p2p(matrix, pairs)
     node = NodeFacts(numa=not_known(KIND), gpus=GpuTopology(gpus=gpus, pairs=[pairs[k] for k in sorted(pairs)]),
-                     nics=[Nic(name=name) for name in _nic_names(text, links[:1])])
+                     nics=_nics(text, links[:1]))
     for offset, index in enumerate(int(g.index or 0) for g in gpus):
         facts = TopologyFacts(gpu_index=index, placement=Placement(unknown=not_known(KIND)["unknown"]),
                               node=node if offset == 0 else None)

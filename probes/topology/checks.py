@@ -15,8 +15,8 @@ from ddpdoctor.core import codes
 from ddpdoctor.core.facts import facts_by_rank
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 from ddpdoctor.measure.host_layout import linux_bus_id, parse_cpulist
-from ddpdoctor.judge.link_model import (LEVEL_ORDER, Expectation, Hop, level_rank, network_expectation, pcie_gbps,
-                                  ring_expectation)
+from ddpdoctor.judge.link_model import (EFFICIENCY, LEVEL_ORDER, Expectation, Hop, hop_gbps, level_rank,
+                                        network_expectation, pcie_gbps, ring_expectation)
 
 from ddpdoctor.probes.base import RunView
 from ddpdoctor.probes.topology.facts import (GpuNode, GpuPair, LoadReading, Nic, NodeFacts, NvLink, PcieLink,
@@ -336,6 +336,118 @@ def p2p_findings(view: NodeView) -> list[Finding]:
         "that the topology allows", ranks, [view.host], {"pairs": bad[:16], "pairs_total": len(bad)})]
 
 
+# -- the CPU sockets: GPUs and NICs across them ------------------------------------------
+
+CROSSING = "SYS"  # PCIe and the interconnect between NUMA nodes (SOC in old drivers, read as SYS)
+
+
+def _sys_gbps_by_generation() -> dict[str, float]:
+    """What a SYS hop allows at each PCIe generation, x16 (the link model's host-memory-across-sockets
+    efficiency): the figure to expect where the links were not read (a pasted `topo -m`)."""
+    return {f"Gen{gen} x16": round(float(pcie_gbps(gen, 16) or 0.0) * EFFICIENCY["sys"], 1) for gen in (3, 4, 5)}
+
+
+def _without_crossing(view: NodeView, size: int) -> Optional[list[int]]:
+    """`size` GPUs of the node of which no two meet across the sockets, where there are any: the
+    first GPU's closer-than-SYS neighbours, greedily (a node's GPUs group by socket or switch)."""
+    gpus = [g.index for g in view.gpus if isinstance(g.index, int)]
+    for first in gpus:
+        chosen = [first]
+        for other in gpus:
+            if other not in chosen and all(cell(view, other, c) not in (CROSSING, "?") for c in chosen):
+                chosen.append(other)
+            if len(chosen) == size:
+                return chosen
+    return None
+
+
+def _numa_groups(view: NodeView, gpus: list[int]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for g in gpus:
+        numa = view.gpu(g).numa_node
+        groups.setdefault(str(numa) if isinstance(numa, int) and numa >= 0 else "?", []).append(g)
+    return groups
+
+
+def socket_findings(view: NodeView, named: list[Finding]) -> list[Finding]:
+    """TOP011: the job's GPUs meet across the CPU sockets (SYS), where no single GPU is to blame
+    (TOP003 names one placed worse than the others: that is the cause then, said once).
+
+    Nothing is broken: a 2-socket PCIe server is built so. What it costs is the all-reduce's
+    bandwidth, which goes through host memory and the socket interconnect at a fraction of PCIe
+    (issue 41: pasted machines with every pair SYS were judged healthy with no word of it). WARN
+    where the same number of GPUs on this node could avoid it (CUDA_VISIBLE_DEVICES), INFO where not."""
+    gpus = view.job_gpus
+    if len(gpus) < 2 or any(f.code == "TOP003" and view.host in f.nodes for f in named):
+        return []
+    crossing = [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:] if cell(view, a, b) == CROSSING]
+    if not crossing:
+        return []
+    pairs = len(gpus) * (len(gpus) - 1) // 2
+    groups = _numa_groups(view, gpus)
+    instead = _without_crossing(view, len(gpus))
+    where = ", ".join(f"GPU {rank_ranges(g)} on NUMA node {n}" for n, g in sorted(groups.items()) if n != "?")
+    evidence: dict[str, Any] = {
+        "sys_pairs": [f"{a}-{b}" for a, b in crossing[:32]], "sys_pairs_total": len(crossing), "pairs_total": pairs,
+        "gpus_by_numa_node": groups, "expected_busbw_gbps_per_sys_hop": _sys_gbps_by_generation(),
+        "gpus_without_crossing": instead}
+    ring_sys = [h for h in ring_hops(view, {}, at_max=True) if h.level == CROSSING]
+    if ring_sys and ring_sys[0].pcie_gbps is not None:
+        evidence["expected_busbw_gbps_per_sys_hop"] = {"this node": hop_gbps(ring_sys[0])[0]}
+    severity = Severity.WARN if instead is not None else Severity.INFO
+    choose = (f"Choose GPUs that share a socket: `CUDA_VISIBLE_DEVICES={','.join(map(str, instead))}` gives this "
+              f"job's {len(gpus)} GPUs with no pair across the sockets. " if instead is not None else "")
+    return [_finding(
+        "TOP011",
+        f"The all-reduce crosses the CPU sockets on {view.host}: {len(crossing)} of {pairs} GPU pairs meet only "
+        f"across them (SYS){f': {where}' if where else ''}",
+        [r for g in gpus for r in ranks_on(view, g)], [view.host], evidence, severity=severity,
+        fix=(f"{choose}Where the job needs GPUs of both sockets, expect this: measure it with `ddpdoctor "
+             "allreduce-bench` (NCCL_DEBUG=INFO shows these hops \"via SHM\" or \"via P2P\" with NCCL_P2P_LEVEL=SYS, "
+             "which some platforms allow and others corrupt or slow: test it before relying on it). GPUs joined by "
+             "NVLink (bridges, SXM boards) keep the all-reduce off the sockets."))]
+
+
+def _nic_path(nic: Nic, gpu: GpuNode) -> Optional[str]:
+    """The GPU's path to the NIC: the pasted matrix's cell, else SYS or NODE by their NUMA nodes."""
+    pasted = nic.gpu_paths.get(str(gpu.index))
+    if pasted:
+        return pasted
+    if isinstance(nic.numa_node, int) and nic.numa_node >= 0 and isinstance(gpu.numa_node, int) and gpu.numa_node >= 0:
+        return CROSSING if nic.numa_node != gpu.numa_node else "NODE"
+    return None
+
+
+def nic_findings(view: NodeView, across_nodes: bool) -> list[Finding]:
+    """TOP012: job GPUs whose every NIC is across the CPU sockets. Their traffic to other nodes then
+    crosses the socket interconnect and cannot go NIC to GPU directly (GPUDirect RDMA needs the two
+    under one PCIe switch or host bridge). WARN for a job across nodes, INFO for one that is not."""
+    if view.node is None:
+        return []
+    nics = [n for n in view.node.nics if not n.virtual]
+    rdma = [n for n in nics if n.rdma or n.gpu_paths]
+    nics = rdma or nics
+    far: list[int] = []
+    near: dict[str, list[int]] = {}
+    for g in view.job_gpus:
+        paths = {str(n.name): p for n in nics if (p := _nic_path(n, view.gpu(g))) is not None}
+        if paths and all(p == CROSSING for p in paths.values()):
+            far.append(g)
+        for name, p in paths.items():
+            if p != CROSSING:
+                near.setdefault(name, []).append(g)
+    if not far:
+        return []
+    names = sorted({str(n.name) for n in nics if _nic_path(n, view.gpu(far[0])) is not None})
+    return [_finding(
+        "TOP012",
+        f"GPU {rank_ranges(far)} on {view.host} reach{'es' if len(far) == 1 else ''} the NICs ({', '.join(names)}) "
+        "only across the CPU sockets (SYS)",
+        [r for g in far for r in ranks_on(view, g)], [view.host],
+        {"gpus_far_from_every_nic": far, "nics_near_gpus": near, "job_across_nodes": across_nodes},
+        severity=Severity.WARN if across_nodes else Severity.INFO)]
+
+
 # -- CPU placement ------------------------------------------------------------------------
 
 def _cpus(text: object) -> Optional[set[int]]:
@@ -498,5 +610,7 @@ def diagnose_topology(facts: RankFacts, run: RunView) -> list[Finding]:
         findings += asymmetry_findings(view)
         findings += p2p_findings(view)
         findings += affinity_findings(view, by_rank)
+        findings += socket_findings(view, findings)
+        findings += nic_findings(view, across_nodes=len(views) > 1)
     findings += expectation_finding(views, by_rank)
     return findings

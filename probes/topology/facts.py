@@ -109,6 +109,9 @@ class Nic(Facts):
     pci_bus_id: Optional[str] = None
     numa_node: Optional[int] = None
     rdma: list[str] = field(default_factory=list)
+    # Per GPU index (as a string), the path to this NIC as `nvidia-smi topo -m` names it (PIX ... SYS):
+    # only a pasted matrix gives it; a live run compares the NIC's NUMA node with the GPU's instead.
+    gpu_paths: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -73,18 +73,22 @@ def test_modeled_files_are_what_the_committed_generator_builds() -> None:
         assert (FIXTURES / name).read_text(encoding="utf-8") == text, f"{name} is stale: rerun build_modeled.py"
 
 
-@pytest.mark.parametrize("name, expected_gbps, bottleneck", [
-    (H100, 360.0, "NVLink 4.0 x18"),  # 18 x 25 GB/s x 0.8; nccl-tests measures ~370 on 8xH100 rings
-    (A100, 240.0, "NVLink 3.1 x12"),  # 12 x 25 x 0.8; ~230 measured on 8xA100
-    (WORKSTATION, 15.8, "host memory (PHB)"),  # Gen4 x16 31.5 x 0.5
-    (PCIE_SERVER, 6.3, "host memory across sockets (SYS)"),  # Gen3 x16 15.75 x 0.4
-    (RTX4090, 12.6, "host memory across sockets (SYS)"),  # Gen4 x16 x 0.4
+@pytest.mark.parametrize("name, expected_gbps, bottleneck, also", [
+    (H100, 360.0, "NVLink 4.0 x18", []),  # 18 x 25 GB/s x 0.8; nccl-tests measures ~370 on 8xH100 rings
+    (A100, 240.0, "NVLink 3.1 x12", []),  # 12 x 25 x 0.8; ~230 measured on 8xA100
+    (WORKSTATION, 15.8, "host memory (PHB)", []),  # Gen4 x16 31.5 x 0.5
+    # The 2-socket servers also say what crossing the sockets costs (TOP011) and which GPUs reach their
+    # NIC only across them (TOP012): information on one node, nothing broken.
+    (PCIE_SERVER, 6.3, "host memory across sockets (SYS)", ["TOP011", "TOP012"]),  # Gen3 x16 15.75 x 0.4
+    (RTX4090, 12.6, "host memory across sockets (SYS)", ["TOP011", "TOP012"]),  # Gen4 x16 x 0.4
 ])
 def test_healthy_machine_gives_no_warning_and_its_expected_bandwidth(name: str, expected_gbps: float,
-                                                                     bottleneck: str) -> None:
+                                                                     bottleneck: str, also: list[str]) -> None:
     findings = judge(load(name))
     assert alarms(findings) == []
-    [info] = findings
+    assert sorted(f.code for f in findings if f.code != "TOP007") == also
+    assert all(f.severity == Severity.INFO for f in findings)
+    [info] = [f for f in findings if f.code == "TOP007"]
     assert info.code == "TOP007" and info.severity == Severity.INFO
     assert info.evidence["expected_busbw_gbps"] == pytest.approx(expected_gbps)
     assert info.evidence["expected_busbw_gbps_at_full_link_speed"] == pytest.approx(expected_gbps)
@@ -343,3 +347,30 @@ def test_nvlink_versions_are_nvml_codes_not_generations() -> None:
     assert hop_gbps(Hop(0, 1, "NV12", 12, 5)) == (240.0, "NVLink 3.1 x12")  # A100 answers 5, not NVLink5
     assert hop_gbps(Hop(0, 1, "NV18", 18, 7))[0] == 720.0  # NVLink 5.0: 50 GB/s per link
     assert hop_gbps(Hop(0, 1, "NV18", 18, 8))[0] is None  # a code this model does not know: not guessed
+
+
+def test_a_job_across_the_sockets_that_could_fit_on_one_is_warned_with_the_gpus_to_choose() -> None:
+    """TOP011 (issue 41): a 2-rank job on GPUs 0 and 4 of the 2-socket PCIe server crosses the sockets
+    where GPUs 0 and 1 (one switch) would not: warn, naming them. The whole machine's 8-GPU job cannot
+    avoid it: information (the healthy test above)."""
+    facts = load(PCIE_SERVER)
+    job = {r: f for r, f in facts.items() if r in (0, 4)}  # rank 0 holds the node's facts
+    [top011] = [f for f in judge(job) if f.code == "TOP011"]
+    assert top011.severity == Severity.WARN and top011.ranks == (0, 4)
+    assert top011.evidence["sys_pairs"] == ["0-4"] and top011.evidence["gpus_without_crossing"] == [0, 1]
+    assert "CUDA_VISIBLE_DEVICES=0,1" in top011.fix
+    assert top011.evidence["expected_busbw_gbps_per_sys_hop"] == {"this node": pytest.approx(6.3)}  # Gen3 x16 x 0.4
+    same_socket = {r: f for r, f in facts.items() if r in (0, 1)}
+    assert [f.code for f in judge(same_socket) if f.code == "TOP011"] == []
+
+
+def test_gpus_far_from_every_nic_are_information_on_one_node_and_a_warning_across_nodes() -> None:
+    """TOP012 (issue 41): on the PCIe server the one NIC sits on socket 0, so GPUs 4-7 reach it only
+    across the sockets; a job spanning two such nodes sends their traffic that way, one on one node
+    never does."""
+    [one] = [f for f in judge(load(PCIE_SERVER)) if f.code == "TOP012"]
+    assert one.severity == Severity.INFO and one.ranks == (4, 5, 6, 7)
+    assert one.evidence["gpus_far_from_every_nic"] == [4, 5, 6, 7] and not one.evidence["job_across_nodes"]
+    two = judge(load(PCIE_SERVER, RTX4090))
+    far = [f for f in two if f.code == "TOP012"]
+    assert len(far) == 2 and all(f.severity == Severity.WARN and f.evidence["job_across_nodes"] for f in far)
