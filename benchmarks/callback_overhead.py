@@ -185,6 +185,7 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
             cpu[name].append((1e3 * thread / n, 1e3 * process / n))
     threads_cpu = _thread_cpu_s() - threads_before  # the threads live as long as the Doctor: read before close
     wall = time.perf_counter() - wall_before
+    steps_watched = doctor._steps  # the alternated blocks' (the back-to-back ones below are not counted there)
     # The time inside the Doctor, read again on watched blocks back to back, as a user's loop runs: in the
     # alternation its clock also counts the bare blocks, so it takes the steps for twice as long and checks
     # about twice as often a watched second as it would (its checks are by time: check_every_s).
@@ -193,7 +194,6 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
         inside = _timed(watched, watched_opt, x, y, n, doctor)[3]
         if block:
             continuous_us.append(1e6 * inside / n)
-    steps_watched = doctor._steps
     findings = [f"{f.code} {f.severity.label}" for f in doctor.report()]
     doctor.close()
     ratios = [w / b for w, b in zip(watched_ms[1:], bare_ms[1:])]
@@ -278,7 +278,8 @@ def main() -> int:
     setting = "" if args.check_every_s is None else f" but check_every_s={args.check_every_s:g}"
     print(f"{result['nproc']} rank(s){pinned}, {result['device']}, median of {args.pairs} alternated block pairs "
           f"of ~{args.block_s:g} s; the Doctor at its defaults{setting}")
-    print("| target step | bare step | inside the Doctor a step (alternated) | share of the step | wall, A/B pairs (worst) "
+    print("| target step | bare step | inside the Doctor a step, back to back (worst block; alternated) | share of the step "
+          "| wall, A/B pairs (worst) "
           "| training thread's CPU, A/B | Doctor's threads (CPU ms/s) | findings |")
     print("|---|---|---|---|---|---|---|---|")
     for r in result["rows"]:

@@ -72,6 +72,22 @@ class IfnameReading(Facts):
 
 
 @dataclass
+class Dial(Facts):
+    """One TCP connection a node's first rank tried to another node's (measure/peer_reach.py)."""
+
+    address: Optional[str] = None  # host:port dialled
+    result: Optional[str] = None  # "ok", or why not in the socket's words ("timed out: ...", "No route to host ...")
+
+
+@dataclass
+class PeerReach(Facts):
+    """What a node's first rank found dialling the other nodes' first ranks before init."""
+
+    source: Optional[str] = None  # the address its route to MASTER_ADDR leaves from
+    to: dict[str, Dial] = field(default_factory=dict, metadata=nested_map(Dial))  # by the other node's host name
+
+
+@dataclass
 class InitHangFacts(Facts):
     """One rank's way to the rendezvous: published by before_rendezvous, then completed by collect
     with the time the rendezvous and the group init took (absent where they did not end) and the backend."""
@@ -93,8 +109,10 @@ class InitHangFacts(Facts):
     rendezvous_s: Optional[float] = None
     init_s: Optional[float] = None
     backend: Optional[str] = None
+    # A node's first rank in a job of several nodes: the other nodes it could, or could not, connect to.
+    peer_reach: Optional[PeerReach] = field(default=None, metadata=nested(PeerReach))
 
-    OMIT_NONE = frozenset({"rendezvous_s", "init_s", "backend"})
+    OMIT_NONE = frozenset({"rendezvous_s", "init_s", "backend", "peer_reach"})
 
     @property
     def known_interfaces(self) -> dict[str, Interface]:
@@ -158,6 +176,7 @@ class InitHang:
     def diagnose(self, facts: Mapping[int, InitHangFacts], run: RunView) -> list[Finding]:
         facts = facts_by_rank(InitHangFacts, facts)
         findings = _bad_ifname(facts, run) + _hostname_on_loopback(facts, run) + _split_resolution(facts, run)
+        findings += _nodes_unreachable(facts, run)
         findings += _late_arrivals(facts, run)
         # Fewer facts than ranks, or an init that did not finish everywhere: the run's own
         # findings (RUN001, RUN004, ...) say what happened; "ok" would contradict them.
@@ -269,6 +288,42 @@ def _split_resolution(facts: Mapping[int, InitHangFacts], run: RunView) -> list[
     return [codes.finding(
         "INIT003", NAME, f"MASTER_ADDR={addr} resolves to different addresses on different ranks", ranks=tuple(odd),
         nodes=tuple(sorted({hosts[r] for r in odd})), evidence={"resolved_by_ranks": groups})]
+
+
+def _nodes_unreachable(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Finding]:
+    """INIT005: nodes whose first ranks could not open a TCP connection to another node's, tried
+    after every rank had reached the store (measure/peer_reach.py): the store's port gets through,
+    the ports gloo and NCCL open between ranks do not."""
+    hosts = _hosts(facts, run)
+    failed: list[tuple[str, str, str, str]] = []  # from host, to host, address, result
+    tried = 0
+    for r, f in sorted(facts.items()):
+        if f.peer_reach is None:
+            continue
+        for host, dial in sorted(f.peer_reach.to.items()):
+            tried += 1
+            if dial.result and dial.result != "ok":
+                failed.append((hosts[r], host, str(dial.address), dial.result))
+    if not failed:
+        return []
+    involved = {h for a, b, _, _ in failed for h in (a, b)}
+    ranks = sorted(r for r, h in hosts.items() if h in involved)
+    reasons = sorted({res for _, _, _, res in failed})
+    short = reasons[0].split(" (")[0]
+    first = next(iter(facts.values()))
+    store = f"{first.master_addr}:{first.master_port}"
+    a, b, _, _ = failed[0]
+    what = (f"{a} cannot open a TCP connection to {b}" if len(failed) == 1 else
+            f"{len(failed)} of {tried} connections between the nodes' first ranks failed, {a} to {b} first")
+    # Init finished everywhere: gloo's connections (or NCCL's bootstrap) found a way, another interface
+    # perhaps (*_SOCKET_IFNAME); NCCL's own connections come at its first collective, which may still fail.
+    initialised = all(isinstance(f.init_s, (int, float)) for f in facts.values()) and len(facts) == run.world_size
+    return [codes.finding(
+        "INIT005", NAME, f"{what} ({short}), though every rank reached the rendezvous store at {store}",
+        severity=Severity.WARN if initialised else Severity.CRITICAL, ranks=tuple(ranks), nodes=tuple(sorted(involved)),
+        evidence={"failed": [{"from": x, "to": y, "address": addr, "result": res} for x, y, addr, res in failed[:32]],
+                  "failed_total": len(failed), "tried": tried, "store": store, "results": reasons,
+                  "init_finished": initialised})]
 
 
 def arrival_gaps(facts: Mapping[int, InitHangFacts]) -> dict[int, float]:

@@ -69,7 +69,8 @@ class ReplicaWatch:
         self.late = late
         self.layout = rd.layout(optimizer, inner, rd.averaged_by(self.ddp) if self.ddp is not None else None)
         self.digest_ms = 0.0  # this rank's last comparison, in ms of its own time
-        self.fingerprint_ms = 0.0  # one per-step fingerprint's cost on this rank: the least of its first readings
+        self.fingerprint_ms = 0.0  # one per-step fingerprint's cost on this rank, as the plan takes it
+        self._fingerprint_best = float("inf")  # the least of its first FINGERPRINT_READS readings
         self._fingerprint_reads = 0
         self.per_step = False  # a fingerprint is kept at every step (record), decided at the checks from the table
         self.failed = False  # a comparison raised on this rank (its row tells its peers: they stop too)
@@ -147,9 +148,10 @@ class ReplicaWatch:
             self.fingerprint_ms = self.digest_ms
             return 0.0
         if self._fingerprint_reads >= FINGERPRINT_READS:  # the model does not change: its cost is known
+            self.fingerprint_ms = self._fingerprint_best  # also after a slow comparison (a GC pause) set it aside
             return 0.0
         self._fingerprint_reads += 1
-        ms = self.fingerprint_ms if self._fingerprint_reads > 1 else float("inf")
+        ms = self._fingerprint_best
         spent = time.perf_counter()
         for _ in range(3):  # the least of three: a single cold call read 0.2-0.3 ms where the steady cost is 0.07
             began = time.perf_counter()
@@ -158,7 +160,7 @@ class ReplicaWatch:
         spent = 1e3 * (time.perf_counter() - spent)
         if self.layout.tensors and self.layout.tensors[0].is_cuda:  # queued only: the GPU's read of the weights
             ms = max(ms, sum(e.numel for e in self.layout.entries) * 4 / GPU_READ_BYTES_PER_MS)
-        self.fingerprint_ms = ms
+        self.fingerprint_ms = self._fingerprint_best = ms
         return spent  # this rank's own time on it: counted in the comparison's cost (digest_ms)
 
     def check(self, step: int, due: bool) -> Optional[tuple[judge.Comparison, judge.Seen]]:

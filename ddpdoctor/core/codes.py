@@ -458,6 +458,22 @@ _ENTRIES = (
           fix=("Look at `start_to_arrival_s`: a large value is this process's own start-up (pre-install or cache the "
                'environment on local disk); a small one means it was launched late (check the scheduler and the '
                'launcher on that node).')),
+    _code("INIT005", frozenset({Severity.CRITICAL, Severity.WARN}), "init-hang",
+          severity_rule=("CRITICAL when the process group's init did not finish on every rank, WARN when it did (the "
+                         "backend found a way, another interface perhaps: NCCL's own connections come at its first "
+                         "collective)"),
+          why=("gloo and NCCL connect every rank to its peers on ports the system picks (above 1024, new each run); the "
+               "rendezvous store's port is not enough. A firewall that passes only MASTER_PORT (firewalld or iptables on"
+               " a node, a cloud security group, a Kubernetes NetworkPolicy) lets every rank arrive, then the process "
+               "group's init or its first collective hangs until its timeout on every rank: \"Connection timed out\", "
+               "gloo's \"Timed out waiting ... for recv operation\", NCCL's \"socketStartConnect: Connect to ... "
+               "failed\" or \"Software caused connection abort\", \"No route to host\". Tried directly here: one TCP "
+               "connection from each node's first rank to every other node's, on a port the system picked."),
+          fix=("Allow all TCP between the job's nodes on the interface it uses: firewalld `firewall-cmd --permanent "
+               "--zone=trusted --add-source=<cluster subnet>` then `--reload`; iptables `-A INPUT -s <cluster subnet> "
+               "-j ACCEPT`; a cloud security group rule allowing all TCP from the group itself; a Kubernetes "
+               "NetworkPolicy allowing pod-to-pod traffic. Check with `nc -zv <other node> <port>` on a port other "
+               "than MASTER_PORT, from each node.")),
     _code("LIM000", _OK, "limits",
           why=("Each rank's /dev/shm, open-file and process limits, its cgroup's memory and CPU quota, and (where an "
                "InfiniBand/RoCE device is present) its locked-memory limit leave room for what this job needs."),

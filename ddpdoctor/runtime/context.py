@@ -39,6 +39,9 @@ class SharedState:
     hellos: dict[int, Hello] = field(default_factory=dict)
     # The shared DDP workload, run once by whichever probe needs it first (runtime/workload.py).
     workload: Optional["WorkloadResult"] = None
+    # A node's first rank listens here for the other nodes' dials (measure/peer_reach.py); open
+    # until the process ends, so a slower node's dial never meets a closed port.
+    reach_listener: Optional[Any] = None
     # This host's CPU counters at the rank's start (local rank 0 only), for the foreign load.
     host_load_start: Optional["CpuSample"] = None
     # The folder NCCL writes its tuning log to when --nccl-algo asked for it; the allreduce probe

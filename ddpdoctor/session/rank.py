@@ -33,6 +33,7 @@ from ddpdoctor.runtime.launch_env import BACKEND_VAR, DEVICE_VAR, LaunchEnv, lau
 from ddpdoctor.runtime.liveness import Heartbeat, SideChannel, Watchdog
 from ddpdoctor.measure.net import Resolution, resolve, wait_for_port
 from ddpdoctor.runtime.rank_state import RankState, Terminated
+from ddpdoctor.measure import peer_reach
 from ddpdoctor.probes.init_hang import NAME as INIT_PROBE, before_rendezvous
 from ddpdoctor.core.run_record import RunRecord
 from ddpdoctor.runtime.channel import read_record
@@ -100,7 +101,54 @@ def _hello(ctx: RankContext) -> dict[str, Any]:
             "local_rank": ctx.env.local_rank,
             "local_world_size": ctx.env.local_world_size, "world_size": ctx.world_size, "mode": ctx.env.mode,
             "cuda_devices": torch.cuda.device_count() if cuda else 0, "t": time.time(),
-            "torch": torch.__version__, **_node_placement(os.environ, ctx.rank)}
+            "torch": torch.__version__, **_node_placement(os.environ, ctx.rank), **_reach_endpoint(ctx)}
+
+
+def _reach_endpoint(ctx: RankContext) -> dict[str, Any]:
+    """A node's first rank: where the other nodes can dial it (measure/peer_reach.py), only when
+    the init-hang probe runs; nothing on the other ranks. The address is its route's to the store,
+    as the probe already read it (no second lookup); a loopback one is never published (a host name
+    on 127.0.1.1 is INIT002's, and the other nodes could only dial themselves)."""
+    if ctx.env.local_rank != 0 or INIT_PROBE not in ctx.cfg.probes:
+        return {}
+    route = (ctx.channel.get(keys.result(INIT_PROBE, ctx.rank)) or {}).get("route") or {}
+    source = route.get("source") if isinstance(route, dict) else None
+    if not isinstance(source, str) or peer_reach.is_loopback(source):
+        return {}
+    listener = peer_reach.listen()
+    if listener is None:
+        return {}
+    ctx.shared.reach_listener = listener
+    return {"reach": [source, int(listener.getsockname()[1])]}
+
+
+def _reach_targets(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    """What a node's first rank dials: the other nodes' first ranks, by host name, the MAX_DIALS after
+    it in the order of their ranks (all of them up to that many nodes), so no node is dialled more
+    often than that. None on the other ranks, and in a job on one node."""
+    me = hellos.get(ctx.rank) or {}
+    if not me.get("reach"):
+        return {}
+    leaders = [(r, h) for r, h in sorted(hellos.items()) if h.get("reach")]
+    at = next(i for i, (r, _) in enumerate(leaders) if r == ctx.rank)
+    targets: dict[str, tuple[str, int]] = {}
+    for k in range(1, len(leaders)):  # by host name: a host with two leaders (two launchers) is one node
+        h = leaders[(at + k) % len(leaders)][1]
+        if h.get("host") != me.get("host"):
+            targets.setdefault(str(h.get("host")), (str(h["reach"][0]), int(h["reach"][1])))
+    return targets
+
+
+def _dial_other_nodes(ctx: RankContext, targets: dict[str, tuple[str, int]]) -> None:
+    """Dial them before the process group's init, and add what was found to this rank's init-hang
+    facts: a firewall that passes only the store's port is named here, before gloo or NCCL hang on it."""
+    found = peer_reach.dial_all(targets)
+    facts = ctx.channel.get(keys.result(INIT_PROBE, ctx.rank)) or {}
+    route = facts.get("route")  # the address this node listens on is its route's (_reach_endpoint)
+    facts["peer_reach"] = {"source": route.get("source") if isinstance(route, dict) else None,
+                           "to": {name: {"address": f"{addr}:{port}", "result": found[name]}
+                                  for name, (addr, port) in targets.items() if name in found}}
+    ctx.channel.set(keys.result(INIT_PROBE, ctx.rank), facts)
 
 
 def _node_placement(environ: Mapping[str, str], rank: int) -> dict[str, Any]:
@@ -125,7 +173,7 @@ def _node_placement(environ: Mapping[str, str], rank: int) -> dict[str, Any]:
 # processes share a machine): rank 0 reads the N hellos once and publishes this digest, so the
 # rendezvous costs O(N) store calls, not every rank reading every hello (N² on the one store).
 HELLO_DIGEST = keys.HELLO_DIGEST
-_DIGEST_FIELDS = ("rank", "host", "machine", "pid", "local_rank", "local_world_size", "cuda_devices")
+_DIGEST_FIELDS = ("rank", "host", "machine", "pid", "local_rank", "local_world_size", "cuda_devices", "reach")
 
 
 def _not_arrived(missing: list[int], arrived: int, world_size: int, wait_s: float) -> RuntimeError:
@@ -415,6 +463,10 @@ def _run_stages(ctx: RankContext) -> bool:
     try:
         with ctx.stage("rendezvous"):
             hellos = _rendezvous(ctx)
+        targets = _reach_targets(ctx, hellos)
+        if targets:  # its own stage: the rendezvous' timing (INIT004's gaps) stays its own, the dials get a deadline
+            with ctx.stage("reach", deadline_s=peer_reach.DIAL_TIMEOUT_S + 10.0):
+                _dial_other_nodes(ctx, targets)
         with ctx.stage("init"):
             _init(ctx, hellos)
         for name in ctx.cfg.probes:

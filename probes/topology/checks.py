@@ -419,9 +419,11 @@ def _nic_path(nic: Nic, gpu: GpuNode) -> Optional[str]:
 
 
 def nic_findings(view: NodeView, across_nodes: bool) -> list[Finding]:
-    """TOP012: job GPUs whose every NIC is across the CPU sockets. Their traffic to other nodes then
-    crosses the socket interconnect and cannot go NIC to GPU directly (GPUDirect RDMA needs the two
-    under one PCIe switch or host bridge). WARN for a job across nodes, INFO for one that is not."""
+    """TOP012: job GPUs whose every NIC is across NUMA nodes (a pasted matrix's SYS, or a live run's NIC
+    on another NUMA node than the GPU: another socket, or another die of one socket in NPS/SNC modes,
+    whose fabric hop NVML also calls SYS). Their traffic to other nodes then crosses that interconnect
+    and cannot go NIC to GPU directly (GPUDirect RDMA needs the two under one PCIe switch or host
+    bridge). WARN for a job across nodes, INFO for one that is not."""
     if view.node is None:
         return []
     nics = [n for n in view.node.nics if not n.virtual]
@@ -442,7 +444,7 @@ def nic_findings(view: NodeView, across_nodes: bool) -> list[Finding]:
     return [_finding(
         "TOP012",
         f"GPU {rank_ranges(far)} on {view.host} reach{'es' if len(far) == 1 else ''} the NICs ({', '.join(names)}) "
-        "only across the CPU sockets (SYS)",
+        "only across NUMA nodes (SYS)",
         [r for g in far for r in ranks_on(view, g)], [view.host],
         {"gpus_far_from_every_nic": far, "nics_near_gpus": near, "job_across_nodes": across_nodes},
         severity=Severity.WARN if across_nodes else Severity.INFO)]

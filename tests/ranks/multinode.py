@@ -192,9 +192,28 @@ class NodesRun:
         return [f for f in (self.report or {}).get("findings", []) if f["code"] == code]
 
 
+def firewall_passing_only(hub: Node, others: list[Node], port: int) -> None:
+    """The hub drops every TCP packet from the other nodes except to `port`, as a node's firewall that
+    passes only the rendezvous port does (`iptables -A INPUT -s NODE -p tcp ! --dport PORT -j DROP`).
+    This kernel has neither iptables nor tc classifiers, so policy routing does it: a rule sends those
+    packets to a blackhole, which drops them silently (the sender's connect times out), and the
+    local table moves after it. The hub's own connections to itself are untouched (not from those
+    addresses), and its connections out get no answer back (the answers come from those addresses).
+    Goes with the namespace."""
+    ns = hub.netns
+    _ip("-n", ns, "rule", "add", "pref", "100", "lookup", "local")
+    _ip("-n", ns, "rule", "del", "pref", "0")
+    for node in others:
+        for low, high in ((1, port - 1), (port + 1, 65534)):  # ip rule takes no 65535 in a range
+            _ip("-n", ns, "rule", "add", "pref", "10", "from", node.addr, "ipproto", "tcp", "dport",
+                f"{low}-{high}", "blackhole")
+
+
 def run_nodes(tmp_path: Path, nodes: list[Node], args: list[str], nproc: int = 2, subcommand: str = "check",
-              per_node_env: Optional[dict[int, dict[str, str]]] = None, timeout_s: float = 150) -> NodesRun:
-    """One torchrun per node, started together as a job script would; rank 0's JSON report."""
+              per_node_env: Optional[dict[int, dict[str, str]]] = None, timeout_s: float = 150,
+              port: Optional[int] = None) -> NodesRun:
+    """One torchrun per node, started together as a job script would; rank 0's JSON report.
+    `port`: the rendezvous endpoint's (torchrun shares its store with the ranks: their MASTER_PORT)."""
     import random
     import time
 
@@ -202,7 +221,7 @@ def run_nodes(tmp_path: Path, nodes: list[Node], args: list[str], nproc: int = 2
 
     tag = uuid.uuid4().hex
     report_path = tmp_path / f"nodes-{tag[:8]}.json"
-    port, run_id = random.randint(20000, 60000), f"ddpd{tag[:8]}"
+    port, run_id = port or random.randint(20000, 60000), f"ddpd{tag[:8]}"
     start = time.perf_counter()
     procs = []
     for node in nodes:

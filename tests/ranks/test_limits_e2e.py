@@ -18,6 +18,7 @@ from typing import Optional
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from .harness import assert_nothing_left, free_port, probe_section, run_command
@@ -195,7 +196,10 @@ def _can_run_as_nobody(out: Path) -> str:
         return "needs root to switch to the user nobody"
     if not all(shutil.which(tool) for tool in ("unshare", "setpriv", "prlimit")):
         return "needs util-linux's unshare, setpriv and prlimit"
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", _as_nobody(f"{sys.executable} -c 'import ddpdoctor'", out)],
+    if any(p.uids().real == NOBODY for p in psutil.process_iter()):  # RLIMIT_NPROC counts all of nobody's tasks
+        return "another process already runs as nobody: its tasks would count against the limit"
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            _as_nobody(f"{sys.executable} -c 'import ddpdoctor'", out)],
                            capture_output=True, text=True, timeout=60)
     return "" if probe.returncode == 0 else f"nobody cannot import ddpdoctor here: {probe.stderr.strip()[-300:]}"
 
@@ -218,12 +222,14 @@ def test_check_names_a_ulimit_u_that_holds_a_non_root_user_and_not_the_same_user
             report = out / f"{name}.json"
             argv = (f"{limit}{sys.executable} -m ddpdoctor check --no-live --probes limits --json {report} "
                     f"--port {free_port()}")
-            runs[name] = run_command(["unshare", "-m", "sh", "-c", _as_nobody(argv, out)], tmp_path,
+            runs[name] = run_command(["unshare", "-m", "--propagation", "private", "sh", "-c", _as_nobody(argv, out)],
+                                     tmp_path,
                                      report_name=str(report))  # absolute: tmp_path / it is it
             assert_nothing_left(runs[name])
     finally:
-        subprocess.run(["umount", "-R", str(out / "pyenv")], capture_output=True)
-        shutil.rmtree(out, ignore_errors=True)
+        # The binds lived in the private namespaces only, gone with them; never delete through a mount.
+        if not os.path.ismount(out / "pyenv"):
+            shutil.rmtree(out, ignore_errors=True)
     limited, control = runs["limited"], runs["control"]
     assert limited.report is not None and limited.returncode == 1, limited.explain()
     found = limited.findings("LIM004")

@@ -4,12 +4,13 @@ and faults named as nodes."""
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
 
 from .harness import tagged_processes
-from .multinode import namespace_nodes, run_nodes, run_slurm_tasks, skip_without_nodes
+from .multinode import firewall_passing_only, namespace_nodes, run_nodes, run_slurm_tasks, skip_without_nodes
 
 pytestmark = [pytest.mark.ranks, skip_without_nodes()]
 
@@ -42,6 +43,9 @@ def test_two_healthy_nodes_give_one_report_grouped_by_node(tmp_path):
     init = _probe(report, "init-hang")["facts"]
     assert {r: f["route"]["source"] for r, f in init.items()} == {
         "0": nodes[0].addr, "1": nodes[0].addr, "2": nodes[1].addr, "3": nodes[1].addr}, init
+    # Each node's first rank dialled the other's before init, and got through (INIT005's healthy side).
+    assert {r: {h: d["result"] for h, d in f["peer_reach"]["to"].items()} for r, f in init.items()
+            if "peer_reach" in f} == {"0": {hosts[1]: "ok"}, "2": {hosts[0]: "ok"}}, init
     # No false alarm. The nodes share this machine's 2 cores, 4 ranks on them: their speeds are not
     # compared (HOM013, info; judged by host name, a healthy rank was once called 41% slower), and the
     # nodes do not see each other's processes (HOM015 leaves every rank of the job out, whichever node
@@ -98,6 +102,9 @@ def test_two_healthy_slurm_nodes_give_one_report_from_rank_0_over_their_own_addr
     init = _probe(report, "init-hang")["facts"]
     assert {r: f["route"]["source"] for r, f in init.items()} == {
         "0": nodes[0].addr, "1": nodes[0].addr, "2": nodes[1].addr, "3": nodes[1].addr}, init
+    # Each node's first rank dialled the other's before init, and got through (INIT005's healthy side).
+    assert {r: {h: d["result"] for h, d in f["peer_reach"]["to"].items()} for r, f in init.items()
+            if "peer_reach" in f} == {"0": {hosts[1]: "ok"}, "2": {hosts[0]: "ok"}}, init
     assert not [f for f in report["findings"] if f["severity"] in ("warn", "critical")], run.explain()
     assert run.codes == [0, 0, 0, 0] and report["exit_code"] == 0, run.explain()
 
@@ -164,3 +171,35 @@ def test_a_slow_network_path_is_told_apart_from_a_slow_node(tmp_path):
     assert codes["BW004"]["nodes"] == [nodes[2].host] and codes["BW004"]["ranks"] == [4, 5], report["findings"]
     assert codes["BW005"]["nodes"] == [nodes[1].host, nodes[2].host], report["findings"]
     assert [n["host"] for n in report["by_node"] if "BW004" in n["findings"]] == [nodes[2].host]
+
+
+@pytest.mark.slow
+def test_a_firewall_that_passes_only_the_rendezvous_port_is_named_first_not_the_init_that_hangs(tmp_path):
+    """Node 0 drops every TCP packet from node 1 except to the rendezvous port (a firewall opened for
+    MASTER_PORT only): every rank reaches the store, then gloo's connections between the nodes get no
+    answer. INIT005 names the two nodes, with "timed out", and leads the report; the failed init hangs
+    under it (issue 37: the cause first, the consequence under it).
+
+    Default twin: test_two_healthy_nodes_give_one_report_grouped_by_node (the same two namespace nodes
+    and the same dials before init, which get through there)."""
+    port = random.randint(20000, 60000)
+    with namespace_nodes(2) as nodes:
+        firewall_passing_only(nodes[0], nodes[1:], port)
+        run = run_nodes(tmp_path, nodes, ["--timeout", "10", "--probes", "init-hang"], nproc=1, port=port,
+                        timeout_s=150)
+        _assert_nothing_left(run)
+    report = run.report
+    assert report is not None, run.explain()
+    hosts = [n.host for n in nodes]
+    [init005] = run.findings("INIT005")
+    assert init005["severity"] == "critical" and init005["nodes"] == sorted(hosts), run.explain()
+    assert init005["evidence"]["store"].endswith(f":{port}")
+    assert {(f["from"], f["to"]) for f in init005["evidence"]["failed"]} == {(hosts[0], hosts[1]),
+                                                                            (hosts[1], hosts[0])}
+    assert all(f["result"].startswith("timed out: no answer") for f in init005["evidence"]["failed"]), init005
+    assert report["findings"][0]["code"] == "INIT005", [f["code"] for f in report["findings"]]
+    assert report["verdict_line"].startswith("INIT005"), report["verdict_line"]
+    # What the ranks themselves hit is listed under it, never above it.
+    failures = [f for f in report["findings"] if f["code"].startswith("RUN")]
+    assert failures and all(f.get("explained_by") == "INIT005" for f in failures), report["findings"]
+    assert run.codes != [0, 0]

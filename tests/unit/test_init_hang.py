@@ -271,3 +271,64 @@ def test_a_resolver_that_never_answers_costs_its_deadline_not_the_stage(monkeypa
     addrs, problem, took = net_facts.resolve("head-node", 29500, deadline_s=0.3)
     assert addrs == [] and "no answer from the resolver within 0.3s" in problem["unknown"]
     assert time.monotonic() - start < 1.5
+
+
+# -- INIT005: nodes that cannot open TCP connections to each other (measure/peer_reach.py) ------------
+
+def test_a_dial_says_ok_refused_or_no_answer_as_the_socket_did():
+    """Real sockets on loopback: a listener that never accepts still completes the handshake (the
+    kernel's backlog), a closed port refuses, a full backlog drops the SYN as a firewall does."""
+    from ddpdoctor.measure import peer_reach
+
+    listener = peer_reach.listen()
+    assert listener is not None
+    with listener:
+        assert peer_reach.dial("127.0.0.1", listener.getsockname()[1], 1.0) == peer_reach.OK
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    assert peer_reach.dial("127.0.0.1", closed, 1.0).startswith("Connection refused")
+    with dropping_port() as port:
+        began = time.monotonic()
+        found = peer_reach.dial_all({"a": ("127.0.0.1", port), "b": ("127.0.0.1", closed)}, 0.5)
+        assert time.monotonic() - began < 2.0  # in parallel, each within its timeout
+    assert found["a"].startswith("timed out: no answer") and found["b"].startswith("Connection refused")
+    assert peer_reach.is_loopback("127.0.1.1") and not peer_reach.is_loopback("10.0.0.2")
+
+
+def _reach(facts: dict[int, dict[str, Any]], rank: int, source: str, to: dict[str, str]) -> None:
+    facts[rank]["peer_reach"] = {"source": source, "to": {h: {"address": f"{h}:40001", "result": r}
+                                                           for h, r in to.items()}}
+
+
+def test_nodes_that_reach_the_store_but_not_each_other_are_named_first_above_the_init_that_hung():
+    """A firewall that passes MASTER_PORT only: every rank arrived, node-b's first rank could not
+    connect to node-a's. INIT005 names both nodes and leads the run's RUN004 of the init (causal order)."""
+    from ddpdoctor.core.findings import Finding, Severity
+    from ddpdoctor.judge import causal_order
+
+    facts, run = two_nodes()
+    for f in facts.values():
+        f.pop("init_s", None)  # the init never ended
+    _reach(facts, 0, "10.0.0.1", {"node-b": "timed out: no answer (a firewall drops the packets)"})
+    _reach(facts, 2, "10.0.0.2", {"node-a": "timed out: no answer (a firewall drops the packets)"})
+    found = PROBE.diagnose(facts, run)
+    [init005] = [f for f in found if f.code == "INIT005"]
+    assert init005.severity == Severity.CRITICAL and init005.ranks == (0, 1, 2, 3)
+    assert init005.nodes == ("node-a", "node-b") and init005.evidence["failed_total"] == 2
+    assert init005.title.startswith("2 of 2 connections between the nodes' first ranks failed, node-a to node-b "
+                                    "first (timed out: no answer), though every rank reached the rendezvous store")
+    assert "firewall-cmd" in init005.fix and "MASTER_PORT" in init005.why
+    hung = Finding(code="RUN004", severity=Severity.CRITICAL, probe="run", title="Rank 0-3 hung in init",
+                   ranks=(0, 1, 2, 3))
+    ordered = causal_order.ordered([hung, init005])
+    assert [f.code for f in ordered] == ["INIT005", "RUN004"] and ordered[1].explained_by == "INIT005"
+
+
+def test_nodes_that_reach_each_other_and_a_single_node_give_no_init005():
+    facts, run = two_nodes()
+    _reach(facts, 0, "10.0.0.1", {"node-b": "ok"})
+    _reach(facts, 2, "10.0.0.2", {"node-a": "ok"})
+    assert codes(PROBE.diagnose(facts, run)) == ["INIT000"]
+    one = recorded_facts()  # one node: nothing was dialled, nothing is said
+    assert "INIT005" not in codes(PROBE.diagnose(one, RunView(world_size=2, hosts={0: "vm", 1: "vm"})))

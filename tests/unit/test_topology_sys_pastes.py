@@ -65,7 +65,7 @@ def test_the_4090_machine_is_not_faulted_but_says_what_crossing_the_sockets_cost
     [nics] = [f for f in diagnosis["findings"] if f["code"] == "TOP012"]
     assert nics["severity"] == "info" and nics["evidence"]["gpus_far_from_every_nic"] == [0, 1, 2, 3, 4, 5, 7]
     assert nics["evidence"]["nics_near_gpus"] == {"NIC0": [6], "NIC1": [6]}
-    assert nics["title"] == "GPU 0-5,7 on node reach the NICs (NIC0, NIC1) only across the CPU sockets (SYS)"
+    assert nics["title"] == "GPU 0-5,7 on node reach the NICs (NIC0, NIC1) only across NUMA nodes (SYS)"
     top007 = next(f for f in diagnosis["findings"] if f["code"] == "TOP007")
     assert top007["severity"] == "info"
     assert "not modelled" in top007["title"] and "SYS (PCIe link unknown)" in top007["title"]
