@@ -65,7 +65,47 @@ def _steps(model, opt, x, y, n: int, doctor=None) -> float:  # type: ignore[no-u
     return _timed(model, opt, x, y, n, doctor)[0]
 
 
-def _timed(model, opt, x, y, n: int, doctor=None) -> tuple[float, float, float, float]:  # type: ignore[no-untyped-def]
+class _Split:
+    """Where the time inside the Doctor goes, on the back-to-back blocks: the step path (steps without a
+    check) apart from the checks, and a check's parts (its window row, the gather, the judging, the
+    replica comparison), timed around the Doctor's own methods. Measuring only: nothing is changed."""
+
+    PARTS = ("_window_row", "_judge_rows", "_compare_replicas")
+
+    def __init__(self, doctor) -> None:  # type: ignore[no-untyped-def]
+        self.doctor = doctor
+        self.path_s: list[float] = []
+        self.check_s: list[float] = []
+        self.parts: dict[str, list[float]] = {}
+        for name in self.PARTS:
+            self._wrap(doctor, name, name.strip("_"))
+        self._wrap(doctor._gather, "exchange", "gather")
+
+    def _wrap(self, owner, name: str, key: str) -> None:  # type: ignore[no-untyped-def]
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+            began = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.parts.setdefault(key, []).append(time.perf_counter() - began)
+        setattr(owner, name, timed)
+
+    def step(self, seconds: float, next_check_before: int) -> None:
+        (self.check_s if self.doctor._next_check != next_check_before else self.path_s).append(seconds)
+
+    def summary(self) -> dict:
+        if not self.path_s:
+            return {}
+        return {"path_us": round(1e6 * statistics.mean(self.path_s), 2),
+                "path_us_median": round(1e6 * statistics.median(self.path_s), 2),
+                "checks": len(self.check_s), "check_ms": round(1e3 * statistics.mean(self.check_s), 2) if self.check_s
+                else None, "check_parts_ms": {k: round(1e3 * statistics.mean(v), 2) for k, v in self.parts.items()}}
+
+
+def _timed(model, opt, x, y, n: int, doctor=None, split: "_Split | None" = None  # type: ignore[no-untyped-def]
+           ) -> tuple[float, float, float, float]:
     """n steps: (wall, this thread's CPU, the whole process's CPU, wall inside the Doctor's calls) seconds."""
     import torch.nn.functional as F
 
@@ -77,15 +117,19 @@ def _timed(model, opt, x, y, n: int, doctor=None) -> tuple[float, float, float, 
         if doctor is not None:
             t0 = clock()
             doctor.step_begin((x, y))
-            inside += clock() - t0
+            here = clock() - t0
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if doctor is not None:
+            planned = doctor._next_check
             t0 = clock()
             doctor.step_end()  # the checks included
-            inside += clock() - t0
+            here += clock() - t0
+            inside += here
+            if split is not None:
+                split.step(here, planned)
     _sync(x.device.type)
     return clock() - began, time.thread_time() - thread0, time.process_time() - process0, inside
 
@@ -190,8 +234,9 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
     # alternation its clock also counts the bare blocks, so it takes the steps for twice as long and checks
     # about twice as often a watched second as it would (its checks are by time: check_every_s).
     continuous_us: list[float] = []
+    split = _Split(doctor)
     for block in range(args.pairs + 1):
-        inside = _timed(watched, watched_opt, x, y, n, doctor)[3]
+        inside = _timed(watched, watched_opt, x, y, n, doctor, split if block else None)[3]
         if block:
             continuous_us.append(1e6 * inside / n)
     findings = [f"{f.code} {f.severity.label}" for f in doctor.report()]
@@ -216,7 +261,7 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
             "inside_us": round(statistics.mean(continuous_us), 2),
             "inside_us_max_block": round(max(continuous_us), 2),
             "inside_alternated_us": round(statistics.mean(inside_us), 2),
-            "threads_cpu_ms_per_s": round(1e3 * threads_cpu / wall, 2),
+            "threads_cpu_ms_per_s": round(1e3 * threads_cpu / wall, 2), **split.summary(),
             "watched_steps": steps_watched - counted_from, "wait_measured": doctor.wait_measured,
             "findings": findings}
 
@@ -288,6 +333,12 @@ def main() -> int:
               f"{100 * r['inside_us'] / 1e3 / r['bare_ms']:.2f}% | "
               f"{r['overhead_pct']:+.2f}% ({r['worst_pct']:+.1f}%) | {r['thread_cpu_us']:+.1f} µs | "
               f"{r['threads_cpu_ms_per_s']:.2f} | {', '.join(r['findings']) or 'none'} |")
+    print("\nWhere the time inside the Doctor goes (the back-to-back blocks): the step path on steps without a check, "
+          "and the checks with their parts")
+    for r in result["rows"]:
+        if "path_us" in r:
+            print(f"- {r['target_ms']:g} ms: path {r['path_us']:.1f} µs a step (median {r['path_us_median']:.1f}); "
+                  f"{r['checks']} checks of {r['check_ms']} ms: {r['check_parts_ms']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

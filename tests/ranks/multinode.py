@@ -169,12 +169,15 @@ def on_node(node: Node, argv: list[str]) -> list[str]:
 
 
 def torchrun_check(node: Node, hub: Node, nnodes: int, nproc: int, port: int, run_id: str,
-                   args: list[str], subcommand: str = "check") -> list[str]:
-    """`torchrun --nnodes ... -m ddpdoctor <subcommand>` as a user types it on that node."""
+                   args: list[str], subcommand: str = "check", static: bool = False) -> list[str]:
+    """`torchrun --nnodes ... -m ddpdoctor <subcommand>` as a user types it on that node. `static`: the
+    static rendezvous on MASTER_ADDR:MASTER_PORT (`--master-addr/--master-port`), whose store the ranks
+    share, so `port` is the only one the job needs to reach; c10d's ranks get a store on another port."""
+    rdzv = ([f"--master-addr={hub.addr}", f"--master-port={port}"] if static else
+            ["--rdzv-backend=c10d", f"--rdzv-endpoint={hub.addr}:{port}", f"--rdzv-id={run_id}"])
     return on_node(node, [
         sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
-        f"--node-rank={node.index}", "--rdzv-backend=c10d", f"--rdzv-endpoint={hub.addr}:{port}",
-        f"--rdzv-id={run_id}", "-m", "ddpdoctor", subcommand, "--no-live", *args])
+        f"--node-rank={node.index}", *rdzv, "-m", "ddpdoctor", subcommand, "--no-live", *args])
 
 
 @dataclass
@@ -211,9 +214,9 @@ def firewall_passing_only(hub: Node, others: list[Node], port: int) -> None:
 
 def run_nodes(tmp_path: Path, nodes: list[Node], args: list[str], nproc: int = 2, subcommand: str = "check",
               per_node_env: Optional[dict[int, dict[str, str]]] = None, timeout_s: float = 150,
-              port: Optional[int] = None) -> NodesRun:
+              port: Optional[int] = None, static: bool = False) -> NodesRun:
     """One torchrun per node, started together as a job script would; rank 0's JSON report.
-    `port`: the rendezvous endpoint's (torchrun shares its store with the ranks: their MASTER_PORT)."""
+    `port`: the rendezvous endpoint's; `static`: torchrun's static rendezvous on it (torchrun_check)."""
     import random
     import time
 
@@ -227,7 +230,7 @@ def run_nodes(tmp_path: Path, nodes: list[Node], args: list[str], nproc: int = 2
     for node in nodes:
         env = _env(tag, {"GLOO_SOCKET_IFNAME": node.ifname, **(per_node_env or {}).get(node.index, {})})
         argv = torchrun_check(node, nodes[0], len(nodes), nproc, port, run_id,
-                              [*args, "--json", str(report_path)], subcommand)
+                              [*args, "--json", str(report_path)], subcommand, static)
         procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     return _finish(procs, tag, report_path, start, timeout_s)
