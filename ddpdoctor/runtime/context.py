@@ -42,6 +42,8 @@ class SharedState:
     # A node's first rank listens here for the other nodes' dials (measure/peer_reach.py); open
     # until the process ends, so a slower node's dial never meets a closed port.
     reach_listener: Optional[Any] = None
+    # The address its route to the store leaves from, as the init-hang probe read it at the dial.
+    reach_source: Optional[str] = None
     # This host's CPU counters at the rank's start (local rank 0 only), for the foreign load.
     host_load_start: Optional["CpuSample"] = None
     # The folder NCCL writes its tuning log to when --nccl-algo asked for it; the allreduce probe

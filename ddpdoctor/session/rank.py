@@ -109,10 +109,9 @@ def _reach_endpoint(ctx: RankContext) -> dict[str, Any]:
     the init-hang probe runs; nothing on the other ranks. The address is its route's to the store,
     as the probe already read it (no second lookup); a loopback one is never published (a host name
     on 127.0.1.1 is INIT002's, and the other nodes could only dial themselves)."""
-    if ctx.env.local_rank != 0 or INIT_PROBE not in ctx.cfg.probes:
+    if ctx.env.local_rank != 0 or INIT_PROBE not in getattr(ctx.cfg, "probes", ()):
         return {}
-    route = (ctx.channel.get(keys.result(INIT_PROBE, ctx.rank)) or {}).get("route") or {}
-    source = route.get("source") if isinstance(route, dict) else None
+    source = ctx.shared.reach_source
     if not isinstance(source, str) or peer_reach.is_loopback(source):
         return {}
     listener = peer_reach.listen()
@@ -347,7 +346,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     _preload(cfg)
     record = _new_record(cfg, env)
     try:
-        env, channel, side = _dial(cfg, env, record)
+        env, channel, side, reach_source = _dial(cfg, env, record)
     except _Unreachable as exc:
         sys.stderr.write(f"ddpdoctor: {exc}\n")
         return EXIT_CRITICAL
@@ -367,6 +366,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     heartbeat.start()
     ctx = RankContext(env, cfg, channel, Injector(cfg.inject, env.rank), state, watchdog)
     ctx.shared.host_load_start = load_start
+    ctx.shared.reach_source = reach_source
     outcome = _Outcome()
     try:
         healthy = _run_stages(ctx)
@@ -439,7 +439,8 @@ def _new_record(cfg: CheckConfig, env: LaunchEnv) -> RunRecord:
                      settings=cfg.settings)
 
 
-def _dial(cfg: CheckConfig, env: LaunchEnv, record: RunRecord) -> tuple[LaunchEnv, Channel, SideChannel]:
+def _dial(cfg: CheckConfig, env: LaunchEnv, record: RunRecord
+          ) -> tuple[LaunchEnv, Channel, SideChannel, Optional[str]]:
     """Connect to the store (and the helper threads' second connection); the init-hang probe's
     first facts are published before anyone waits on anyone, so a rank that hangs from here on
     has already said how it got here. Raises _Unreachable when the store cannot be reached."""
@@ -450,9 +451,13 @@ def _dial(cfg: CheckConfig, env: LaunchEnv, record: RunRecord) -> tuple[LaunchEn
     channel = _connect(env, cfg, lookup)
     connect_s = time.monotonic() - connect_t0
     side = SideChannel(Channel.connect(env.master_addr, env.master_port, cfg.timeout_s))
+    source = None
     if INIT_PROBE in cfg.probes:
-        channel.set(keys.result(INIT_PROBE, env.rank), before_rendezvous(env, lookup, connect_s, record.started))
-    return env, channel, side
+        facts = before_rendezvous(env, lookup, connect_s, record.started)
+        channel.set(keys.result(INIT_PROBE, env.rank), facts)
+        route = facts.get("route")
+        source = route.get("source") if isinstance(route, dict) else None  # where the other nodes may dial
+    return env, channel, side, source
 
 
 def _run_stages(ctx: RankContext) -> bool:
