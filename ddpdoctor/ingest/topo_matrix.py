@@ -167,11 +167,11 @@ def _nics(text: str, matrices: list[Matrix]) -> list[Nic]:
     for matrix in matrices:
         gpus = [c for c in matrix.columns if _GPU.match(c)]
         for column in (c for c in matrix.columns if not _GPU.match(c)):
-            nic = nics.setdefault(column, Nic(name=legend.get(column, column)))
+            nic = nics.setdefault(column, Nic(name=legend.get(column, column), gpu_paths={}))
             at = matrix.columns.index(column)
             for gpu in gpus:
                 cells = matrix.rows[gpu][0]
-                if at < len(cells) and _LEVEL.match(cells[at]):
+                if at < len(cells) and _LEVEL.match(cells[at]) and nic.gpu_paths is not None:
                     nic.gpu_paths[gpu[3:]] = _level(cells[at])
     return list(nics.values())
 

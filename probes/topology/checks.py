@@ -410,7 +410,7 @@ def socket_findings(view: NodeView, named: list[Finding]) -> list[Finding]:
 
 def _nic_path(nic: Nic, gpu: GpuNode) -> Optional[str]:
     """The GPU's path to the NIC: the pasted matrix's cell, else SYS or NODE by their NUMA nodes."""
-    pasted = nic.gpu_paths.get(str(gpu.index))
+    pasted = (nic.gpu_paths or {}).get(str(gpu.index))
     if pasted:
         return pasted
     if isinstance(nic.numa_node, int) and nic.numa_node >= 0 and isinstance(gpu.numa_node, int) and gpu.numa_node >= 0:

@@ -111,7 +111,9 @@ class Nic(Facts):
     rdma: list[str] = field(default_factory=list)
     # Per GPU index (as a string), the path to this NIC as `nvidia-smi topo -m` names it (PIX ... SYS):
     # only a pasted matrix gives it; a live run compares the NIC's NUMA node with the GPU's instead.
-    gpu_paths: dict[str, str] = field(default_factory=dict)
+    gpu_paths: Optional[dict[str, str]] = None
+
+    OMIT_NONE = frozenset({"gpu_paths"})  # a live run's NIC has none: its report is as before
 
 
 @dataclass

@@ -209,8 +209,8 @@ def test_check_names_a_ulimit_u_that_holds_a_non_root_user_and_not_the_same_user
     """`ulimit -u 48` (prlimit --nproc) on the user nobody: LIM004 names it with the value; the same user
     without the limit gets no LIM004 (its healthy control: the same command, no prlimit).
 
-    Default twin: test_check_names_a_cgroup_s_pids_memory_and_cpu_limits_with_their_values (LIM004 from
-    the cgroup's pids.max, the same judge of the tasks to come)."""
+    Default twin: tests/ranks/test_limits_e2e.py::test_check_names_a_cgroup_s_pids_memory_and_cpu_limits_with_their_values
+    (LIM004 from the cgroup's pids.max, the same judge of the tasks to come)."""
     out = Path(tempfile.mkdtemp(prefix="ddpd-nproc-"))  # /tmp itself: nobody cannot enter pytest's tmp_path
     try:
         out.chmod(0o777)

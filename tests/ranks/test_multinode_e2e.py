@@ -180,8 +180,8 @@ def test_a_firewall_that_passes_only_the_rendezvous_port_is_named_first_not_the_
     answer. INIT005 names the two nodes, with "timed out", and leads the report; the failed init hangs
     under it (issue 37: the cause first, the consequence under it).
 
-    Default twin: test_two_healthy_nodes_give_one_report_grouped_by_node (the same two namespace nodes
-    and the same dials before init, which get through there)."""
+    Default twin: tests/ranks/test_multinode_e2e.py::test_two_healthy_nodes_give_one_report_grouped_by_node
+    (the same two namespace nodes and the same dials before init, which get through there)."""
     port = random.randint(20000, 60000)
     with namespace_nodes(2) as nodes:
         firewall_passing_only(nodes[0], nodes[1:], port)
