@@ -87,7 +87,14 @@ def test_a_node_with_another_environment_and_a_slow_node_are_each_named_as_that_
     assert {"HOM005", "HOM006"} <= set(report["by_node"][1]["findings"]), report["by_node"]
 
 
+@pytest.mark.slow
 def test_two_healthy_slurm_nodes_give_one_report_from_rank_0_over_their_own_addresses(tmp_path):
+    """Slow tier since the suite passed 10 minutes (615 s at df5c061).
+
+    Default twin: tests/ranks/test_slurm_scripts.py::test_the_multinode_preflight_runs_as_srun_runs_it
+    (the same srun-style launch of check from SLURM_* variables, rank 0 serving the store at the first
+    host of the node list; one node there, and the two-node path of the same probes in
+    tests/ranks/test_multinode_e2e.py::test_two_healthy_nodes_give_one_report_grouped_by_node)."""
     # srun --nodes=2 --ntasks-per-node=2: no launcher of ours and no torchrun; rank 0 serves the
     # store at the first host of SLURM_STEP_NODELIST, which each node resolves through its hosts file.
     with namespace_nodes(2) as nodes:
@@ -113,10 +120,9 @@ def test_two_healthy_slurm_nodes_give_one_report_from_rank_0_over_their_own_addr
 def test_a_slurm_node_whose_tasks_never_start_is_named_by_its_host_name(tmp_path):
     """srun across 2 nodes whose second node's tasks never start: RUN001 names that node by its host name, exit 2.
 
-    Default twin:
-    tests/ranks/test_multinode_e2e.py::test_two_healthy_slurm_nodes_give_one_report_from_rank_0_over_their_own_addresses
-    (the same srun-style launch across namespace nodes, rank 0 serving the store at the first host
-    and the init-hang probe's report by host name; every node's tasks start there)."""
+    Default twin: tests/ranks/test_slurm_scripts.py::test_the_multinode_preflight_runs_as_srun_runs_it
+    (the same srun-style launch, rank 0 serving the store at the first host of the node list; every
+    task starts there, on one node)."""
     # srun across 2 nodes; node 1's tasks never start (a node that failed to launch the step).
     with namespace_nodes(2) as nodes:
         run = run_slurm_tasks(tmp_path, nodes, 2, ["--timeout", "10", "--probes", "init-hang"], started=[0])
