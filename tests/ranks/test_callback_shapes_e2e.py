@@ -41,9 +41,9 @@ def test_a_healthy_loop_of_short_steps_at_the_defaults_raises_nothing(tmp_path):
     """The shape of the user's report (2 unpinned ranks on 2 cores, steps of a few ms) that once raised a
     STR001 in 2 runs of 4: the straggler rules now see its noise for what it is.
 
-    Default twin: tests/ranks/test_outside_faults_e2e.py::test_a_healthy_loop_raises_no_straggler_warning
-    (the same Doctor's straggler rules over about 200 steps of a healthy 2-rank loop and 10 checks, no
-    STR finding allowed; pinned there, at this file's defaults here)."""
+    Default twin: tests/ranks/test_divergence_e2e.py::test_a_healthy_loop_raises_nothing
+    (the same Doctor's straggler rules at every check of a healthy 2-rank loop, nothing above DOC010
+    allowed there, so no STR finding; at this file's defaults here)."""
     run = run_shape(tmp_path, 128)
     assert loud(run["findings"]) == [], run["findings"]
     assert run["shape"]["steps"] > 1000  # thousands of steps, judged at several checks
@@ -71,7 +71,7 @@ def test_a_rank_that_computes_more_is_still_named_at_the_defaults(tmp_path):
 def test_healthy_loops_of_other_shapes_raise_nothing(tmp_path, width, world):
     """Widths of about 0.5, 10 and 50 ms steps on this VM, and 4 ranks on 2 cores.
 
-    Default twin: tests/ranks/test_outside_faults_e2e.py::test_a_healthy_loop_raises_no_straggler_warning
+    Default twin: tests/ranks/test_divergence_e2e.py::test_a_healthy_loop_raises_nothing
     (the same Doctor's straggler rules on a healthy 2-rank loop, no STR finding allowed, at one shape)."""
     assert loud(run_shape(tmp_path, width, world)["findings"]) == []
 

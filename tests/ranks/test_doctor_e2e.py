@@ -37,9 +37,9 @@ def codes(result: dict, rank: int = 0) -> dict[str, dict]:
 def test_a_correct_loop_gives_no_finding(tmp_path):
     """3 ranks of a correct loop: only DOC010 (information), on rank 0, and the final report line.
 
-    Default twin: tests/ranks/test_outside_faults_e2e.py::test_a_healthy_loop_raises_no_straggler_warning
-    (the same doctor_loop.py healthy case under the Doctor with no straggler named, 2 pinned ranks
-    there; DOC010 and the final report line come from every doctor_loop.py run, the default
+    Default twin: tests/ranks/test_divergence_e2e.py::test_a_healthy_loop_raises_nothing
+    (a healthy 2-rank loop under the Doctor at its defaults with nothing above DOC010, so no straggler
+    named; DOC010 and the final report line come from every doctor_loop.py run, the default
     test_a_slower_rank_and_a_missing_set_epoch_are_each_named's too)."""
     # 3 ranks time-share the 2 cores and migrate between them; 2 ranks can each keep one vCPU of
     # this VM, and its vCPUs differ in speed (docs/probes/stragglers.md).
