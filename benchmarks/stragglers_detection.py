@@ -111,7 +111,7 @@ def _pinned_ranks(cmd: list[str], world: int, env: dict) -> None:
         proc.wait(timeout=600)
 
 
-LOOP_EPOCHS = 28
+LOOP_EPOCHS = 70  # about 560 steps, 4 s: see _run
 
 
 def _loop_run(cmd: list[str], env: dict, inject: Optional[str]) -> None:
@@ -149,9 +149,10 @@ def outside_run(place: str, inject: Optional[str], world: int, seconds: float, k
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(keep or tmp, f"{tag}.json")
         if place == "callback":
-            # 28 epochs, about 200 steps and 10 checks: the callback names a straggler from its 3rd check
-            # with 64 steps and only when two checks in a row agree, so 14 epochs (about 100 steps, the
-            # table of issue 31) left it 2 or 3 verdicts, and a noisy one a miss.
+            # 70 epochs, about 560 steps of 7 ms and 28 checks: the callback judges a straggler from its 3rd
+            # check with 64 steps and says it once the checks have named it for 2 s of the job (CONFIRM_S).
+            # 14 epochs (about 100 steps, the table of issue 31) left a verdict 2 or 3 checks, and a noisy
+            # one a miss; 28 (200 steps, 1.5 s) were right until the 2 s.
             _loop_run([sys.executable, LOOP, "--case", "healthy", "--json", path, "--epochs", str(LOOP_EPOCHS),
                        "--facts", f"{path}.facts"], env, inject)
             judged = json.load(open(f"{path}.facts"))
@@ -243,24 +244,33 @@ def outside_table(runs: int, healthy_runs: int, seconds: float, max_load: float,
 
 def replayed(path: str) -> list[tuple[tuple[int, ...], str]]:
     """The callback's straggler verdicts on one kept run's checks, judged by today's rules: (ranks, cause)."""
-    from ddpdoctor.callback.doctor import MIN_JUDGED_CHECKS, ONLINE_MIN_STEPS, worth_naming_online
+    from ddpdoctor.callback.doctor import CONFIRM_S, MIN_JUDGED_CHECKS, ONLINE_MIN_STEPS, worth_naming_online
     from ddpdoctor.probes.base import RunView
     from ddpdoctor.probes.stragglers.scores import diagnose_stragglers
 
-    before: set = set()
+    since: dict = {}  # (code, ranks) -> the job's time at the first check of its run of checks
     out: set = set()
     for check in json.load(open(path)):
         facts = check["facts"]
         if (not facts or len(check.get("contention_by_window") or []) < MIN_JUDGED_CHECKS
                 or min(len(f["steps"]["step_ms"]) for f in facts.values()) < ONLINE_MIN_STEPS):
-            before = set()
-            continue
+            continue  # as `Doctor._stragglers`: not judged, the runs of checks go on
         run = RunView(world_size=len(facts), hosts={int(r): f.get("host", "vm") for r, f in facts.items()})
         now = {(f.code, f.ranks, str(f.evidence.get("cause", ""))) for f in diagnose_stragglers(facts, run)
                if worth_naming_online(f)}
-        out |= {x for x in now if x[:2] in {b[:2] for b in before}}
-        before = now
+        t = _job_s(check)
+        since = {x[:2]: since.get(x[:2], t) for x in now}
+        out |= {x for x in now if t - since[x[:2]] >= CONFIRM_S and since[x[:2]] < t}
     return sorted((ranks, cause) for code, ranks, cause in out if code == "STR001")
+
+
+def _job_s(check: dict) -> float:
+    """The job's time at a kept check (`Doctor._job_s`); for runs kept before it was recorded, the step count times
+    the slowest rank's mean step in the kept windows (an estimate: it leaves out the time of the checks)."""
+    if "job_s" in check:
+        return float(check["job_s"])
+    means = [sum(f["steps"]["step_ms"]) / len(f["steps"]["step_ms"]) for f in check["facts"].values() if f["steps"]["step_ms"]]
+    return check["step"] * max(means, default=0.0) / 1e3
 
 
 def replay_table(folder: str) -> None:

@@ -75,6 +75,13 @@ MIN_COST_SHARE = 0.10
 # at least MIN_JUDGED_CHECKS checks: a verdict rests on more than one stretch of the job.
 ONLINE_MIN_STEPS = 64
 MIN_JUDGED_CHECKS = 3
+# A straggler verdict is said once the checks have named it for this long (seconds of the job, the slowest
+# rank's windows summed from the gathered table, so every rank agrees): at the defaults (a check at most every
+# 2 s) that is the next check, as before; checked every few steps, it is several. Why: judged on 80 steps of
+# 10 ms, two checks 20 steps apart share three quarters of their steps, so one rank's half-second hiccup on a
+# shared VM (its best steps 20% slower, no CPU wait to see) was named a straggler by both: a healthy
+# Hugging Face fit in CI, once in about 90 fits of the adapters' tests. A straggler that costs the job lasts.
+CONFIRM_S = 2.0
 # A check's row carries at most this many of the window's steps (the last ones), whatever `every`
 # and the time between checks: what the callback keeps and sends does not grow with them.
 WINDOW_CAP = 128
@@ -189,7 +196,10 @@ class Doctor:
         self._seen: set[tuple[str, tuple[int, ...]]] = set()
         self._lock = threading.Lock()
         self._same_batch_checks = 0  # consecutive checks where every rank had the same batch
-        self._named_before: set[tuple[str, tuple[int, ...]]] = set()  # straggler verdicts of the last check
+        # Straggler verdicts of the last check, each with the job's time (`_job_s`) at the first check of the
+        # run of checks that has named it since.
+        self._named_since: dict[tuple[str, tuple[int, ...]], float] = {}
+        self._job_s = 0.0  # the slowest rank's windows, summed over the checks (from the gathered tables)
         self._history = History(keep=max(MIN_JUDGED_CHECKS + 1, -(-ONLINE_MIN_STEPS // min(self.every, WINDOW_CAP))),
                                 device=self.device.type)
         self._cpu = contention.Window(corunners="when_lost")  # the CPU this thread gets, per window
@@ -446,6 +456,7 @@ class Doctor:
                                       slowest_step_s((r.window_steps, r.window_s) for r in rows.values()))
         self._detail_from = max(self._steps, self._next_check - WINDOW_CAP)
         windows = {r: row.to_window(*self._where_of(r)) for r, row in rows.items()}
+        self._job_s += max((r.window_s for r in rows.values()), default=0.0)
         if rows:
             self._judge_rows(windows)
             self._judge_losses(rows, windows)
@@ -522,6 +533,7 @@ class Doctor:
         if gathered is not None:
             rows = self._rows(gathered)
             windows = {r: row.to_window(*self._where_of(r)) for r, row in rows.items()}
+            self._job_s += max((r.window_s for r in rows.values()), default=0.0)
             self._judge_rows(windows, may_raise=False)
             self._judge_losses(rows, windows, may_raise=False)
 
@@ -613,8 +625,9 @@ class Doctor:
 
     def _stragglers(self, rows: dict[int, RankWindow]) -> list[Finding]:
         """The `stragglers` probe's verdict on the kept windows, once they hold enough steps of enough
-        checks, and only a verdict the previous check also reached: a rank named in one stretch of
-        the job and not the next is the job's noise (a scheduler's draw), not a straggler.
+        checks, and only a verdict every check has reached for CONFIRM_S of the job (two checks at least): a
+        rank named in one stretch of the job and not the next is the job's noise (a scheduler's draw, a
+        hiccup of the host), not a straggler.
 
         In a live job a straggler must also cost something: tiny steps make a few percent of
         noise look like a rank, and a rank that costs under MIN_COST_SHARE of a step is not worth a page.
@@ -630,8 +643,10 @@ class Doctor:
             return []
         run = RunView(world_size=self.world_size, hosts={r: row.host for r, row in rows.items()})
         named = [f for f in diagnose_stragglers(facts, run) if worth_naming_online(f)]
-        before, self._named_before = self._named_before, {(f.code, f.ranks) for f in named}
-        return [f for f in named if (f.code, f.ranks) in before]
+        since = {(f.code, f.ranks): self._named_since.get((f.code, f.ranks), self._job_s) for f in named}
+        self._named_since = since
+        return [f for f in named if self._job_s - since[(f.code, f.ranks)] >= CONFIRM_S
+                and since[(f.code, f.ranks)] < self._job_s]
 
     def _where_of(self, rank: int) -> tuple[str, Optional[str]]:
         """(node, CPU set) of a rank, as it published them; ("rankN", None) until it has."""

@@ -29,10 +29,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-STEPS = 110  # checks every 20 steps: a straggler judged at step 80 and confirmed at 100
-# A busy neighbour costs a rank that sleeps in every all-reduce less than its share (the scheduler favours a
-# thread that wakes): more checks to confirm it at, as a job that runs for minutes has.
-STEPS_BY_SCENARIO = {"hog": 210}
+STEPS = 110  # checks every 20 steps: stragglers judged from step 80, with 64 steps in the windows
+# A straggler is said once the checks have named it for 2 s of the job (doctor.CONFIRM_S). So a healthy fit runs
+# 360 steps of about 10 ms: long enough for a false alarm to be said (judged at 15 checks, over 3 s). Rank 1's
+# slow dataset makes steps of 55-70 ms (the frameworks' loaders): judged from step 80, said at step 120. A busy
+# neighbour (steps of 13-20 ms) costs a rank that sleeps in every all-reduce less than its share (the scheduler
+# favours a thread that wakes): more checks to name it at, as a job that runs for minutes has.
+STEPS_BY_SCENARIO = {"healthy": 360, "slowdata": 160, "hog": 420}
 BATCH = 32
 SLOW_SAMPLE_S = 0.0005  # 16 ms a batch of 32 on rank 1, against a step of about a millisecond
 NAN_FROM = 50

@@ -69,7 +69,7 @@ def record_verdicts(doctor: ddpdoctor.Doctor, judged: list[dict]) -> None:
 
     def recorded(rows: dict) -> list:
         found = judge(rows)
-        judged.append({"step": doctor._steps, "facts": doctor._history.facts(),
+        judged.append({"step": doctor._steps, "job_s": doctor._job_s, "facts": doctor._history.facts(),
                        "contention_by_window": [{r: row.contention for r, row in window.items()}
                                                 for window in doctor._history.windows],
                        "findings": [[f.code, list(f.ranks), f.evidence.get("cause")] for f in found]})

@@ -104,7 +104,7 @@ def record_verdicts(doctor: ddpdoctor.Doctor, judged: list) -> None:
     def recorded(rows: dict) -> list:
         found = judge(rows)
         if found or not judged:
-            judged.append({"step": doctor._steps, "facts": doctor._history.facts(),
+            judged.append({"step": doctor._steps, "job_s": doctor._job_s, "facts": doctor._history.facts(),
                            "findings": [[f.code, list(f.ranks), f.evidence.get("cause")] for f in found]})
         return found
 

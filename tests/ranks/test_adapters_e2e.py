@@ -41,7 +41,8 @@ def assert_named(tmp_path: Path, framework: str, scenarios: tuple[str, ...]) -> 
     """Each scenario right (adapter_fit.wrong: its fault first, its rank and cause, nothing else loud), both
     ranks through every step, and what each framework must not be blamed for."""
     found = {s: report(tmp_path, framework, s) for s in scenarios}
-    assert {s: wrong(s, found[s]) for s in scenarios} == {s: "" for s in scenarios}, found
+    verdicts = {s: wrong(s, found[s]) for s in scenarios}
+    assert verdicts == {s: "" for s in scenarios}, explained(tmp_path, framework, verdicts, found)
     for s in scenarios:
         summaries = [json.loads((tmp_path / f"{framework}.{s}.json.summary{r}").read_text()) for r in range(2)]
         assert all(x["steps"] == steps(s) and x["comm_measured"] for x in summaries), (s, summaries)
@@ -60,6 +61,22 @@ def assert_named(tmp_path: Path, framework: str, scenarios: tuple[str, ...]) -> 
         first = codes["nan"]["DOC018"]["evidence"]["first_nonfinite_step"]
         assert first["1"] == NAN_FROM + 1 and first["0"] > NAN_FROM + 1, first  # rank 0 only after
     return codes
+
+
+def explained(tmp_path: Path, framework: str, verdicts: dict[str, str], found: dict[str, list[dict]]) -> str:
+    """What a wrong scenario said, whole (a string: pytest shortens a dict given as the message, and CI shows only
+    this): its findings above information with their evidence, and each rank's windows as rank 0 kept them
+    (step, wait and data medians in ms; run delay and CPU share in %), so a false alarm in CI can be read."""
+    out = []
+    for s, why in verdicts.items():
+        if not why:
+            continue
+        loud = [f for f in found[s] if f["severity"] in ("warn", "critical")]
+        out.append(f"--- {s}: {why}\n" + json.dumps(loud, indent=1, default=str))
+        summary = tmp_path / f"{framework}.{s}.json.summary0"
+        if summary.exists():
+            out.append("rank 0's windows: " + json.dumps(json.loads(summary.read_text()).get("seen")))
+    return "\n".join(out)
 
 
 def assert_hang_named(tmp_path: Path, framework: str, results: list[tuple[int, str]]) -> None:

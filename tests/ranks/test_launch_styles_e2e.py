@@ -92,7 +92,7 @@ def test_an_mp_spawn_ddp_job_names_a_slower_rank(tmp_path):
     (the same mp.spawn job, rank and world size read from the process group, STR001 naming rank 1 with its
     cause; there under fully_shard with slow data loading, here under DDP with slow compute)
     """
-    result = run_spawn(tmp_path, "straggler", "--epochs", "13")  # judged at step 80, confirmed at 100
+    result = run_spawn(tmp_path, "straggler", "--epochs", "60")  # 7 ms steps: judged from step 80, said 2 s after (~370)
     assert ended_cleanly(result), result["stderr"][-3000:]
     found = codes(result)
     assert found["STR001"]["ranks"] == [1] and found["STR001"]["evidence"]["cause"] == "compute", found
@@ -114,7 +114,7 @@ def test_a_healthy_mp_spawn_ddp_job_gives_no_warning(tmp_path):
 
 
 def test_an_mp_spawn_fsdp2_job_names_the_rank_that_loads_slower(tmp_path):
-    result = run_spawn(tmp_path, "slowdata,noepoch", "--wrap", "fsdp2", "--epochs", "13")
+    result = run_spawn(tmp_path, "slowdata,noepoch", "--wrap", "fsdp2", "--epochs", "30")  # 26 ms steps: said at ~160 of 240
     assert ended_cleanly(result), result["stderr"][-3000:]
     found = codes(result)
     assert found["STR001"]["ranks"] == [1] and found["STR001"]["evidence"]["cause"] == "data loading", found

@@ -187,12 +187,13 @@ def test_ranks_that_time_share_the_cores_evenly_are_not_stragglers(tmp_path):
 
 # -- the callback -------------------------------------------------------------------------------
 
-def _loop(tmp_path: Path, fault: str | None, epochs: int = 28) -> tuple[dict, list[tuple[int, str]]]:
+def _loop(tmp_path: Path, fault: str | None, epochs: int = 70) -> tuple[dict, list[tuple[int, str]]]:
     """tests/ranks/doctor_loop.py on 2 ranks pinned to a core each, `fault` made on rank 1 from outside.
 
-    28 epochs, about 200 steps and 10 checks: the callback names a straggler from its 3rd check with 64
-    steps and only when two checks in a row agree. With 14 (about 100 steps) it had 2 or 3 verdicts, and
-    the full suite once saw none name the stopped rank (benchmarks/README.md: the outside rows at both)."""
+    70 epochs, about 560 steps of 7 ms and 28 checks: the callback judges a straggler from its 3rd check
+    with 64 steps and says it once the checks have named it for 2 s of the job (doctor.CONFIRM_S). With 14
+    epochs (about 100 steps) it had 2 or 3 checks to agree in, and the full suite once saw none name the
+    stopped rank (benchmarks/README.md: the outside rows at both); 28 (1.5 s) were enough before the 2 s."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
