@@ -244,7 +244,7 @@ def outside_table(runs: int, healthy_runs: int, seconds: float, max_load: float,
 
 def replayed(path: str) -> list[tuple[tuple[int, ...], str]]:
     """The callback's straggler verdicts on one kept run's checks, judged by today's rules: (ranks, cause)."""
-    from ddpdoctor.callback.doctor import CONFIRM_S, MIN_JUDGED_CHECKS, ONLINE_MIN_STEPS, worth_naming_online
+    from ddpdoctor.callback.doctor import MIN_JUDGED_CHECKS, ONLINE_MIN_STEPS, named_since, said, worth_naming_online
     from ddpdoctor.probes.base import RunView
     from ddpdoctor.probes.stragglers.scores import diagnose_stragglers
 
@@ -256,11 +256,11 @@ def replayed(path: str) -> list[tuple[tuple[int, ...], str]]:
                 or min(len(f["steps"]["step_ms"]) for f in facts.values()) < ONLINE_MIN_STEPS):
             continue  # as `Doctor._stragglers`: not judged, the runs of checks go on
         run = RunView(world_size=len(facts), hosts={int(r): f.get("host", "vm") for r, f in facts.items()})
-        now = {(f.code, f.ranks, str(f.evidence.get("cause", ""))) for f in diagnose_stragglers(facts, run)
-               if worth_naming_online(f)}
+        judged = diagnose_stragglers(facts, run)
         t = _job_s(check)
-        since = {x[:2]: since.get(x[:2], t) for x in now}
-        out |= {x for x in now if t - since[x[:2]] >= CONFIRM_S and since[x[:2]] < t}
+        since = named_since(since, judged, t)
+        out |= {(f.code, f.ranks, str(f.evidence.get("cause", ""))) for f in judged
+                if worth_naming_online(f) and said(since, f, t)}
     return sorted((ranks, cause) for code, ranks, cause in out if code == "STR001")
 
 

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 import ddpdoctor
-from ddpdoctor.callback.doctor import CONFIRM_S
+from ddpdoctor.callback.doctor import CONFIRM_S, named_since, said, worth_naming_online
 from ddpdoctor.callback.online_checks import RankWindow
+from ddpdoctor.core.findings import Finding, Severity
 
 STEPS = 20  # a check's window, as `every=20`
 
@@ -74,3 +75,28 @@ def test_a_straggler_that_stops_being_named_starts_its_two_seconds_again(doctor)
 
 def test_at_the_defaults_checks_two_seconds_apart_say_it_at_the_next_check_as_before(doctor):
     assert said_at(doctor, [True] * 6, window_s=2.0) == [4, 5]
+
+
+def verdict(cost_ms: float, severity: Severity = Severity.WARN, cause: str = "CPU contention") -> Finding:
+    """STR001 on rank 1 of a 10 ms step, costing `cost_ms` a step (the bar: 10% of the step, 1 ms)."""
+    return Finding("STR001", severity, "t", "stragglers", ranks=(1,),
+                   evidence={"cause": cause, "cost_ms_per_step": cost_ms, "median_step_ms": 10.0})
+
+
+def test_a_check_that_still_finds_the_rank_slower_but_under_the_cost_bar_keeps_its_run_and_one_that_does_not_ends_it():
+    """A busy neighbour's share dips under 10% of the step at one check (the judge still names the rank slower, at
+    warn): the run of checks goes on, so a 50% neighbour is said in a run of a few seconds (9 of 10, not 7). A
+    check where the rank is no longer slower at all ends the run; a dip alone never starts one."""
+    key = ("STR001", (1,))
+    since = named_since({}, [verdict(3.0)], 0.8)
+    assert since == {key: 0.8}
+    since = named_since(since, [verdict(0.6)], 1.0)  # under the bar: kept, not said
+    assert since == {key: 0.8} and not worth_naming_online(verdict(0.6))
+    assert not said(named_since(since, [verdict(3.0)], 2.7), verdict(3.0), 2.7)  # 1.9 s of its run
+    since = named_since(since, [verdict(3.0)], 2.9)
+    assert said(since, verdict(3.0), 2.9)
+    assert named_since(since, [], 3.0) == {}  # not slower any more: the run ends
+    assert named_since({}, [verdict(0.6)], 1.0) == {}  # a dip does not start a run
+    # Host overhead (time in neither data nor the step) is noise between medians: it keeps a run, never says one.
+    assert named_since({key: 0.8}, [verdict(3.0, cause="host overhead")], 1.0) == {key: 0.8}
+    assert named_since({key: 0.8}, [verdict(3.0, severity=Severity.INFO)], 1.0) == {}
