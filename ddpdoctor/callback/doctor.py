@@ -76,11 +76,12 @@ MIN_COST_SHARE = 0.10
 ONLINE_MIN_STEPS = 64
 MIN_JUDGED_CHECKS = 3
 # A straggler verdict is said once the checks have named it for this long (seconds of the job, the slowest
-# rank's windows summed from the gathered table, so every rank agrees): at the defaults (a check at most every
+# rank's windows summed from the gathered table, so every rank agrees): at the defaults (a check about every
 # 2 s) that is the next check, as before; checked every few steps, it is several. Why: judged on 80 steps of
 # 10 ms, two checks 20 steps apart share three quarters of their steps, so one rank's half-second hiccup on a
 # shared VM (its best steps 20% slower, no CPU wait to see) was named a straggler by both: a healthy
-# Hugging Face fit in CI, once in about 90 fits of the adapters' tests. A straggler that costs the job lasts.
+# Hugging Face fit in CI, the second such alarm in about 130 healthy adapter fits recorded. A straggler that
+# costs the job lasts.
 CONFIRM_S = 2.0
 # A check's row carries at most this many of the window's steps (the last ones), whatever `every`
 # and the time between checks: what the callback keeps and sends does not grow with them.
@@ -456,7 +457,7 @@ class Doctor:
                                       slowest_step_s((r.window_steps, r.window_s) for r in rows.values()))
         self._detail_from = max(self._steps, self._next_check - WINDOW_CAP)
         windows = {r: row.to_window(*self._where_of(r)) for r, row in rows.items()}
-        self._job_s += max((r.window_s for r in rows.values()), default=0.0)
+        self._job_s += slowest_window_s(rows)
         if rows:
             self._judge_rows(windows)
             self._judge_losses(rows, windows)
@@ -473,7 +474,7 @@ class Doctor:
     def _compare_replicas(self, rows: dict[int, GatheredRow], windows: dict[int, RankWindow]) -> None:
         """Every rank's replica against the others' (callback/replicas.py), when due: decided from the
         gathered table, so every rank takes part in the same collectives at the same check."""
-        window_s = max((r.window_s for r in rows.values()), default=0.0)
+        window_s = slowest_window_s(rows)
         slowest = max((r.digest_ms for r in rows.values()), default=0.0)
         if any(r.replicas_off for r in rows.values()):  # a rank's comparison failed: every rank stops comparing
             self._replicas.done = self._buffers.done = True
@@ -533,7 +534,7 @@ class Doctor:
         if gathered is not None:
             rows = self._rows(gathered)
             windows = {r: row.to_window(*self._where_of(r)) for r, row in rows.items()}
-            self._job_s += max((r.window_s for r in rows.values()), default=0.0)
+            self._job_s += slowest_window_s(rows)
             self._judge_rows(windows, may_raise=False)
             self._judge_losses(rows, windows, may_raise=False)
 
@@ -625,9 +626,9 @@ class Doctor:
 
     def _stragglers(self, rows: dict[int, RankWindow]) -> list[Finding]:
         """The `stragglers` probe's verdict on the kept windows, once they hold enough steps of enough
-        checks, and only a verdict every check has reached for CONFIRM_S of the job (two checks at least): a
-        rank named in one stretch of the job and not the next is the job's noise (a scheduler's draw, a
-        hiccup of the host), not a straggler.
+        checks, and only a verdict whose run of checks (`named_since`) has lasted CONFIRM_S of the job (two
+        checks at least): a rank named in one stretch of the job and not the next is the job's noise (a
+        scheduler's draw, a hiccup of the host), not a straggler.
 
         In a live job a straggler must also cost something: tiny steps make a few percent of
         noise look like a rank, and a rank that costs under MIN_COST_SHARE of a step is not worth a page.
@@ -744,6 +745,12 @@ class Doctor:
             log.error("ddpdoctor: cannot write %s: %s", path, exc)
 
 
+def slowest_window_s(rows: dict[int, GatheredRow]) -> float:
+    """The slowest rank's window in a gathered table (seconds; 0 for none): the job's time since the last check,
+    the same on every rank, which the straggler runs of checks and the replicas' due time are measured in."""
+    return max((r.window_s for r in rows.values()), default=0.0)
+
+
 def named_since(before: dict[tuple[str, tuple[int, ...]], float], judged: list[Finding],
                 job_s: float) -> dict[tuple[str, tuple[int, ...]], float]:
     """Each straggler verdict's run of checks: the job's time at its first check. A check that names it (warn or
@@ -766,7 +773,7 @@ def said(since: dict[tuple[str, tuple[int, ...]], float], f: Finding, job_s: flo
 
 
 def worth_naming_online(f: Finding) -> bool:
-    """A straggler verdict the callback reports (given a second check agrees, `Doctor._stragglers`): warn
+    """A straggler verdict the callback reports (once its run of checks has lasted, `Doctor._stragglers`): warn
     or worse, and for STR001 a cause in the step (not "host overhead") costing MIN_COST_SHARE of it.
     Shared with benchmarks/stragglers_detection.py --replay, which re-judges recorded windows."""
     if f.severity < Severity.WARN:

@@ -4,7 +4,7 @@ CONFIRM_S of the job. Driven with gathered rows as the ranks send them, one chec
 Why it is tested apart: checked every 20 steps of 10 ms, two checks in a row judge windows that share three
 quarters of their steps, so a half-second hiccup of one rank's CPU was named by both (a healthy Hugging Face
 fit in CI). The rule must hold a hiccup back, still say a rank slow for good, and at the defaults (a check
-every 2 s at least) say it at the next check, as before.
+about every 2 s) say it at the next check, as before.
 """
 
 from __future__ import annotations
