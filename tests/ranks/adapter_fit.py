@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import threading
 import time
@@ -29,22 +30,31 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-STEPS = 110  # checks every 20 steps: stragglers judged from step 80, with 64 steps in the windows
-# A straggler is said once the checks have named it for 2 s of the job (doctor.CONFIRM_S). So a healthy fit runs
-# 360 steps of about 10 ms: long enough for a false alarm to be said (judged at 15 checks, over 3 s). Rank 1's
-# slow dataset makes steps of 55-70 ms (the frameworks' loaders): judged from step 80, said at step 120. A busy
-# neighbour (steps of 13-20 ms) costs a rank that sleeps in every all-reduce less than its share (the scheduler
-# favours a thread that wakes): more checks to name it at, as a job that runs for minutes has.
-STEPS_BY_SCENARIO = {"healthy": 360, "slowdata": 160, "hog": 420}
+from ddpdoctor.callback.doctor import CONFIRM_S
+
+EVERY = 20  # steps between the callback's checks (OPTIONS)
+JUDGED_FROM = 80  # stragglers are judged once four windows of EVERY steps are in
+STEPS = 110  # judged at step 80, with 64 steps in the windows
 BATCH = 32
 SLOW_SAMPLE_S = 0.0005  # 16 ms a batch of 32 on rank 1, against a step of about a millisecond
+# A straggler is said once the checks have named it for CONFIRM_S of the job, so the fits that must say one run
+# long enough on any machine, and the healthy fit long enough for a false alarm to be said.
+# - slowdata: rank 1 sleeps at least BATCH * SLOW_SAMPLE_S a step (a sleep is never shorter than asked), so every
+#   step lasts that long however fast the machine: CONFIRM_S of such steps after the first judged check, plus
+#   three checks to spare. Sized from the steps' length in this VM instead (26 ms: said at step 140 of 160), a CI
+#   host whose steps took 22 ms ended the fit at step 160 one check before it was said.
+# - hog: a busy neighbour makes steps of 13-20 ms here (a rank that sleeps in every all-reduce loses less than
+#   its share: the scheduler favours a thread that wakes); at 420 steps, steps of 8 ms would still say it.
+# - healthy: steps of about 10 ms, judged at 15 checks over 3 s.
+SLOWDATA_STEPS = JUDGED_FROM + math.ceil(CONFIRM_S / (BATCH * SLOW_SAMPLE_S) / EVERY) * EVERY + 3 * EVERY
+STEPS_BY_SCENARIO = {"healthy": 360, "slowdata": SLOWDATA_STEPS, "hog": 420}
 NAN_FROM = 50
 HANG_STEP = 6
 # The hog last: the scenarios after it run on the same processes, which it pinned.
 SCENARIOS = ("healthy", "slowdata", "nosampler", "nan", "hog")
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))  # read once: Lightning removes it from the environment after a fit
-OPTIONS = dict(every=20, check_every_s=0, step_deadline_s=60)
+OPTIONS = dict(every=EVERY, check_every_s=0, step_deadline_s=60)
 
 
 class Net(nn.Module):

@@ -125,7 +125,9 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
                 time.sleep(0.004)  # a loader that really takes longer on this rank, before the step
             with doctor.step((x, y)):
                 if "straggler" in cases and rank == 1:
-                    spin(0.004)  # a rank whose compute really takes longer
+                    # A rank whose compute really takes longer. 6 ms, not 4: every step then lasts 6 ms or more on any
+                    # host, so the callback's 2 s (judged from step 80) fall by step 434 of a 60-epoch run's 480.
+                    spin(0.006)
                 if "hang" in cases and rank == 1 and step == 12:
                     time.sleep(3600)  # stuck in its own code: the others wait in the collective
                 loss = loss_fn(model(x), y)
