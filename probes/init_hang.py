@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, TypeVar, Union
 
 from ddpdoctor.core import codes, keys
-from ddpdoctor.core.facts import Facts, facts_by_rank, nested, nested_map
+from ddpdoctor.core.facts import Facts, facts_by_rank, nested, nested_list, nested_map
 from ddpdoctor.measure import net as net_facts
+from ddpdoctor.measure.peer_reach import OK as DIAL_OK, ReachFrom
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 
 from ddpdoctor.probes.base import RunView
@@ -80,11 +81,24 @@ class Dial(Facts):
 
 
 @dataclass
+class IfnameDial(Facts):
+    """One dial of another node's address on the interface a *_SOCKET_IFNAME selects there, where that
+    address is not its route's (session/rank.py's _reach_targets): what the backend will connect to."""
+
+    to: Optional[str] = None  # the other node's host name
+    variable: Optional[str] = None  # GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME
+    interface: Optional[str] = None  # the interface it selects on that node
+    address: Optional[str] = None  # host:port dialled
+    result: Optional[str] = None  # "ok", or why not (peer_reach.describe)
+
+
+@dataclass
 class PeerReach(Facts):
     """What a node's first rank found dialling the other nodes' first ranks before init."""
 
     source: Optional[str] = None  # the address its route to MASTER_ADDR leaves from
     to: dict[str, Dial] = field(default_factory=dict, metadata=nested_map(Dial))  # by the other node's host name
+    over_ifname: list[IfnameDial] = field(default_factory=list, metadata=nested_list(IfnameDial))
 
 
 @dataclass
@@ -118,6 +132,24 @@ class InitHangFacts(Facts):
     def known_interfaces(self) -> dict[str, Interface]:
         """The interfaces, or none where psutil could not list them."""
         return self.interfaces if "unknown" not in self.interfaces else {}
+
+
+def ifname_address(facts: InitHangFacts, var: str) -> Optional[tuple[str, str]]:
+    """The interface a *_SOCKET_IFNAME selects first on this host, and its first address (IPv4 before IPv6):
+    where the backend binds and what it tells its peers to connect to (gloo's device for the first name
+    it is given, NCCL's first matching interface). None where the variable is unset or selects nothing."""
+    reading = facts.socket_ifname.get(var)
+    for name in (reading.selects if reading is not None else []):
+        iface = facts.known_interfaces.get(name)
+        if iface is not None and (iface.ipv4 or iface.ipv6):
+            return name, (iface.ipv4 or iface.ipv6)[0].split("%")[0]
+    return None
+
+
+def reach_from(facts: InitHangFacts) -> ReachFrom:
+    """Where the other nodes may dial this rank's node: its route's address, and each *_SOCKET_IFNAME's."""
+    found = {var: ifname_address(facts, var) for var in facts.socket_ifname}
+    return ReachFrom(source=facts.route.source, ifnames={v: a for v, a in found.items() if a is not None})
 
 
 def before_rendezvous(env: LaunchEnv, lookup: net_facts.Resolution, connect_s: float, started: float) -> dict[str, Any]:
@@ -176,7 +208,7 @@ class InitHang:
     def diagnose(self, facts: Mapping[int, InitHangFacts], run: RunView) -> list[Finding]:
         facts = facts_by_rank(InitHangFacts, facts)
         findings = _bad_ifname(facts, run) + _hostname_on_loopback(facts, run) + _split_resolution(facts, run)
-        findings += _nodes_unreachable(facts, run)
+        findings += _nodes_unreachable(facts, run) + _ifname_unreachable(facts, run)
         findings += _late_arrivals(facts, run)
         # Fewer facts than ranks, or an init that did not finish everywhere: the run's own
         # findings (RUN001, RUN004, ...) say what happened; "ok" would contradict them.
@@ -324,6 +356,81 @@ def _nodes_unreachable(facts: Mapping[int, InitHangFacts], run: RunView) -> list
         evidence={"failed": [{"from": x, "to": y, "address": addr, "result": res} for x, y, addr, res in failed[:32]],
                   "failed_total": len(failed), "tried": tried, "store": store, "results": reasons,
                   "init_finished": initialised})]
+
+
+def _ifname_unreachable(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Finding]:
+    """INIT006: in a job across nodes, a *_SOCKET_IFNAME that selects an interface the other nodes cannot
+    reach. The backend binds there and tells its peers to connect to that address, so the rendezvous
+    works (the store is reached by the route) and the process group's init or first collective hangs.
+    Two ways to know, before it does: the same address on several nodes (docker0's 172.17.0.1, lo's
+    127.0.0.1: each node's own, so a peer that dials it reaches itself), and the dials of each node's
+    address on that interface (_reach_targets) that failed."""
+    hosts = _hosts(facts, run)
+    if len(set(hosts.values())) < 2:
+        return []  # one node: any interface of its own reaches its own ranks, lo included
+    out = []
+    for var in sorted({v for f in facts.values() for v in f.socket_ifname}):
+        chosen: dict[str, tuple[str, str]] = {}  # host -> (interface, address), from its first rank that says
+        for r, f in sorted(facts.items()):
+            picked = ifname_address(f, var)
+            if picked is not None:
+                chosen.setdefault(hosts[r], picked)
+        by_address: dict[str, list[str]] = {}
+        for host, (_, addr) in chosen.items():
+            by_address.setdefault(addr, []).append(host)
+        shared = {a: sorted(h) for a, h in by_address.items() if len(h) > 1}
+        failed = [(hosts[r], d) for r, f in sorted(facts.items()) if f.peer_reach is not None
+                  for d in f.peer_reach.over_ifname if d.variable == var and d.result and d.result != DIAL_OK]
+        if not shared and not failed:
+            continue
+        involved = sorted({h for hs in shared.values() for h in hs} | {h for h, _ in failed}
+                          | {str(d.to) for _, d in failed if d.to})
+        ranks = sorted(r for r, h in hosts.items() if h in involved)
+        value = next(str(f.socket_ifname[var].value) for f in facts.values() if var in f.socket_ifname)
+        wanted = "nccl" if var.startswith("NCCL") else "gloo"
+        used = {str(f.backend or "") for f in facts.values()}
+        # Init finished everywhere on the backend that reads it: it found a way this time (or this run's
+        # backend does not read it); a job that connects over it can still hang. Critical otherwise.
+        initialised = all(isinstance(f.init_s, (int, float)) for f in facts.values()) and len(facts) == run.world_size
+        read = wanted in used or "" in used
+        severity = Severity.CRITICAL if read and not initialised else Severity.WARN
+        routes = sorted({str(f.route.interface) for r, f in facts.items() if hosts[r] in involved and f.route.interface})
+        if shared:
+            addr, on = max(shared.items(), key=lambda kv: len(kv[1]))
+            iface = chosen[on[0]][0]
+            title = (f"{var}={value} selects {iface} ({addr}) on {len(on)} nodes, the same address on each: "
+                     "a peer that connects to it reaches its own node, not the rank that bound it")
+        else:
+            src, d = failed[0]
+            short = str(d.result).split(" (")[0]
+            title = (f"{var}={value}: {src} cannot connect to {d.to}'s {d.interface} address {d.address} ({short}), "
+                     "which the backend would connect to, though the rendezvous store was reached")
+        evidence: dict[str, Any] = {
+            "variable": var, "value": value,
+            "selected_by_node": {h: f"{i} {a}" for h, (i, a) in sorted(chosen.items())},
+            "route_to_master": routes}
+        if shared:
+            evidence["same_address_on_nodes"] = shared
+        if failed:
+            evidence["failed"] = [{"from": h, "to": d.to, "interface": d.interface, "address": d.address,
+                                   "result": d.result} for h, d in failed[:32]]
+        if not read:
+            evidence["backend_of_this_run"] = sorted(used)
+        evidence["init_finished"] = initialised
+        out.append(codes.finding(
+            "INIT006", NAME, title, severity=severity, ranks=tuple(ranks), nodes=tuple(involved), evidence=evidence,
+            why=(f"{var} tells the {wanted} backend which interface to bind to; it then asks every peer to connect "
+                 "to that interface's address. The rendezvous store is reached by the route to MASTER_ADDR, so "
+                 "every rank arrives; then the process group's init or its first collective waits for connections "
+                 "that never arrive, until its timeout, on every rank"
+                 + (" (an address every node has, like docker0's 172.17.0.1 or lo's 127.0.0.1, is each node's "
+                    "own: the peer connects to itself and gets \"Connection refused\")" if shared else "")
+                 + "." + ("" if read else f" This check ran on {', '.join(sorted(used))}, which does not read it.")),
+            fix=(f"Set {var} to the interface that connects the nodes"
+                 + (f" ({', '.join(routes)}: the route to MASTER_ADDR leaves through it)" if routes else "")
+                 + ", the same name on every node, or unset it; never lo or a container bridge (docker0, virbr0, "
+                   "cni0) in a job across nodes. `ip -br addr` on each node lists the interfaces.")))
+    return out
 
 
 def arrival_gaps(facts: Mapping[int, InitHangFacts]) -> dict[int, float]:

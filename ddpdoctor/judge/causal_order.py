@@ -23,10 +23,11 @@ from ddpdoctor.core.findings import Finding, Severity, rank_ranges
 GENERIC = frozenset({"RUN002", "RUN003", "RUN004", "RUN005", "RUN008"})
 # Causes that make ranks fail that way: ranks without a GPU of their own (GPU001, GPU003), GPUs
 # hidden or misnamed (GPU005), torch unable to use CUDA (GPU008), an interface that is not there
-# (INIT001), nodes that cannot open TCP connections to each other (INIT005: a firewall), a container's
+# (INIT001), nodes that cannot open TCP connections to each other (INIT005: a firewall) or an interface
+# *_SOCKET_IFNAME makes the backend bind to that the other nodes cannot reach (INIT006), a container's
 # /dev/shm, open files, processes or memory too small (LIM001, LIM002, LIM004, LIM005).
-SPECIFIC = frozenset({"GPU001", "GPU003", "GPU005", "GPU008", "INIT001", "INIT005", "LIM001", "LIM002", "LIM004",
-                      "LIM005"})
+SPECIFIC = frozenset({"GPU001", "GPU003", "GPU005", "GPU008", "INIT001", "INIT005", "INIT006", "LIM001", "LIM002",
+                      "LIM004", "LIM005"})
 # Replicas that went apart (callback): a loss that went non-finite (DOC018) makes the weights non-finite
 # (DOC017) and different (DOC013) on ranks other than its own, through the averaged gradient, so these
 # are linked across ranks, by step: the loss went non-finite no later than the weights were seen apart.

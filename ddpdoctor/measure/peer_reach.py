@@ -23,6 +23,7 @@ import errno
 import ipaddress
 import socket
 import threading
+from dataclasses import dataclass, field
 from typing import Optional
 
 DIAL_TIMEOUT_S = 2.0
@@ -30,6 +31,16 @@ MAX_DIALS = 64  # other nodes a node dials at most: the 64 after it (a larger jo
 BACKLOG = 128  # above MAX_DIALS: every dial's handshake fits the queue while nothing accepts
 
 OK = "ok"
+
+
+@dataclass(frozen=True)
+class ReachFrom:
+    """Where the other nodes may dial this node: the address its route to the store leaves from, and for
+    each *_SOCKET_IFNAME set, the interface it selects first and that interface's address (where the
+    backend binds and what it tells its peers to connect to)."""
+
+    source: Optional[str] = None
+    ifnames: dict[str, tuple[str, str]] = field(default_factory=dict)  # variable -> (interface, address)
 
 
 def listen() -> Optional[socket.socket]:

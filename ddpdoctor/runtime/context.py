@@ -27,6 +27,7 @@ from ddpdoctor.runtime.rank_state import RankState, StageRecord, Terminated
 
 if TYPE_CHECKING:
     from ddpdoctor.measure.host_load import CpuSample
+    from ddpdoctor.measure.peer_reach import ReachFrom
     from ddpdoctor.runtime.workload import WorkloadResult
 
 
@@ -42,8 +43,8 @@ class SharedState:
     # A node's first rank listens here for the other nodes' dials (measure/peer_reach.py); open
     # until the process ends, so a slower node's dial never meets a closed port.
     reach_listener: Optional[Any] = None
-    # The address its route to the store leaves from, as the init-hang probe read it at the dial.
-    reach_source: Optional[str] = None
+    # Where the other nodes may dial it, as the init-hang probe read it at the dial (peer_reach.ReachFrom).
+    reach: Optional["ReachFrom"] = None
     # This host's CPU counters at the rank's start (local rank 0 only), for the foreign load.
     host_load_start: Optional["CpuSample"] = None
     # The folder NCCL writes its tuning log to when --nccl-algo asked for it; the allreduce probe

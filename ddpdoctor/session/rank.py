@@ -34,7 +34,7 @@ from ddpdoctor.runtime.liveness import Heartbeat, SideChannel, Watchdog
 from ddpdoctor.measure.net import Resolution, resolve, wait_for_port
 from ddpdoctor.runtime.rank_state import RankState, Terminated
 from ddpdoctor.measure import peer_reach
-from ddpdoctor.probes.init_hang import NAME as INIT_PROBE, before_rendezvous
+from ddpdoctor.probes.init_hang import NAME as INIT_PROBE, InitHangFacts, before_rendezvous, reach_from
 from ddpdoctor.core.run_record import RunRecord
 from ddpdoctor.runtime.channel import read_record
 from ddpdoctor.runtime.slurm import expand_nodelist
@@ -108,45 +108,86 @@ def _reach_endpoint(ctx: RankContext) -> dict[str, Any]:
     """A node's first rank: where the other nodes can dial it (measure/peer_reach.py), only when
     the init-hang probe runs; nothing on the other ranks. The address is its route's to the store,
     as the probe already read it (no second lookup); a loopback one is never published (a host name
-    on 127.0.1.1 is INIT002's, and the other nodes could only dial themselves)."""
+    on 127.0.1.1 is INIT002's, and the other nodes could only dial themselves). Beside it, the
+    address each *_SOCKET_IFNAME selects here where that is another one: the backend binds there
+    and tells its peers to connect to it, so that is the address to try (INIT006)."""
     if ctx.env.local_rank != 0 or INIT_PROBE not in getattr(ctx.cfg, "probes", ()):
         return {}
-    source = ctx.shared.reach_source
-    if not isinstance(source, str) or peer_reach.is_loopback(source):
+    reach = ctx.shared.reach
+    if reach is None or not isinstance(reach.source, str) or peer_reach.is_loopback(reach.source):
         return {}
     listener = peer_reach.listen()
     if listener is None:
         return {}
     ctx.shared.reach_listener = listener
-    return {"reach": [source, int(listener.getsockname()[1])]}
+    over = {var: [iface, addr] for var, (iface, addr) in reach.ifnames.items()
+            if addr != reach.source and not peer_reach.is_loopback(addr)}
+    return {"reach": [reach.source, int(listener.getsockname()[1])], **({"reach_ifname": over} if over else {})}
+
+
+# A dial's name in peer_reach.dial_all: the other node's host name, and for a dial over an interface a
+# *_SOCKET_IFNAME selects there, the variable after this separator (no host name holds it).
+_OVER = " over "
 
 
 def _reach_targets(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> dict[str, tuple[str, int]]:
     """What a node's first rank dials: the other nodes' first ranks, by host name, the MAX_DIALS after
     it in the order of their ranks (all of them up to that many nodes), so no node is dialled more
-    often than that. None on the other ranks, and in a job on one node."""
+    often than that; and each one's *_SOCKET_IFNAME address, where it published one (`host over VAR`),
+    unless this node has that address itself (a container bridge's 172.17.0.1 on every node: a dial
+    would reach this node, not that one; INIT006 says so from the facts). None on the other ranks,
+    and in a job on one node."""
     me = hellos.get(ctx.rank) or {}
     if not me.get("reach"):
         return {}
+    own = _own_addresses(ctx)
     leaders = [(r, h) for r, h in sorted(hellos.items()) if h.get("reach")]
     at = next(i for i, (r, _) in enumerate(leaders) if r == ctx.rank)
     targets: dict[str, tuple[str, int]] = {}
     for k in range(1, len(leaders)):  # by host name: a host with two leaders (two launchers) is one node
         h = leaders[(at + k) % len(leaders)][1]
-        if h.get("host") != me.get("host"):
-            targets.setdefault(str(h.get("host")), (str(h["reach"][0]), int(h["reach"][1])))
+        host = str(h.get("host"))
+        if h.get("host") == me.get("host") or host in targets:
+            continue
+        port = int(h["reach"][1])
+        targets[host] = (str(h["reach"][0]), port)
+        for var, (_, addr) in sorted((h.get("reach_ifname") or {}).items()):
+            if str(addr) not in own:
+                targets[f"{host}{_OVER}{var}"] = (str(addr), port)
     return targets
 
 
-def _dial_other_nodes(ctx: RankContext, targets: dict[str, tuple[str, int]]) -> None:
+def _own_addresses(ctx: RankContext) -> set[str]:
+    """This host's addresses, as the init-hang probe read them before the rendezvous."""
+    facts = ctx.channel.get(keys.result(INIT_PROBE, ctx.rank)) or {}
+    interfaces = facts.get("interfaces") if isinstance(facts, dict) else None
+    if not isinstance(interfaces, dict):
+        return set()
+    return {str(a) for i in interfaces.values() if isinstance(i, dict)
+            for a in (i.get("ipv4") or []) + (i.get("ipv6") or [])}
+
+
+def _dial_other_nodes(ctx: RankContext, targets: dict[str, tuple[str, int]],
+                      hellos: dict[int, dict[str, Any]]) -> None:
     """Dial them before the process group's init, and add what was found to this rank's init-hang
-    facts: a firewall that passes only the store's port is named here, before gloo or NCCL hang on it."""
+    facts: a firewall that passes only the store's port (INIT005), or an interface the backend is told
+    to use that the other nodes cannot reach (INIT006), is named here, before gloo or NCCL hang on it."""
     found = peer_reach.dial_all(targets)
     facts = ctx.channel.get(keys.result(INIT_PROBE, ctx.rank)) or {}
     route = facts.get("route")  # the address this node listens on is its route's (_reach_endpoint)
-    facts["peer_reach"] = {"source": route.get("source") if isinstance(route, dict) else None,
-                           "to": {name: {"address": f"{addr}:{port}", "result": found[name]}
-                                  for name, (addr, port) in targets.items() if name in found}}
+    ifaces = {str(h.get("host")): h.get("reach_ifname") or {} for h in hellos.values() if h.get("reach")}
+    direct, over = {}, []
+    for name, (addr, port) in targets.items():
+        if name not in found:
+            continue
+        host, _, var = name.partition(_OVER)
+        if not var:
+            direct[name] = {"address": f"{addr}:{port}", "result": found[name]}
+        else:
+            over.append({"to": host, "variable": var, "interface": (ifaces.get(host, {}).get(var) or [None])[0],
+                         "address": f"{addr}:{port}", "result": found[name]})
+    facts["peer_reach"] = {"source": route.get("source") if isinstance(route, dict) else None, "to": direct,
+                           **({"over_ifname": over} if over else {})}
     ctx.channel.set(keys.result(INIT_PROBE, ctx.rank), facts)
 
 
@@ -172,7 +213,8 @@ def _node_placement(environ: Mapping[str, str], rank: int) -> dict[str, Any]:
 # processes share a machine): rank 0 reads the N hellos once and publishes this digest, so the
 # rendezvous costs O(N) store calls, not every rank reading every hello (N² on the one store).
 HELLO_DIGEST = keys.HELLO_DIGEST
-_DIGEST_FIELDS = ("rank", "host", "machine", "pid", "local_rank", "local_world_size", "cuda_devices", "reach")
+_DIGEST_FIELDS = ("rank", "host", "machine", "pid", "local_rank", "local_world_size", "cuda_devices", "reach",
+                  "reach_ifname")
 
 
 def _not_arrived(missing: list[int], arrived: int, world_size: int, wait_s: float) -> RuntimeError:
@@ -346,7 +388,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     _preload(cfg)
     record = _new_record(cfg, env)
     try:
-        env, channel, side, reach_source = _dial(cfg, env, record)
+        env, channel, side, reach = _dial(cfg, env, record)
     except _Unreachable as exc:
         sys.stderr.write(f"ddpdoctor: {exc}\n")
         return EXIT_CRITICAL
@@ -366,7 +408,7 @@ def run_rank(cfg: CheckConfig, env: LaunchEnv, command: list[str]) -> int:
     heartbeat.start()
     ctx = RankContext(env, cfg, channel, Injector(cfg.inject, env.rank), state, watchdog)
     ctx.shared.host_load_start = load_start
-    ctx.shared.reach_source = reach_source
+    ctx.shared.reach = reach
     outcome = _Outcome()
     try:
         healthy = _run_stages(ctx)
@@ -440,7 +482,7 @@ def _new_record(cfg: CheckConfig, env: LaunchEnv) -> RunRecord:
 
 
 def _dial(cfg: CheckConfig, env: LaunchEnv, record: RunRecord
-          ) -> tuple[LaunchEnv, Channel, SideChannel, Optional[str]]:
+          ) -> tuple[LaunchEnv, Channel, SideChannel, Optional[peer_reach.ReachFrom]]:
     """Connect to the store (and the helper threads' second connection); the init-hang probe's
     first facts are published before anyone waits on anyone, so a rank that hangs from here on
     has already said how it got here. Raises _Unreachable when the store cannot be reached."""
@@ -451,13 +493,12 @@ def _dial(cfg: CheckConfig, env: LaunchEnv, record: RunRecord
     channel = _connect(env, cfg, lookup)
     connect_s = time.monotonic() - connect_t0
     side = SideChannel(Channel.connect(env.master_addr, env.master_port, cfg.timeout_s))
-    source = None
+    reach = None
     if INIT_PROBE in cfg.probes:
         facts = before_rendezvous(env, lookup, connect_s, record.started)
         channel.set(keys.result(INIT_PROBE, env.rank), facts)
-        route = facts.get("route")
-        source = route.get("source") if isinstance(route, dict) else None  # where the other nodes may dial
-    return env, channel, side, source
+        reach = reach_from(InitHangFacts.from_json(facts))  # where the other nodes may dial
+    return env, channel, side, reach
 
 
 def _run_stages(ctx: RankContext) -> bool:
@@ -471,7 +512,7 @@ def _run_stages(ctx: RankContext) -> bool:
         targets = _reach_targets(ctx, hellos)
         if targets:  # its own stage: the rendezvous' timing (INIT004's gaps) stays its own, the dials get a deadline
             with ctx.stage("reach", deadline_s=peer_reach.DIAL_TIMEOUT_S + 10.0):
-                _dial_other_nodes(ctx, targets)
+                _dial_other_nodes(ctx, targets, hellos)
         with ctx.stage("init"):
             _init(ctx, hellos)
         for name in ctx.cfg.probes:

@@ -212,6 +212,14 @@ def firewall_passing_only(hub: Node, others: list[Node], port: int) -> None:
                 f"{low}-{high}", "blackhole")
 
 
+def container_bridge(node: Node, cidr: str, name: str = "docker0") -> None:
+    """A bridge with an address and no ports in the node, as Docker's daemon makes docker0 (172.17.0.1/16 on
+    every host that runs it): up, with its address, reaching nothing outside the node. Goes with the namespace."""
+    _ip("-n", node.netns, "link", "add", name, "type", "bridge")
+    _ip("-n", node.netns, "addr", "add", cidr, "dev", name)
+    _ip("-n", node.netns, "link", "set", name, "up")
+
+
 def run_nodes(tmp_path: Path, nodes: list[Node], args: list[str], nproc: int = 2, subcommand: str = "check",
               per_node_env: Optional[dict[int, dict[str, str]]] = None, timeout_s: float = 150,
               port: Optional[int] = None, static: bool = False) -> NodesRun:

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from .harness import tagged_processes
-from .multinode import firewall_passing_only, namespace_nodes, run_nodes, run_slurm_tasks, skip_without_nodes
+from .multinode import (container_bridge, firewall_passing_only, namespace_nodes, run_nodes, run_slurm_tasks,
+                        skip_without_nodes)
 
 pytestmark = [pytest.mark.ranks, skip_without_nodes()]
 
@@ -210,4 +211,43 @@ def test_a_firewall_that_passes_only_the_rendezvous_port_is_named_first_not_the_
     # What the ranks themselves hit is listed under it, never above it.
     failures = [f for f in report["findings"] if f["code"].startswith("RUN")]
     assert failures and all(f.get("explained_by") == "INIT005" for f in failures), report["findings"]
+    assert run.codes != [0, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("subnets", [("172.17.0.1/16", "172.17.0.1/16"), ("172.17.0.1/16", "172.18.0.1/16")],
+                         ids=["same-address", "own-subnets"])
+def test_gloo_socket_ifname_on_a_container_bridge_is_named_first_not_the_init_that_hangs(tmp_path, subnets):
+    """Each node has docker0, as every Docker host does, and the job script says GLOO_SOCKET_IFNAME=docker0:
+    every rank reaches the store by its route, then gloo binds to docker0 and tells its peers to connect there.
+    With the same 172.17.0.1 on both nodes, a peer that connects reaches its own node; on subnets of their own
+    (172.17 and 172.18) there is no route between them. INIT006 names the variable, the interface and the
+    nodes, and leads the report; the init that fails hangs under it (issue 37).
+
+    Default twin: tests/ranks/test_multinode_e2e.py::test_two_healthy_nodes_give_one_report_grouped_by_node
+    (the same two namespace nodes, with GLOO_SOCKET_IFNAME on the interface between them: no INIT006)."""
+    with namespace_nodes(2) as nodes:
+        for node, cidr in zip(nodes, subnets):
+            container_bridge(node, cidr)
+        env = {n.index: {"GLOO_SOCKET_IFNAME": "docker0"} for n in nodes}
+        run = run_nodes(tmp_path, nodes, ["--timeout", "10", "--probes", "init-hang"], nproc=1, per_node_env=env,
+                        timeout_s=150)
+        _assert_nothing_left(run)
+    report = run.report
+    assert report is not None, run.explain()
+    hosts = sorted(n.host for n in nodes)
+    [init006] = run.findings("INIT006")
+    assert init006["severity"] == "critical" and init006["nodes"] == hosts, run.explain()
+    assert init006["title"].startswith("GLOO_SOCKET_IFNAME=docker0"), init006["title"]
+    assert init006["evidence"]["route_to_master"] == sorted({n.ifname for n in nodes}), init006
+    if subnets[0] == subnets[1]:
+        assert init006["evidence"]["same_address_on_nodes"] == {"172.17.0.1": hosts}, init006
+    else:  # each node dialled the other's docker0 address and got nowhere; their route's dials got through
+        assert {(f["from"], f["to"]) for f in init006["evidence"]["failed"]} == {(hosts[0], hosts[1]),
+                                                                                (hosts[1], hosts[0])}, init006
+        assert not run.findings("INIT005"), run.explain()
+    assert report["findings"][0]["code"] == "INIT006", [f["code"] for f in report["findings"]]
+    assert report["verdict_line"].startswith("INIT006"), report["verdict_line"]
+    failures = [f for f in report["findings"] if f["code"].startswith("RUN")]
+    assert failures and all(f.get("explained_by") == "INIT006" for f in failures), report["findings"]
     assert run.codes != [0, 0]

@@ -332,3 +332,142 @@ def test_nodes_that_reach_each_other_and_a_single_node_give_no_init005():
     assert codes(PROBE.diagnose(facts, run)) == ["INIT000"]
     one = recorded_facts()  # one node: nothing was dialled, nothing is said
     assert "INIT005" not in codes(PROBE.diagnose(one, RunView(world_size=2, hosts={0: "vm", 1: "vm"})))
+
+
+# -- INIT006: a *_SOCKET_IFNAME whose interface the other nodes cannot reach ------------------------------
+
+def _bridge(facts: dict[int, dict[str, Any]], var: str, name: str, addr_of: dict[str, str]) -> None:
+    """Each rank's host gets interface `name` at its address in addr_of, and `var` set to it, as
+    measure.net.ifname_facts reads it (a container bridge: docker0 with 172.17.0.1 on every host)."""
+    for f in facts.values():
+        f["interfaces"][name] = {"up": True, "ipv4": [addr_of[f["hostname"]]], "ipv6": [], "speed_mbps": 0}
+        f["socket_ifname"][var] = {"value": name, "selects": [name],
+                                   **({"missing": []} if var.startswith("GLOO") else {})}
+
+
+def test_docker0_on_every_node_is_named_first_above_the_init_it_hangs():
+    """docker0 has 172.17.0.1 on every Docker host: GLOO_SOCKET_IFNAME=docker0 makes each rank bind there, and
+    a peer that connects to it reaches its own node. Named from the facts alone, before any dial; it leads
+    the init that hung (RUN004) in the causal order."""
+    from ddpdoctor.core.findings import Finding, Severity
+    from ddpdoctor.judge import causal_order
+
+    facts, run = two_nodes()
+    _bridge(facts, "GLOO_SOCKET_IFNAME", "docker0", {"node-a": "172.17.0.1", "node-b": "172.17.0.1"})
+    for f in facts.values():
+        f.pop("init_s", None)
+    found = PROBE.diagnose(facts, run)
+    [init006] = [f for f in found if f.code == "INIT006"]
+    assert init006.severity == Severity.CRITICAL and init006.ranks == (0, 1, 2, 3)
+    assert init006.nodes == ("node-a", "node-b")
+    assert init006.title.startswith("GLOO_SOCKET_IFNAME=docker0 selects docker0 (172.17.0.1) on 2 nodes, the same "
+                                    "address on each")
+    assert init006.evidence["same_address_on_nodes"] == {"172.17.0.1": ["node-a", "node-b"]}
+    assert init006.evidence["route_to_master"] == ["eth0"] and "(eth0: the route to MASTER_ADDR" in init006.fix
+    assert "INIT000" not in codes(found)
+    hung = Finding(code="RUN004", severity=Severity.CRITICAL, probe="run", title="Rank 0-3 hung in init",
+                   ranks=(0, 1, 2, 3))
+    ordered = causal_order.ordered([hung, init006])
+    assert [f.code for f in ordered] == ["INIT006", "RUN004"] and ordered[1].explained_by == "INIT006"
+    assert causal_order.verdict_line(ordered).startswith("INIT006 (ranks 0-3): GLOO_SOCKET_IFNAME=docker0")
+
+
+def test_lo_in_a_job_across_nodes_is_named_and_on_one_node_it_is_right():
+    """lo is 127.0.0.1 on every host: right on one node (ddpdoctor's own launcher sets GLOO_SOCKET_IFNAME=lo
+    there), wrong across nodes. Only NCCL_SOCKET_IFNAME set, in a check on gloo: a warning, the backend that
+    would fail named."""
+    from ddpdoctor.core.findings import Severity
+
+    facts, run = two_nodes()
+    for f in facts.values():
+        f["interfaces"]["lo"] = {"up": True, "ipv4": ["127.0.0.1"], "ipv6": [], "speed_mbps": 0}
+        f["socket_ifname"]["NCCL_SOCKET_IFNAME"] = {"value": "lo", "selects": ["lo"]}
+    [init006] = [f for f in PROBE.diagnose(facts, run) if f.code == "INIT006"]
+    assert init006.severity == Severity.WARN and init006.evidence["backend_of_this_run"] == ["gloo"]
+    assert init006.evidence["same_address_on_nodes"] == {"127.0.0.1": ["node-a", "node-b"]}
+    one = recorded_facts()
+    for f in one.values():
+        f["socket_ifname"] = {"GLOO_SOCKET_IFNAME": {"value": "lo", "selects": ["lo"], "missing": []}}
+    assert codes(PROBE.diagnose(one, RunView(world_size=2, hosts={0: "vm", 1: "vm"}))) == ["INIT000"]
+
+
+def test_an_interface_the_other_node_cannot_dial_is_named_with_the_dial():
+    """Each node's docker0 on its own subnet (172.17.0.1, 172.18.0.1): no address is shared, but the dials of
+    the other node's docker0 address failed. The route's own dials got through (no INIT005)."""
+    facts, run = two_nodes()
+    _bridge(facts, "GLOO_SOCKET_IFNAME", "docker0", {"node-a": "172.17.0.1", "node-b": "172.18.0.1"})
+    for f in facts.values():
+        f.pop("init_s", None)
+    unreachable = "Network is unreachable (no route to that address)"
+    _reach(facts, 0, "10.0.0.1", {"node-b": "ok"})
+    _reach(facts, 2, "10.0.0.2", {"node-a": "ok"})
+    facts[0]["peer_reach"]["over_ifname"] = [{"to": "node-b", "variable": "GLOO_SOCKET_IFNAME", "interface": "docker0",
+                                              "address": "172.18.0.1:40001", "result": unreachable}]
+    facts[2]["peer_reach"]["over_ifname"] = [{"to": "node-a", "variable": "GLOO_SOCKET_IFNAME", "interface": "docker0",
+                                              "address": "172.17.0.1:40001", "result": unreachable}]
+    found = PROBE.diagnose(facts, run)
+    assert "INIT005" not in codes(found)
+    [init006] = [f for f in found if f.code == "INIT006"]
+    assert init006.title == ("GLOO_SOCKET_IFNAME=docker0: node-a cannot connect to node-b's docker0 address "
+                             "172.18.0.1:40001 (Network is unreachable), which the backend would connect to, though "
+                             "the rendezvous store was reached")
+    assert [d["from"] for d in init006.evidence["failed"]] == ["node-a", "node-b"]
+    assert "same_address_on_nodes" not in init006.evidence
+
+
+def test_an_ifname_on_the_interface_between_the_nodes_gives_no_init006():
+    """The right setting: GLOO_SOCKET_IFNAME=eth0, the route's interface, each node its own address; and
+    another interface whose dials got through (ib0 on its own subnet). Nothing said, INIT000."""
+    facts, run = two_nodes()
+    for f in facts.values():
+        f["socket_ifname"]["GLOO_SOCKET_IFNAME"] = {"value": "eth0", "selects": ["eth0"], "missing": []}
+    assert codes(PROBE.diagnose(facts, run)) == ["INIT000"]
+    facts, run = two_nodes()
+    _bridge(facts, "NCCL_SOCKET_IFNAME", "ib0", {"node-a": "192.168.7.1", "node-b": "192.168.7.2"})
+    _reach(facts, 0, "10.0.0.1", {"node-b": "ok"})
+    facts[0]["peer_reach"]["over_ifname"] = [{"to": "node-b", "variable": "NCCL_SOCKET_IFNAME", "interface": "ib0",
+                                              "address": "192.168.7.2:40001", "result": "ok"}]
+    assert codes(PROBE.diagnose(facts, run)) == ["INIT000"]
+
+
+def test_a_node_publishes_and_dials_the_address_its_ifname_selects():
+    """The session's side, on real hellos: the first rank publishes its IFNAME address beside its route's
+    (not a loopback one, not the route's own again), and a peer dials it unless it has that address itself."""
+    from types import SimpleNamespace
+
+    from ddpdoctor.measure.peer_reach import ReachFrom
+    from ddpdoctor.probes.init_hang import InitHangFacts, reach_from
+    from ddpdoctor.session import rank as session
+
+    facts, _ = two_nodes()
+    _bridge(facts, "GLOO_SOCKET_IFNAME", "docker0", {"node-a": "172.17.0.1", "node-b": "172.18.0.1"})
+    facts[0]["interfaces"]["lo"] = {"up": True, "ipv4": ["127.0.0.1"], "ipv6": [], "speed_mbps": 0}
+    facts[0]["socket_ifname"]["NCCL_SOCKET_IFNAME"] = {"value": "lo", "selects": ["lo"]}
+    reach = reach_from(InitHangFacts.from_json(facts[0]))
+    assert reach == ReachFrom("10.0.0.1", {"GLOO_SOCKET_IFNAME": ("docker0", "172.17.0.1"),
+                                           "NCCL_SOCKET_IFNAME": ("lo", "127.0.0.1")})
+
+    class Store(dict):
+        def get(self, key, default=None):  # the channel's get
+            return super().get(key, default)
+
+    def ctx(rank: int, host: str, reach: ReachFrom) -> Any:
+        from ddpdoctor.core import keys
+
+        store = Store({keys.result("init-hang", rank): facts[rank]})
+        return SimpleNamespace(env=SimpleNamespace(local_rank=0), rank=rank, cfg=SimpleNamespace(probes=("init-hang",)),
+                               shared=SimpleNamespace(reach=reach, reach_listener=None), channel=store)
+
+    a = ctx(0, "node-a", reach)
+    hello_a = session._reach_endpoint(a)
+    try:
+        assert hello_a["reach_ifname"] == {"GLOO_SOCKET_IFNAME": ["docker0", "172.17.0.1"]}  # lo is never published
+        port = hello_a["reach"][1]
+        b = ctx(2, "node-b", ReachFrom("10.0.0.2", {}))
+        hellos = {0: {"host": "node-a", **hello_a}, 2: {"host": "node-b", "reach": ["10.0.0.2", 40001]}}
+        assert session._reach_targets(b, hellos) == {"node-a": ("10.0.0.1", port),
+                                                     "node-a over GLOO_SOCKET_IFNAME": ("172.17.0.1", port)}
+        facts[2]["interfaces"]["docker0"]["ipv4"] = ["172.17.0.1"]  # node-b has the same address: not dialled
+        assert session._reach_targets(b, hellos) == {"node-a": ("10.0.0.1", port)}
+    finally:
+        a.shared.reach_listener.close()
