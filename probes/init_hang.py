@@ -135,15 +135,24 @@ class InitHangFacts(Facts):
 
 
 def ifname_address(facts: InitHangFacts, var: str) -> Optional[tuple[str, str]]:
-    """The interface a *_SOCKET_IFNAME selects first on this host, and its first address (IPv4 before IPv6):
-    where the backend binds and what it tells its peers to connect to (gloo's device for the first name
-    it is given, NCCL's first matching interface). None where the variable is unset or selects nothing."""
+    """The interface a *_SOCKET_IFNAME makes the backend bind to on this host, and its IPv4 address: what
+    the backend tells its peers to connect to. Gloo: the first name the value lists (a device per name, in
+    that order). NCCL: only a value that selects exactly one interface, since it takes the first match in
+    the kernel's order, which the facts do not keep (`^docker0,lo` on a host with eth0 and a compose
+    network's br-... selects two: not judged). IPv4 only: the dials listen on IPv4, and an IPv6 link-local
+    address is every node's own. None where there is no such interface and address."""
     reading = facts.socket_ifname.get(var)
-    for name in (reading.selects if reading is not None else []):
-        iface = facts.known_interfaces.get(name)
-        if iface is not None and (iface.ipv4 or iface.ipv6):
-            return name, (iface.ipv4 or iface.ipv6)[0].split("%")[0]
-    return None
+    if reading is None or not reading.selects:
+        return None
+    if var.startswith("GLOO"):
+        listed = [n.strip() for n in str(reading.value or "").split(",") if n.strip()]
+        name = next((n for n in listed if n in reading.selects), None)
+    else:
+        name = reading.selects[0] if len(reading.selects) == 1 else None
+    iface = facts.known_interfaces.get(name) if name else None
+    if iface is None or not iface.ipv4:
+        return None
+    return str(name), iface.ipv4[0]
 
 
 def reach_from(facts: InitHangFacts) -> ReachFrom:
@@ -364,36 +373,46 @@ def _ifname_unreachable(facts: Mapping[int, InitHangFacts], run: RunView) -> lis
     works (the store is reached by the route) and the process group's init or first collective hangs.
     Two ways to know, before it does: the same address on several nodes (docker0's 172.17.0.1, lo's
     127.0.0.1: each node's own, so a peer that dials it reaches itself), and the dials of each node's
-    address on that interface (_reach_targets) that failed."""
+    address on that interface (_reach_targets) that failed where the route's own dial between the same
+    two nodes got through (where both failed, a firewall is the cause: INIT005's)."""
     hosts = _hosts(facts, run)
     if len(set(hosts.values())) < 2:
         return []  # one node: any interface of its own reaches its own ranks, lo included
+    blocked = {(hosts[r], to) for r, f in facts.items() if f.peer_reach is not None
+               for to, d in f.peer_reach.to.items() if d.result and d.result != DIAL_OK}
     out = []
     for var in sorted({v for f in facts.values() for v in f.socket_ifname}):
         chosen: dict[str, tuple[str, str]] = {}  # host -> (interface, address), from its first rank that says
+        stack: dict[str, str] = {}  # host -> its route's address: two host names on one network stack are one
         for r, f in sorted(facts.items()):
             picked = ifname_address(f, var)
-            if picked is not None:
-                chosen.setdefault(hosts[r], picked)
+            if picked is not None and hosts[r] not in chosen:
+                chosen[hosts[r]] = picked
+                stack[hosts[r]] = str(f.route.source or hosts[r])
         by_address: dict[str, list[str]] = {}
         for host, (_, addr) in chosen.items():
             by_address.setdefault(addr, []).append(host)
-        shared = {a: sorted(h) for a, h in by_address.items() if len(h) > 1}
+        # The same address on hosts with one route's address (containers sharing the host's network) is one
+        # interface, not two: only distinct network stacks count.
+        shared = {a: sorted(h) for a, h in by_address.items() if len({stack[x] for x in h}) > 1}
         failed = [(hosts[r], d) for r, f in sorted(facts.items()) if f.peer_reach is not None
-                  for d in f.peer_reach.over_ifname if d.variable == var and d.result and d.result != DIAL_OK]
+                  for d in f.peer_reach.over_ifname
+                  if d.variable == var and d.result and d.result != DIAL_OK and (hosts[r], d.to) not in blocked]
         if not shared and not failed:
             continue
         involved = sorted({h for hs in shared.values() for h in hs} | {h for h, _ in failed}
                           | {str(d.to) for _, d in failed if d.to})
         ranks = sorted(r for r, h in hosts.items() if h in involved)
-        value = next(str(f.socket_ifname[var].value) for f in facts.values() if var in f.socket_ifname)
+        value = next(str(facts[r].socket_ifname[var].value) for r in ranks if var in facts[r].socket_ifname)
         wanted = "nccl" if var.startswith("NCCL") else "gloo"
         used = {str(f.backend or "") for f in facts.values()}
-        # Init finished everywhere on the backend that reads it: it found a way this time (or this run's
-        # backend does not read it); a job that connects over it can still hang. Critical otherwise.
-        initialised = all(isinstance(f.init_s, (int, float)) for f in facts.values()) and len(facts) == run.world_size
         read = wanted in used or "" in used
-        severity = Severity.CRITICAL if read and not initialised else Severity.WARN
+        # gloo connects every pair in its init: an init that finished everywhere found a way this time (a
+        # warning: a job that connects over it may not). NCCL's init is lazy, its connections come at the
+        # first collective, so its init finishing says nothing. Not read by this run's backend: a warning
+        # for a job on the other one, which explains none of this run's failures (causal_order).
+        initialised = all(isinstance(f.init_s, (int, float)) for f in facts.values()) and len(facts) == run.world_size
+        severity = Severity.CRITICAL if read and not (initialised and wanted == "gloo") else Severity.WARN
         routes = sorted({str(f.route.interface) for r, f in facts.items() if hosts[r] in involved and f.route.interface})
         if shared:
             addr, on = max(shared.items(), key=lambda kv: len(kv[1]))

@@ -475,9 +475,9 @@ _ENTRIES = (
                "NetworkPolicy allowing pod-to-pod traffic. Check with `nc -zv <other node> <port>` on a port other "
                "than MASTER_PORT, from each node.")),
     _code("INIT006", frozenset({Severity.CRITICAL, Severity.WARN}), "init-hang",
-          severity_rule=("CRITICAL when this run's backend reads the variable and its process group's init did not "
-                         "finish on every rank, WARN otherwise (init found a way this time, or only another backend "
-                         "reads it)")),
+          severity_rule=("CRITICAL when this run's backend reads the variable, except gloo's whose init finished on "
+                         "every rank (it found a way this time: WARN; NCCL's init is lazy and says nothing); WARN when "
+                         "only another backend reads it")),
     _code("LIM000", _OK, "limits",
           why=("Each rank's /dev/shm, open-file and process limits, its cgroup's memory and CPU quota, and (where an "
                "InfiniBand/RoCE device is present) its locked-memory limit leave room for what this job needs."),

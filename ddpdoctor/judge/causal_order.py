@@ -59,6 +59,8 @@ def _explains(cause: Finding, effect: Finding) -> bool:
         return _replicas_explain(cause, effect)
     if cause.code not in SPECIFIC or effect.code not in GENERIC or cause.severity < Severity.WARN:
         return False
+    if cause.evidence.get("backend_of_this_run"):
+        return False  # a setting only another backend reads (INIT001, INIT006): none of this run's failures
     if not cause.ranks or not effect.ranks:
         return bool(set(cause.nodes) & set(effect.nodes)) or not (cause.nodes or effect.nodes)
     return bool(set(cause.ranks) & set(effect.ranks))

@@ -12,8 +12,10 @@ How: each node's first rank (local rank 0) listens on a port the system picks, o
 and says in its hello where it can be reached: the address its route to MASTER_ADDR leaves from
 (where the other nodes' traffic comes to it; never a loopback one). After the rendezvous, every
 node's first rank dials the MAX_DIALS nodes after it (every other node up to that many), in
-parallel, DIAL_TIMEOUT_S each: no node is dialled more than MAX_DIALS times, below the listen
-backlog. The kernel completes a TCP handshake into the backlog without an accept(), so nothing has
+parallel, DIAL_TIMEOUT_S each: no node is dialled by more than MAX_DIALS nodes, below the listen
+backlog. Where a node's *_SOCKET_IFNAME selects an interface whose IPv4 address is not its route's,
+that address is dialled too (on the same listener): the backend binds there and its peers connect
+to it (INIT006). The kernel completes a TCP handshake into the backlog without an accept(), so nothing has
 to serve the connections. One node: not tried.
 """
 
@@ -28,7 +30,9 @@ from typing import Optional
 
 DIAL_TIMEOUT_S = 2.0
 MAX_DIALS = 64  # other nodes a node dials at most: the 64 after it (a larger job is tried in a band)
-BACKLOG = 128  # above MAX_DIALS: every dial's handshake fits the queue while nothing accepts
+# Addresses a node is dialled at: its route's, and one for each *_SOCKET_IFNAME that selects another.
+ADDRESSES_PER_NODE = 3
+BACKLOG = 256  # above MAX_DIALS * ADDRESSES_PER_NODE: every handshake fits the queue while nothing accepts
 
 OK = "ok"
 
@@ -87,7 +91,7 @@ def dial(addr: str, port: int, timeout_s: float = DIAL_TIMEOUT_S) -> str:
 
 def dial_all(targets: dict[str, tuple[str, int]], timeout_s: float = DIAL_TIMEOUT_S) -> dict[str, str]:
     """Each target (a name: address and port) dialled in parallel; never longer than timeout_s and a little."""
-    chosen = dict(list(targets.items())[:MAX_DIALS])  # the caller's order: the nodes after its own
+    chosen = dict(list(targets.items())[:MAX_DIALS * ADDRESSES_PER_NODE])  # the caller's order and cap (nodes)
     out: dict[str, str] = {}
     lock = threading.Lock()
 

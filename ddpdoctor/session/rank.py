@@ -149,6 +149,8 @@ def _reach_targets(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> dict[
         host = str(h.get("host"))
         if h.get("host") == me.get("host") or host in targets:
             continue
+        if sum(_OVER not in name for name in targets) >= peer_reach.MAX_DIALS:
+            break
         port = int(h["reach"][1])
         targets[host] = (str(h["reach"][0]), port)
         for var, (_, addr) in sorted((h.get("reach_ifname") or {}).items()):
@@ -163,8 +165,7 @@ def _own_addresses(ctx: RankContext) -> set[str]:
     interfaces = facts.get("interfaces") if isinstance(facts, dict) else None
     if not isinstance(interfaces, dict):
         return set()
-    return {str(a) for i in interfaces.values() if isinstance(i, dict)
-            for a in (i.get("ipv4") or []) + (i.get("ipv6") or [])}
+    return {str(a) for i in interfaces.values() if isinstance(i, dict) for a in i.get("ipv4") or []}
 
 
 def _dial_other_nodes(ctx: RankContext, targets: dict[str, tuple[str, int]],

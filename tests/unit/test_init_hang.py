@@ -348,12 +348,13 @@ def _bridge(facts: dict[int, dict[str, Any]], var: str, name: str, addr_of: dict
 def test_docker0_on_every_node_is_named_first_above_the_init_it_hangs():
     """docker0 has 172.17.0.1 on every Docker host: GLOO_SOCKET_IFNAME=docker0 makes each rank bind there, and
     a peer that connects to it reaches its own node. Named from the facts alone, before any dial; it leads
-    the init that hung (RUN004) in the causal order."""
+    the init that hung (RUN004) in the causal order. Where gloo's init finished all the same, a warning."""
     from ddpdoctor.core.findings import Finding, Severity
     from ddpdoctor.judge import causal_order
 
     facts, run = two_nodes()
     _bridge(facts, "GLOO_SOCKET_IFNAME", "docker0", {"node-a": "172.17.0.1", "node-b": "172.17.0.1"})
+    assert [f.severity for f in PROBE.diagnose(facts, run) if f.code == "INIT006"] == [Severity.WARN]
     for f in facts.values():
         f.pop("init_s", None)
     found = PROBE.diagnose(facts, run)
@@ -364,7 +365,6 @@ def test_docker0_on_every_node_is_named_first_above_the_init_it_hangs():
                                     "address on each")
     assert init006.evidence["same_address_on_nodes"] == {"172.17.0.1": ["node-a", "node-b"]}
     assert init006.evidence["route_to_master"] == ["eth0"] and "(eth0: the route to MASTER_ADDR" in init006.fix
-    assert "INIT000" not in codes(found)
     hung = Finding(code="RUN004", severity=Severity.CRITICAL, probe="run", title="Rank 0-3 hung in init",
                    ranks=(0, 1, 2, 3))
     ordered = causal_order.ordered([hung, init006])
@@ -372,39 +372,65 @@ def test_docker0_on_every_node_is_named_first_above_the_init_it_hangs():
     assert causal_order.verdict_line(ordered).startswith("INIT006 (ranks 0-3): GLOO_SOCKET_IFNAME=docker0")
 
 
-def test_lo_in_a_job_across_nodes_is_named_and_on_one_node_it_is_right():
-    """lo is 127.0.0.1 on every host: right on one node (ddpdoctor's own launcher sets GLOO_SOCKET_IFNAME=lo
-    there), wrong across nodes. Only NCCL_SOCKET_IFNAME set, in a check on gloo: a warning, the backend that
-    would fail named."""
-    from ddpdoctor.core.findings import Severity
+def test_lo_for_the_other_backend_warns_and_explains_none_of_this_runs_failures():
+    """NCCL_SOCKET_IFNAME=lo across nodes, in a check on gloo whose init hung for another reason: a warning for
+    a job on NCCL, which is no cause of this run's hang (the hang leads, INIT006 stands apart)."""
+    from ddpdoctor.core.findings import Finding, Severity
+    from ddpdoctor.judge import causal_order
 
     facts, run = two_nodes()
     for f in facts.values():
+        f.pop("init_s", None)
         f["interfaces"]["lo"] = {"up": True, "ipv4": ["127.0.0.1"], "ipv6": [], "speed_mbps": 0}
         f["socket_ifname"]["NCCL_SOCKET_IFNAME"] = {"value": "lo", "selects": ["lo"]}
     [init006] = [f for f in PROBE.diagnose(facts, run) if f.code == "INIT006"]
     assert init006.severity == Severity.WARN and init006.evidence["backend_of_this_run"] == ["gloo"]
     assert init006.evidence["same_address_on_nodes"] == {"127.0.0.1": ["node-a", "node-b"]}
-    one = recorded_facts()
-    for f in one.values():
-        f["socket_ifname"] = {"GLOO_SOCKET_IFNAME": {"value": "lo", "selects": ["lo"], "missing": []}}
-    assert codes(PROBE.diagnose(one, RunView(world_size=2, hosts={0: "vm", 1: "vm"}))) == ["INIT000"]
+    assert "This check ran on gloo, which does not read it." in init006.why
+    hung = Finding(code="RUN004", severity=Severity.CRITICAL, probe="run", title="Rank 0-3 hung in init",
+                   ranks=(0, 1, 2, 3))
+    ordered = causal_order.ordered([init006, hung])
+    assert [f.code for f in ordered] == ["RUN004", "INIT006"] and not ordered[0].explained_by
 
 
-def test_an_interface_the_other_node_cannot_dial_is_named_with_the_dial():
+def test_host_names_that_share_one_network_stack_are_one_node_for_the_same_address_rule():
+    """Two host names on one machine's network (containers with --network host: one docker0, one route
+    address): the same docker0 address is one interface, not two. And an NCCL prefix that selects two
+    interfaces is not judged (NCCL takes the first in the kernel's order, which the facts do not keep)."""
+    facts, run = two_nodes()
+    for f in facts.values():
+        f["route"]["source"] = "10.0.0.1"
+    _bridge(facts, "GLOO_SOCKET_IFNAME", "docker0", {"node-a": "172.17.0.1", "node-b": "172.17.0.1"})
+    assert "INIT006" not in codes(PROBE.diagnose(facts, run))
+    facts, run = two_nodes()
+    _bridge(facts, "NCCL_SOCKET_IFNAME", "docker0", {"node-a": "172.17.0.1", "node-b": "172.17.0.1"})
+    for f in facts.values():
+        f["socket_ifname"]["NCCL_SOCKET_IFNAME"] = {"value": "^lo", "selects": ["docker0", "eth0"]}
+    assert "INIT006" not in codes(PROBE.diagnose(facts, run))
+    facts[0]["socket_ifname"]["NCCL_SOCKET_IFNAME"]["selects"] = ["docker0"]  # the same, one interface each
+    facts[2]["socket_ifname"]["NCCL_SOCKET_IFNAME"]["selects"] = ["docker0"]
+    assert "INIT006" in codes(PROBE.diagnose(facts, run))
+
+
+def test_an_interface_the_other_node_cannot_dial_is_named_with_the_dial_and_a_firewall_is_not():
     """Each node's docker0 on its own subnet (172.17.0.1, 172.18.0.1): no address is shared, but the dials of
-    the other node's docker0 address failed. The route's own dials got through (no INIT005)."""
+    the other node's docker0 address failed while the route's own dials got through (no INIT005). Where the
+    route's dials failed too, the cause is a firewall between the nodes: INIT005 alone."""
     facts, run = two_nodes()
     _bridge(facts, "GLOO_SOCKET_IFNAME", "docker0", {"node-a": "172.17.0.1", "node-b": "172.18.0.1"})
     for f in facts.values():
         f.pop("init_s", None)
     unreachable = "Network is unreachable (no route to that address)"
-    _reach(facts, 0, "10.0.0.1", {"node-b": "ok"})
-    _reach(facts, 2, "10.0.0.2", {"node-a": "ok"})
-    facts[0]["peer_reach"]["over_ifname"] = [{"to": "node-b", "variable": "GLOO_SOCKET_IFNAME", "interface": "docker0",
-                                              "address": "172.18.0.1:40001", "result": unreachable}]
-    facts[2]["peer_reach"]["over_ifname"] = [{"to": "node-a", "variable": "GLOO_SOCKET_IFNAME", "interface": "docker0",
-                                              "address": "172.17.0.1:40001", "result": unreachable}]
+
+    def dials(route: str, over: str) -> None:
+        _reach(facts, 0, "10.0.0.1", {"node-b": route})
+        _reach(facts, 2, "10.0.0.2", {"node-a": route})
+        for rank, to, addr in ((0, "node-b", "172.18.0.1"), (2, "node-a", "172.17.0.1")):
+            facts[rank]["peer_reach"]["over_ifname"] = [{"to": to, "variable": "GLOO_SOCKET_IFNAME",
+                                                         "interface": "docker0", "address": f"{addr}:40001",
+                                                         "result": over}]
+
+    dials("ok", unreachable)
     found = PROBE.diagnose(facts, run)
     assert "INIT005" not in codes(found)
     [init006] = [f for f in found if f.code == "INIT006"]
@@ -413,6 +439,8 @@ def test_an_interface_the_other_node_cannot_dial_is_named_with_the_dial():
                              "the rendezvous store was reached")
     assert [d["from"] for d in init006.evidence["failed"]] == ["node-a", "node-b"]
     assert "same_address_on_nodes" not in init006.evidence
+    dials("timed out: no answer (a firewall drops the packets)", "timed out: no answer (a firewall drops the packets)")
+    assert [c for c in codes(PROBE.diagnose(facts, run)) if c.startswith("INIT")] == ["INIT005"]
 
 
 def test_an_ifname_on_the_interface_between_the_nodes_gives_no_init006():
@@ -430,11 +458,14 @@ def test_an_ifname_on_the_interface_between_the_nodes_gives_no_init006():
     assert codes(PROBE.diagnose(facts, run)) == ["INIT000"]
 
 
-def test_a_node_publishes_and_dials_the_address_its_ifname_selects():
-    """The session's side, on real hellos: the first rank publishes its IFNAME address beside its route's
-    (not a loopback one, not the route's own again), and a peer dials it unless it has that address itself."""
+def test_a_node_publishes_dials_and_records_the_address_its_ifname_selects(monkeypatch):
+    """The session's side, on real hellos: the first rank publishes its IFNAME address beside its route's (not
+    a loopback one, not the route's own again), a peer dials it unless it has that address itself, and the
+    dials land in the facts, each where the judge reads it (`to` for the route's, `over_ifname` for the other)."""
     from types import SimpleNamespace
 
+    from ddpdoctor.core import keys
+    from ddpdoctor.measure import peer_reach
     from ddpdoctor.measure.peer_reach import ReachFrom
     from ddpdoctor.probes.init_hang import InitHangFacts, reach_from
     from ddpdoctor.session import rank as session
@@ -451,22 +482,31 @@ def test_a_node_publishes_and_dials_the_address_its_ifname_selects():
         def get(self, key, default=None):  # the channel's get
             return super().get(key, default)
 
-    def ctx(rank: int, host: str, reach: ReachFrom) -> Any:
-        from ddpdoctor.core import keys
+        def set(self, key, value):
+            self[key] = value
 
+    def ctx(rank: int, reach: ReachFrom) -> Any:
         store = Store({keys.result("init-hang", rank): facts[rank]})
         return SimpleNamespace(env=SimpleNamespace(local_rank=0), rank=rank, cfg=SimpleNamespace(probes=("init-hang",)),
                                shared=SimpleNamespace(reach=reach, reach_listener=None), channel=store)
 
-    a = ctx(0, "node-a", reach)
+    a = ctx(0, reach)
     hello_a = session._reach_endpoint(a)
     try:
         assert hello_a["reach_ifname"] == {"GLOO_SOCKET_IFNAME": ["docker0", "172.17.0.1"]}  # lo is never published
         port = hello_a["reach"][1]
-        b = ctx(2, "node-b", ReachFrom("10.0.0.2", {}))
+        b = ctx(2, ReachFrom("10.0.0.2", {}))
         hellos = {0: {"host": "node-a", **hello_a}, 2: {"host": "node-b", "reach": ["10.0.0.2", 40001]}}
-        assert session._reach_targets(b, hellos) == {"node-a": ("10.0.0.1", port),
-                                                     "node-a over GLOO_SOCKET_IFNAME": ("172.17.0.1", port)}
+        targets = session._reach_targets(b, hellos)
+        assert targets == {"node-a": ("10.0.0.1", port), "node-a over GLOO_SOCKET_IFNAME": ("172.17.0.1", port)}
+        monkeypatch.setattr(peer_reach, "dial_all", lambda t: {"node-a": "ok", "node-a over GLOO_SOCKET_IFNAME":
+                                                               "Network is unreachable (no route to that address)"})
+        session._dial_other_nodes(b, targets, hellos)
+        recorded = b.channel[keys.result("init-hang", 2)]["peer_reach"]
+        assert recorded["to"] == {"node-a": {"address": f"10.0.0.1:{port}", "result": "ok"}}
+        assert recorded["over_ifname"] == [{"to": "node-a", "variable": "GLOO_SOCKET_IFNAME", "interface": "docker0",
+                                            "address": f"172.17.0.1:{port}",
+                                            "result": "Network is unreachable (no route to that address)"}]
         facts[2]["interfaces"]["docker0"]["ipv4"] = ["172.17.0.1"]  # node-b has the same address: not dialled
         assert session._reach_targets(b, hellos) == {"node-a": ("10.0.0.1", port)}
     finally:
