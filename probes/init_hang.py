@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, TypeVar, Union
 
 from ddpdoctor.core import codes, keys
 from ddpdoctor.core.facts import Facts, facts_by_rank, nested, nested_list, nested_map
@@ -156,9 +156,11 @@ def ifname_address(facts: InitHangFacts, var: str) -> Optional[tuple[str, str]]:
 
 
 def reach_from(facts: InitHangFacts) -> ReachFrom:
-    """Where the other nodes may dial this rank's node: its route's address, and each *_SOCKET_IFNAME's."""
+    """Where the other nodes may dial this rank's node: its route's address, and each *_SOCKET_IFNAME's; and
+    its own addresses."""
     found = {var: ifname_address(facts, var) for var in facts.socket_ifname}
-    return ReachFrom(source=facts.route.source, ifnames={v: a for v, a in found.items() if a is not None})
+    return ReachFrom(source=facts.route.source, ifnames={v: a for v, a in found.items() if a is not None},
+                     own=frozenset(a for i in facts.known_interfaces.values() for a in i.ipv4))
 
 
 def before_rendezvous(env: LaunchEnv, lookup: net_facts.Resolution, connect_s: float, started: float) -> dict[str, Any]:
@@ -236,6 +238,19 @@ def _hosts(facts: Mapping[int, InitHangFacts], run: RunView) -> dict[int, str]:
     return {r: run.hosts.get(r) or str(f.hostname or "?") for r, f in facts.items()}
 
 
+def _init_finished(facts: Mapping[int, InitHangFacts], run: RunView) -> bool:
+    """Every rank of the run initialised its process group (INIT005 and INIT006 soften to a warning then)."""
+    return all(isinstance(f.init_s, (int, float)) for f in facts.values()) and len(facts) == run.world_size
+
+
+def _backend_reading(var: str, facts: Iterable[InitHangFacts]) -> tuple[str, list[str], bool]:
+    """The backend a *_SOCKET_IFNAME is for, the backends these ranks ran, and whether one of them reads it
+    (or a rank never said which backend: then it may)."""
+    wanted = "nccl" if var.startswith("NCCL") else "gloo"
+    used = sorted({str(f.backend or "") for f in facts})
+    return wanted, used, wanted in used or "" in used
+
+
 def _bad_ifname(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Finding]:
     """A *_SOCKET_IFNAME that selects no live interface: the group init fails on that host."""
     hosts = _hosts(facts, run)
@@ -252,11 +267,10 @@ def _bad_ifname(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Findin
     out = []
     for (var, value), ranks in sorted(by_var.items()):
         ranks.sort()
-        wanted = "nccl" if var.startswith("NCCL") else "gloo"
-        used = {str(facts[r].backend or "") for r in ranks}
+        wanted, used, read = _backend_reading(var, (facts[r] for r in ranks))
         # Critical when this run's backend reads it (or init never said which backend); otherwise
         # the check itself was fine, but a job with that backend on this host would not be.
-        severity = Severity.CRITICAL if wanted in used or "" in used else Severity.WARN
+        severity = Severity.CRITICAL if read else Severity.WARN
         available = sorted({n for r in ranks for n, i in facts[r].known_interfaces.items() if i.usable})
         routes = sorted({str(facts[r].route.interface) for r in ranks if facts[r].route.interface})
         absent = sorted(missing[(var, value)])
@@ -268,7 +282,7 @@ def _bad_ifname(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Findin
             evidence={"variable": var, "value": value, "interfaces_up": available,
                       "route_to_master": routes, "expected_error": message,
                       **({"not_on_this_host": absent} if absent else {}),
-                      **({"backend_of_this_run": sorted(used)} if severity == Severity.WARN else {})},
+                      **({"backend_of_this_run": used} if severity == Severity.WARN else {})},
             why=(f"{var} names the interface(s) the {wanted} backend may use; "
                  + (f"{', '.join(absent)} is not up with an address on this host (gloo needs every name it is given)"
                     if absent and var.startswith("GLOO") else
@@ -276,7 +290,7 @@ def _bad_ifname(facts: Mapping[int, InitHangFacts], run: RunView) -> list[Findin
                  + f", so a {wanted} process group fails to initialise with \"{message}\" (a name from another "
                    "machine, or a typo)."
                  + ("" if severity == Severity.CRITICAL else
-                    f" This check ran on {', '.join(sorted(used))}, which does not read it.")),
+                    f" This check ran on {', '.join(used)}, which does not read it.")),
             fix=(f"Set {var} to an interface this host has (here: {', '.join(available) or 'none up'}"
                  + (f"; the route to MASTER_ADDR leaves through {', '.join(routes)}" if routes else "")
                  + "), or unset it. Check with `ip -br addr` on that host.")))
@@ -358,7 +372,7 @@ def _nodes_unreachable(facts: Mapping[int, InitHangFacts], run: RunView) -> list
             f"{len(failed)} of {tried} connections between the nodes' first ranks failed, {a} to {b} first")
     # Init finished everywhere: gloo's connections (or NCCL's bootstrap) found a way, another interface
     # perhaps (*_SOCKET_IFNAME); NCCL's own connections come at its first collective, which may still fail.
-    initialised = all(isinstance(f.init_s, (int, float)) for f in facts.values()) and len(facts) == run.world_size
+    initialised = _init_finished(facts, run)
     return [codes.finding(
         "INIT005", NAME, f"{what} ({short}), though every rank reached the rendezvous store at {store}",
         severity=Severity.WARN if initialised else Severity.CRITICAL, ranks=tuple(ranks), nodes=tuple(sorted(involved)),
@@ -404,14 +418,12 @@ def _ifname_unreachable(facts: Mapping[int, InitHangFacts], run: RunView) -> lis
                           | {str(d.to) for _, d in failed if d.to})
         ranks = sorted(r for r, h in hosts.items() if h in involved)
         value = next(str(facts[r].socket_ifname[var].value) for r in ranks if var in facts[r].socket_ifname)
-        wanted = "nccl" if var.startswith("NCCL") else "gloo"
-        used = {str(f.backend or "") for f in facts.values()}
-        read = wanted in used or "" in used
+        wanted, used, read = _backend_reading(var, facts.values())
         # gloo connects every pair in its init: an init that finished everywhere found a way this time (a
         # warning: a job that connects over it may not). NCCL's init is lazy, its connections come at the
         # first collective, so its init finishing says nothing. Not read by this run's backend: a warning
         # for a job on the other one, which explains none of this run's failures (causal_order).
-        initialised = all(isinstance(f.init_s, (int, float)) for f in facts.values()) and len(facts) == run.world_size
+        initialised = _init_finished(facts, run)
         severity = Severity.CRITICAL if read and not (initialised and wanted == "gloo") else Severity.WARN
         routes = sorted({str(f.route.interface) for r, f in facts.items() if hosts[r] in involved and f.route.interface})
         if shared:
@@ -434,7 +446,7 @@ def _ifname_unreachable(facts: Mapping[int, InitHangFacts], run: RunView) -> lis
             evidence["failed"] = [{"from": h, "to": d.to, "interface": d.interface, "address": d.address,
                                    "result": d.result} for h, d in failed[:32]]
         if not read:
-            evidence["backend_of_this_run"] = sorted(used)
+            evidence["backend_of_this_run"] = used
         evidence["init_finished"] = initialised
         out.append(codes.finding(
             "INIT006", NAME, title, severity=severity, ranks=tuple(ranks), nodes=tuple(involved), evidence=evidence,
@@ -444,7 +456,7 @@ def _ifname_unreachable(facts: Mapping[int, InitHangFacts], run: RunView) -> lis
                  "that never arrive, until its timeout, on every rank"
                  + (" (an address every node has, like docker0's 172.17.0.1 or lo's 127.0.0.1, is each node's "
                     "own: the peer connects to itself and gets \"Connection refused\")" if shared else "")
-                 + "." + ("" if read else f" This check ran on {', '.join(sorted(used))}, which does not read it.")),
+                 + "." + ("" if read else f" This check ran on {', '.join(used)}, which does not read it.")),
             fix=(f"Set {var} to the interface that connects the nodes"
                  + (f" ({', '.join(routes)}: the route to MASTER_ADDR leaves through it)" if routes else "")
                  + ", the same name on every node, or unset it; never lo or a container bridge (docker0, virbr0, "

@@ -41,10 +41,12 @@ OK = "ok"
 class ReachFrom:
     """Where the other nodes may dial this node: the address its route to the store leaves from, and for
     each *_SOCKET_IFNAME set, the interface it selects first and that interface's address (where the
-    backend binds and what it tells its peers to connect to)."""
+    backend binds and what it tells its peers to connect to); and this node's own IPv4 addresses, which
+    it never dials at another node (it would reach itself)."""
 
     source: Optional[str] = None
     ifnames: dict[str, tuple[str, str]] = field(default_factory=dict)  # variable -> (interface, address)
+    own: frozenset[str] = frozenset()
 
 
 def listen() -> Optional[socket.socket]:

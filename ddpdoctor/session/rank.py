@@ -140,32 +140,25 @@ def _reach_targets(ctx: RankContext, hellos: dict[int, dict[str, Any]]) -> dict[
     me = hellos.get(ctx.rank) or {}
     if not me.get("reach"):
         return {}
-    own = _own_addresses(ctx)
+    own = ctx.shared.reach.own if ctx.shared.reach is not None else frozenset()
     leaders = [(r, h) for r, h in sorted(hellos.items()) if h.get("reach")]
     at = next(i for i, (r, _) in enumerate(leaders) if r == ctx.rank)
     targets: dict[str, tuple[str, int]] = {}
+    nodes = 0
     for k in range(1, len(leaders)):  # by host name: a host with two leaders (two launchers) is one node
         h = leaders[(at + k) % len(leaders)][1]
         host = str(h.get("host"))
         if h.get("host") == me.get("host") or host in targets:
             continue
-        if sum(_OVER not in name for name in targets) >= peer_reach.MAX_DIALS:
+        if nodes == peer_reach.MAX_DIALS:
             break
+        nodes += 1
         port = int(h["reach"][1])
         targets[host] = (str(h["reach"][0]), port)
         for var, (_, addr) in sorted((h.get("reach_ifname") or {}).items()):
             if str(addr) not in own:
                 targets[f"{host}{_OVER}{var}"] = (str(addr), port)
     return targets
-
-
-def _own_addresses(ctx: RankContext) -> set[str]:
-    """This host's addresses, as the init-hang probe read them before the rendezvous."""
-    facts = ctx.channel.get(keys.result(INIT_PROBE, ctx.rank)) or {}
-    interfaces = facts.get("interfaces") if isinstance(facts, dict) else None
-    if not isinstance(interfaces, dict):
-        return set()
-    return {str(a) for i in interfaces.values() if isinstance(i, dict) for a in i.get("ipv4") or []}
 
 
 def _dial_other_nodes(ctx: RankContext, targets: dict[str, tuple[str, int]],

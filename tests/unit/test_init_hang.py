@@ -475,8 +475,9 @@ def test_a_node_publishes_dials_and_records_the_address_its_ifname_selects(monke
     facts[0]["interfaces"]["lo"] = {"up": True, "ipv4": ["127.0.0.1"], "ipv6": [], "speed_mbps": 0}
     facts[0]["socket_ifname"]["NCCL_SOCKET_IFNAME"] = {"value": "lo", "selects": ["lo"]}
     reach = reach_from(InitHangFacts.from_json(facts[0]))
-    assert reach == ReachFrom("10.0.0.1", {"GLOO_SOCKET_IFNAME": ("docker0", "172.17.0.1"),
-                                           "NCCL_SOCKET_IFNAME": ("lo", "127.0.0.1")})
+    assert (reach.source, reach.ifnames) == ("10.0.0.1", {"GLOO_SOCKET_IFNAME": ("docker0", "172.17.0.1"),
+                                                          "NCCL_SOCKET_IFNAME": ("lo", "127.0.0.1")})
+    assert {"10.0.0.1", "172.17.0.1", "127.0.0.1"} <= reach.own
 
     class Store(dict):
         def get(self, key, default=None):  # the channel's get
@@ -495,7 +496,7 @@ def test_a_node_publishes_dials_and_records_the_address_its_ifname_selects(monke
     try:
         assert hello_a["reach_ifname"] == {"GLOO_SOCKET_IFNAME": ["docker0", "172.17.0.1"]}  # lo is never published
         port = hello_a["reach"][1]
-        b = ctx(2, ReachFrom("10.0.0.2", {}))
+        b = ctx(2, reach_from(InitHangFacts.from_json(facts[2])))
         hellos = {0: {"host": "node-a", **hello_a}, 2: {"host": "node-b", "reach": ["10.0.0.2", 40001]}}
         targets = session._reach_targets(b, hellos)
         assert targets == {"node-a": ("10.0.0.1", port), "node-a over GLOO_SOCKET_IFNAME": ("172.17.0.1", port)}
@@ -508,6 +509,8 @@ def test_a_node_publishes_dials_and_records_the_address_its_ifname_selects(monke
                                             "address": f"172.17.0.1:{port}",
                                             "result": "Network is unreachable (no route to that address)"}]
         facts[2]["interfaces"]["docker0"]["ipv4"] = ["172.17.0.1"]  # node-b has the same address: not dialled
+        b.shared.reach = reach_from(InitHangFacts.from_json(facts[2]))
+        assert "172.17.0.1" in b.shared.reach.own
         assert session._reach_targets(b, hellos) == {"node-a": ("10.0.0.1", port)}
     finally:
         a.shared.reach_listener.close()
