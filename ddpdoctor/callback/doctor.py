@@ -32,6 +32,8 @@ watch (hang_watch.py) and a DataParallel model's GPUs (data_parallel.py).
 from __future__ import annotations
 
 import atexit
+import functools
+import itertools
 import json
 import logging
 import os
@@ -40,24 +42,28 @@ import time
 from collections import deque
 from dataclasses import replace
 from typing import Any, Callable, Optional
+import weakref
 
 from ddpdoctor.core import keys
 from ddpdoctor.callback.buffers import BufferWatch
 from ddpdoctor.callback.data_parallel import DATA_PARALLEL_STEPS, DataParallelGpus
+from ddpdoctor.callback.final_check import Collected, FinalExchange, final_wait_s
 from ddpdoctor.callback.gather import BatchPrint, Gather
 from ddpdoctor.callback.hang_watch import HangWatch
 from ddpdoctor.callback.loss_watch import LossWatch
-from ddpdoctor.callback.online_checks import (History, RankWindow, batch_scaling_finding, data_findings,
-                                              data_parallel_finding, memory_growth, setup_findings)
+from ddpdoctor.callback.online_checks import (History, RankWindow, RunHistory, batch_scaling_finding,
+                                              data_findings, data_parallel_finding, memory_growth, setup_findings)
 from ddpdoctor.callback.metrics import MetricsSink
 from ddpdoctor.callback.options import DoctorOptions, store_file
 from ddpdoctor.callback.reducer_wait import reducer_wait, unmeasured_wait
 from ddpdoctor.callback.replicas import BYPASS_STEPS, ReplicaWatch, bypass_finding
 from ddpdoctor.callback.row import GatheredRow, contention_fields, pack, unpack
+from ddpdoctor.callback.run_summary import RunLedger, summary
 from ddpdoctor.callback.schedule import NEVER, next_check, slowest_step_s
 from ddpdoctor.callback.step_clock import StepClock
 from ddpdoctor.callback.user_objects import (batch_len, default_store, gather_device, is_wrapped, learning_rates,
                                              safely, unsharded_sampler)
+from ddpdoctor.core import codes
 from ddpdoctor.core.findings import Finding, Severity
 from ddpdoctor.history import recording
 from ddpdoctor.judge import causal_order
@@ -88,6 +94,10 @@ CONFIRM_S = 2.0
 WINDOW_CAP = 128
 # The reducer's sample rate is set from the step times of the steps before this one (reducer_wait.py).
 TUNE_STEP = 8
+# The Doctors this process made, in order: every rank makes them alike, so the n-th one's end-of-run keys
+# are the same on every rank (callback/final_check.py); and those not closed yet, for destroy_process_group.
+_MADE = itertools.count()
+_OPEN: "weakref.WeakSet[Doctor]" = weakref.WeakSet()
 
 
 class FindingRaised(RuntimeError):
@@ -154,7 +164,8 @@ class Doctor:
                  json_path: Optional[str] = None, on_finding: Optional[Callable[[Finding], None]] = None,
                  raise_on_finding: bool = False, on_hang: str = "report", measure_comm: bool = True,
                  batch_size: Optional[int] = None, history: Optional[str] = None,
-                 on_metrics: Optional[Callable[[dict[str, Any]], Any]] = None, tensorboard: Any = None) -> None:
+                 on_metrics: Optional[Callable[[dict[str, Any]], Any]] = None, tensorboard: Any = None,
+                 summary: bool = True) -> None:
         import torch
         import torch.distributed as dist
 
@@ -164,7 +175,7 @@ class Doctor:
         opts = DoctorOptions(every=every, check_every_s=check_every_s, step_deadline_s=step_deadline_s,
                              json_path=json_path, on_finding=on_finding, raise_on_finding=raise_on_finding,
                              on_hang=on_hang, measure_comm=measure_comm, batch_size=batch_size, history=history,
-                             on_metrics=on_metrics, tensorboard=tensorboard)
+                             on_metrics=on_metrics, tensorboard=tensorboard, summary=summary)
         _check_objects(model, optimizer)
         self.options = opts
         # The step deadline is learned from the job's own steps; step_deadline_s is its ceiling. The
@@ -203,6 +214,15 @@ class Doctor:
         self._job_s = 0.0  # the slowest rank's windows, summed over the checks (from the gathered tables)
         self._history = History(keep=max(MIN_JUDGED_CHECKS + 1, -(-ONLINE_MIN_STEPS // min(self.every, WINDOW_CAP))),
                                 device=self.device.type)
+        # Rank 0's memory of the whole run, for the end of the run (`_finish`): windows spread over it, bounded
+        # by steps, and every rank's figures folded from each table (callback/run_summary.py).
+        self._run = RunHistory(device=self.device.type)
+        self._ledger = RunLedger()
+        self.summary: Optional[dict[str, Any]] = None  # the run summary, once the run has ended (rank 0)
+        self._show_summary = opts.summary
+        self._instance = next(_MADE)
+        self._step_s: Optional[float] = None  # the slowest rank's mean step at the last check
+        self._last_steps: dict[int, int] = {}  # each rank's steps done at the last check
         self._cpu = contention.Window(corunners="when_lost")  # the CPU this thread gets, per window
         self._steps = 0
         # The window's last WINDOW_CAP steps, per step: begin to end, end of the previous to begin, samples.
@@ -221,9 +241,6 @@ class Doctor:
         self._batch: Any = None
         self._epoch0 = getattr(self.sampler, "epoch", None)
         self._next_check = 1 if self.distributed else NEVER
-        # Steps are timed one by one only from here (the last WINDOW_CAP before the next check: what
-        # its row carries); the others are only counted. Without a process group, always.
-        self._detail_from = 0
         self._first_row_step = 0  # the steps_done of the first row judged (the setup check's)
         # NCCL gathers CUDA tensors on the rank's own GPU, which is the model's: the mp.spawn tutorial
         # moves the model with .to(rank) and never calls set_device, so "current device" would be
@@ -255,6 +272,8 @@ class Doctor:
         self._hang.start()
         self._closed = False
         atexit.register(self.close)
+        _OPEN.add(self)
+        _close_before_destroy()
 
     @property
     def wait_measured(self) -> bool:
@@ -306,12 +325,13 @@ class Doctor:
 
     def step_begin(self, batch: Any = None, slow: bool = False) -> None:
         now = time.perf_counter()
-        if self._steps >= self._detail_from:
-            gap = (now - self._last_end) * 1e3 if self._last_end else 0.0
-            between = min(self._between_pending, gap)
-            self._data_ms.append(gap - between)
-            self._between_ms.append(between)
-            self._batch = batch
+        # Every step is timed (the last WINDOW_CAP are kept): the run may end before the next check, and its
+        # last window is judged at the end (`_finish`).
+        gap = (now - self._last_end) * 1e3 if self._last_end else 0.0
+        between = min(self._between_pending, gap)
+        self._data_ms.append(gap - between)
+        self._between_ms.append(between)
+        self._batch = batch
         self._between_pending = 0.0
         if slow:
             self._slow = "step marked slow"
@@ -340,7 +360,7 @@ class Doctor:
     def see_batch(self, batch: Any) -> None:
         """The step's batch, where the framework shows it to the model only (Hugging Face's Trainer): the
         first one given in a step counts, as `step_begin(batch)` would have taken it."""
-        if self._batch is None and self._steps >= self._detail_from:
+        if self._batch is None:
             self._batch = batch
 
     def step_end(self, loss: Any = None) -> None:
@@ -362,10 +382,9 @@ class Doctor:
             self._loss.off = True
             self._replicas.per_step = False  # the ring's gaps are then bracketed by checks, never guessed
             self._replicas.recorded_from = None
-        if steps > self._detail_from:
-            self._step_ms.append((now - began) * 1e3)
-            # 0: not known (no batch given, or a scalar): DOC010 is then not said rather than guessed.
-            self._samples.append(batch_len(self._batch))
+        self._step_ms.append((now - began) * 1e3)
+        # 0: not known (no batch given, or a scalar): DOC010 is then not said rather than guessed.
+        self._samples.append(batch_len(self._batch))
         try:
             if steps == self._next_check:
                 self._check()  # still inside the step for the watchdog: a stuck gather is a stuck step
@@ -376,7 +395,8 @@ class Doctor:
         finally:
             # Also when a check raised (raise_on_finding): a step that is over must not be taken for a hang.
             self._began = 0.0
-            self._batch = None  # not kept past its step (a GPU batch's memory is the job's)
+            # The batch is kept until the next step replaces it (the loop's own variable holds it as long), so
+            # the end of the run can fingerprint the last one (DOC001); released at close.
             self._last_end = end = time.perf_counter()
             if steps == 1:
                 self._first_end = end
@@ -411,24 +431,38 @@ class Doctor:
         """How the allowance of the step called hung was set (empty until a hang)."""
         return self._hang.deadline
 
+    def __enter__(self) -> Doctor:
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Stop watching and write the final summary (once; also at interpreter exit if never called)."""
+        """End of the run: the final check, the whole run judged, the summary (once; also from
+        `dist.destroy_process_group()` and at interpreter exit if never called). Bounded in time: a rank
+        that never arrives costs rank 0 at most FINAL_WAIT_CAP_S, and nothing here raises into the job."""
         if self._closed:
             return
         self._closed = True
+        _OPEN.discard(self)
         self._hang.stop()
         self._buffers.close()
-        self._cpu.close()
         atexit.unregister(self.close)
         self._hang.publish_left()
         if not self._dp_done and self._steps:
             self._data_parallel_judge()
         self._judge_last_gather()
+        try:
+            self._finish()
+        except Exception as exc:  # a bug of ours must not fail the job's exit; the report is still written
+            log.warning("ddpdoctor: the end-of-run check failed on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
+        self._cpu.close()
+        self._batch = None
         if self.rank == 0 and self.history:
             recording.record_callback(self.history, self._history.windows, self.findings,
                                       world_size=self.world_size, started_at=self._started_at)
         if self.json_path and (self.rank == 0 or self.findings):
-            self._write_json(self.json_path)  # the last word: the steps done, every finding
+            self._write_json(self.json_path)  # the last word: the steps done, every finding, the summary
         if self.rank != 0 and not self.findings:
             return
         found = self.report()
@@ -437,6 +471,108 @@ class Doctor:
                     "no findings" if not found else
                     f"{len(found)} finding(s), worst {worst.label}: "
                     + "; ".join(f"{f.code} {f.title}" for f in found[:5]))
+        if self.rank == 0 and self.summary is not None and self._show_summary:
+            try:
+                from ddpdoctor.render.run_summary import print_summary
+
+                print_summary(self.summary, found, self.json_path)
+            except Exception:  # a terminal we cannot write to: the JSON and the log line have it
+                log.debug("ddpdoctor: the summary was not printed", exc_info=True)
+
+    # -- at the end of the run: one exchange through the store, the whole run judged -------------
+    def _finish(self) -> None:
+        """The final check: this rank's last window (the steps since the last check) to rank 0 through the
+        job's store (callback/final_check.py), never a collective; rank 0 judges the last table and the whole
+        run's kept windows with the checks' own rules, names a rank that did not come, and makes the summary.
+        A rank whose row cannot be sent says what it knows alone (its sampler's epoch, its loss)."""
+        row = self._window_row(final=True)
+        for column in (self._step_ms, self._data_ms, self._between_ms, self._samples):
+            column.clear()
+        self._window_from = self._steps
+        collected: Optional[Collected] = None
+        sent = False
+        if self.distributed and self.world_size > 1 and self._store is not None:
+            exchange = FinalExchange(self._store, self.rank, self.world_size, self._instance, self.host)
+            try:
+                exchange.publish(pack(row, WINDOW_CAP))
+                sent = True
+                if self.rank == 0:
+                    collected = exchange.collect(final_wait_s(self._step_s), self._last_steps)
+            except Exception as exc:  # the store went away with its host: judged on what this rank knows
+                log.warning("ddpdoctor: rank %d could not trade its last window: %s: %s", self.rank,
+                            type(exc).__name__, exc)
+        if self.rank != 0:
+            if not sent:
+                self._judge_alone(row)
+            return
+        rows = {r: unpack(values) for r, values in (collected.rows if collected else {}).items()}
+        rows[self.rank] = row
+        if collected is None and self.world_size > 1:  # no exchange at all: this rank's own facts only
+            self._judge_alone(row)
+            rows = {self.rank: row}
+        windows = {r: r_row.to_window(*self._where_of(r)) for r, r_row in rows.items()}
+        self._job_s += slowest_window_s(rows)
+        self._fold(rows, windows)
+        found = self._data_at_end(windows, fresh=row.window_steps > 0) if len(rows) > 1 else []
+        found += memory_growth(self._run) + self._run_stragglers(windows)
+        missing = collected.missing if collected is not None else {}
+        if missing:
+            found.append(missing_finding(missing, sorted(rows), {r: w.host for r, w in windows.items()},
+                                         collected.waited_s if collected else 0.0))
+        self._take_new(found, may_raise=False)
+        if len(rows) > 1:
+            self._judge_losses(rows, windows, may_raise=False)
+        how = {r: m.how for r, m in missing.items()}
+        if collected is None and self.world_size > 1:
+            how = {r: "no exchange" for r in range(self.world_size) if r != self.rank}
+        self.summary = summary(self._ledger, self.report(), self.world_size, time.time() - self._started_at, how,
+                               collected.waited_s if collected else 0.0, self._job_s)
+
+    def _judge_alone(self, row: GatheredRow) -> None:
+        """What one rank knows without its peers: a sampler whose epoch never moved, its own first non-finite loss."""
+        window = row.to_window(self.host)
+        found = [f for f in data_findings({self.rank: window}) if f.code == "DOC003"]
+        first = row.loss_nonfinite_step
+        if first is not None:
+            said = loss_judge.finding({self.rank: first}, {self.rank: self.host}, at_step=self._steps)
+            found += [said] if said is not None else []
+        for finding in causal_order.ordered(found, keep_order=True):
+            self._emit(finding, may_raise=False)
+
+    def _data_at_end(self, windows: dict[int, RankWindow], fresh: bool) -> list[Finding]:
+        """The data rules on the last table. DOC001 needs the same batch at two checks in a row: the last check's,
+        and the end's where a step ran since (else it is the same batch, seen twice)."""
+        found = data_findings(windows)
+        same = fresh and any(f.code == "DOC001" for f in found)
+        if not (same and self._same_batch_checks >= 1):
+            found = [f for f in found if f.code != "DOC001"]
+        return found
+
+    def _run_stragglers(self, windows: dict[int, RankWindow]) -> list[Finding]:
+        """The `stragglers` probe's verdict on the whole run's kept windows (RunHistory), with the live rule's cost
+        bar; judged once they hold ONLINE_MIN_STEPS steps and stand for CONFIRM_S of the job. The scorer cuts them
+        into windows and asks a rank to be slow in most: a hiccup of one stretch is not a straggler, and more
+        steps only make its windows longer."""
+        from ddpdoctor.probes.base import RunView
+        from ddpdoctor.probes.stragglers.scores import diagnose_stragglers
+
+        facts = self._run.facts()
+        if len(facts) < 2 or self._run.steps() < ONLINE_MIN_STEPS or sum(self._run.job_s) < CONFIRM_S:
+            return []
+        run = RunView(world_size=self.world_size, hosts={r: w.host for r, w in windows.items()})
+        judged = [f for f in diagnose_stragglers(facts, run) if worth_naming_online(f)]
+        for f in judged:
+            f.evidence["judged_at_end"] = {"steps_per_rank": self._run.steps(), "windows": len(self._run.windows),
+                                           "job_s": round(sum(self._run.job_s), 2)}
+        return judged
+
+    def _fold(self, rows: dict[int, GatheredRow], windows: dict[int, RankWindow]) -> None:
+        """Rank 0 keeps the run: every table into the ledger, windows of more than one step into the run's."""
+        if self.rank != 0 or not rows:
+            return
+        self._ledger.add(rows, {r: w.host for r, w in windows.items()})
+        if min(len(w.step_ms) for w in windows.values()) > 1:
+            self._run.add(windows, slowest_window_s(rows))
 
     # -- at the checks: one collective ---------------------------------------------------
     def _check(self) -> None:
@@ -453,11 +589,13 @@ class Doctor:
         self._window_began = time.perf_counter()
         gathered = self._gather.exchange(pack(row, WINDOW_CAP))
         rows = self._rows(gathered) if gathered is not None else {}  # None: a GPU's first check, read at the next
-        self._next_check = next_check(self._steps, self.every, self.check_every_s,
-                                      slowest_step_s((r.window_steps, r.window_s) for r in rows.values()))
-        self._detail_from = max(self._steps, self._next_check - WINDOW_CAP)
+        step_s = slowest_step_s((r.window_steps, r.window_s) for r in rows.values())
+        self._next_check = next_check(self._steps, self.every, self.check_every_s, step_s)
+        self._step_s = step_s if step_s is not None else self._step_s
+        self._last_steps = {r: row.steps_done for r, row in rows.items()} or self._last_steps
         windows = {r: row.to_window(*self._where_of(r)) for r, row in rows.items()}
         self._job_s += slowest_window_s(rows)
+        self._fold(rows, windows)
         if rows:
             self._judge_rows(windows)
             self._judge_losses(rows, windows)
@@ -535,11 +673,13 @@ class Doctor:
             rows = self._rows(gathered)
             windows = {r: row.to_window(*self._where_of(r)) for r, row in rows.items()}
             self._job_s += slowest_window_s(rows)
+            self._fold(rows, windows)
             self._judge_rows(windows, may_raise=False)
             self._judge_losses(rows, windows, may_raise=False)
 
-    def _window_row(self) -> GatheredRow:
-        """This rank's window (its last WINDOW_CAP steps) and its local facts, as one row of the gather."""
+    def _window_row(self, final: bool = False) -> GatheredRow:
+        """This rank's window (its last WINDOW_CAP steps) and its local facts, as one row of the gather.
+        `final`: the end of the run's, whose batch is fingerprinted now (a GPU's too: off the step path)."""
         steps = list(self._step_ms)
         data = list(self._data_ms)[-len(steps):] if steps else []
         between = list(self._between_ms)[-len(steps):] if steps else []
@@ -550,7 +690,7 @@ class Doctor:
         # the windows' low quantiles compare like with like. Step minus the mean would make a quick
         # step's work negative, and the straggler's score with it (seen: -500% for a rank 4x slower).
         share = min(1.0, wait_ms / (sum(steps) / len(steps))) if steps and sum(steps) > 0 else 0.0
-        loader_len, stale, peak, fingerprint = self._local_facts()
+        loader_len, stale, peak, fingerprint = self._local_facts(final)
         window_s = time.perf_counter() - self._window_began
         return GatheredRow(rank=self.rank, steps_done=self._steps, loader_len_batches=loader_len,
                            stale_epoch=stale, peak_mem_bytes=peak, batch_fingerprint=fingerprint,
@@ -558,7 +698,7 @@ class Doctor:
                            window_steps=self._steps - self._window_from, window_s=window_s,
                            digest_ms=self._replicas.digest_ms, fingerprint_ms=self._replicas.fingerprint_ms,
                            buffers_step=self._buffers.stash_step, buffers_count=self._buffers.stash_count,
-                           loss_nonfinite_step=safely(lambda: self._loss.take(self._steps)),
+                           loss_nonfinite_step=safely(lambda: self._loss_first(final)),
                            replicas_off=self._replicas.done and self._replicas.failed,
                            reducer_iteration=self._wait.iteration if self._wait is not None else -1,
                            # A framework's wait between steps joins the step as waiting (zero in a plain loop).
@@ -581,11 +721,17 @@ class Doctor:
         if may_raise and self.raise_on_finding and any(f.severity >= Severity.WARN for f in new):
             raise FindingRaised(f"{new[0].code}: {new[0].title}")
 
-    def _local_facts(self) -> tuple[Optional[int], bool, Optional[int], Optional[int]]:
+    def _loss_first(self, final: bool) -> Optional[int]:
+        """The first non-finite loss step known; at the end a GPU's last scan is launched and read at once."""
+        first = self._loss.take(self._steps)
+        return self._loss.take(self._steps) if final and first is None else first
+
+    def _local_facts(self, final: bool = False) -> tuple[Optional[int], bool, Optional[int], Optional[int]]:
         """Loader length, stale epoch, peak memory, batch fingerprint: unknown where a reading fails,
         because a rank that raised here would never join the gather its peers wait in."""
+        fingerprint = self._print.take_now if final else self._print.take
         return (safely(self._known_loader_len), bool(safely(self._stale_epoch)),
-                safely(lambda: int(self._peak_mem())), safely(lambda: self._print.take(self._batch)))
+                safely(lambda: int(self._peak_mem())), safely(lambda: fingerprint(self._batch)))
 
     def _known_loader_len(self) -> Optional[int]:
         length = self._loader_len()
@@ -740,7 +886,8 @@ class Doctor:
         path = json_path if self.rank == 0 else f"{json_path}.rank{self.rank}"
         try:
             atomic_write_json({"rank": self.rank, "world_size": self.world_size, "steps": self._steps,
-                               "findings": [f.to_json() for f in self.report()]}, path)
+                               "findings": [f.to_json() for f in self.report()]}
+                              | ({"summary": self.summary} if self.summary is not None else {}), path)
         except OSError as exc:
             log.error("ddpdoctor: cannot write %s: %s", path, exc)
 
@@ -788,3 +935,49 @@ def _check_objects(model: Any, optimizer: Any) -> None:
         raise ValueError(f"model must be a torch.nn.Module (the DDP-wrapped model), not {type(model).__name__}")
     if optimizer is not None and not isinstance(getattr(optimizer, "param_groups", None), list):
         raise ValueError(f"optimizer must be a torch.optim.Optimizer (or None), not {type(optimizer).__name__}")
+
+
+def missing_finding(missing: dict[int, Any], arrived: list[int], hosts: dict[int, str], waited_s: float) -> Finding:
+    """DOC021: ranks whose last window never reached rank 0 at the end of the run, each with its fate."""
+    ranks = sorted(missing)
+    fates = {r: missing[r].how for r in ranks}
+    words = {"dead": "its process is gone", "frozen": "its process is stopped (SIGSTOP, a debugger)",
+             "silent": f"it did not answer within {waited_s:.1f} s"}
+    first = missing[ranks[0]]
+    where = f" on {first.host}" if first.host else ""
+    after = f" (last seen at the check of step {first.last_step})" if first.last_step is not None else ""
+    more = f" (and {len(ranks) - 1} more: {', '.join(f'{r} {fates[r]}' for r in ranks[1:])})" if len(ranks) > 1 else ""
+    severity = Severity.CRITICAL if any(how != "silent" for how in fates.values()) else Severity.WARN
+    return codes.finding(
+        "DOC021", "callback",
+        f"Rank {ranks[0]}{where} did not reach the end of the run with its peers{after}: "
+        f"{words.get(first.how, first.how)}{more}",
+        severity=severity, ranks=tuple(ranks), nodes=tuple(sorted({m.host for m in missing.values() if m.host})),
+        evidence={"fate_by_rank": fates, "pid_by_rank": {r: missing[r].pid for r in ranks},
+                  "last_check_step_by_rank": {r: missing[r].last_step for r in ranks},
+                  "arrived_ranks": arrived, "waited_ms": round(1e3 * waited_s, 1),
+                  "arrived_nodes": sorted({hosts[r] for r in arrived if r in hosts})})
+
+
+def _close_before_destroy() -> None:
+    """`dist.destroy_process_group()` closes the open Doctors first (once installed, for the process): scripts
+    call it and never close the Doctor, and a close at interpreter exit would find no process group to flush
+    a GPU's last gather through. Only the default group's destruction ends the run; a subgroup's does not."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    original = distributed_c10d.destroy_process_group
+    if getattr(original, "_ddpdoctor", False):
+        return
+
+    @functools.wraps(original)
+    def destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if group is None or group is getattr(distributed_c10d.GroupMember, "WORLD", None):
+            for doctor in list(_OPEN):
+                doctor.close()
+        return original(group, *args, **kwargs)
+
+    setattr(destroy_process_group, "_ddpdoctor", True)
+    distributed_c10d.destroy_process_group = destroy_process_group
+    if getattr(dist, "destroy_process_group", None) is original:
+        dist.destroy_process_group = destroy_process_group

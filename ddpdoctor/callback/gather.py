@@ -117,6 +117,14 @@ class BatchPrint:
             return None  # not complete: unknown this check rather than a wait
         return _digest(previous[0])
 
+    def take_now(self, batch: Any) -> Optional[int]:
+        """This batch's fingerprint, read now wherever it lives: at the end of the run, off the step path, where a
+        GPU's copy may be waited for."""
+        from ddpdoctor.callback.user_objects import tensors
+
+        found = tensors(batch)[:FINGERPRINT_TENSORS] if batch is not None else []
+        return _digest([_sample(t) for t in found]) if found else None
+
     def _start(self, found: list[torch.Tensor]) -> None:
         import torch
 

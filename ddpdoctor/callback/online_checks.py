@@ -82,6 +82,37 @@ class History:
         return merged
 
 
+@dataclass
+class RunHistory(History):
+    """The whole run's windows, for the end-of-run verdict: bounded by steps, not by the run's length.
+
+    Once the kept windows hold more than `max_steps` steps on a rank, every second one is dropped
+    (the first and the last kept): what stays is spread evenly over the run, whatever its length,
+    so the stragglers' scorer (which cuts its steps into windows and asks a rank to be slow in most)
+    sees whether the same rank is behind early, midway and late. `job_s`: per kept window, the job's
+    time it stood for (the slowest rank's wall time since the check before), so the verdict knows how
+    much of the job its evidence spans."""
+
+    keep: int = 0  # unused: the cap is max_steps
+    max_steps: int = 1024
+    job_s: list[float] = field(default_factory=list)
+
+    def add(self, rows: dict[int, RankWindow], job_s: float = 0.0) -> None:
+        self.windows.append(rows)
+        self.job_s.append(job_s)
+        while len(self.windows) > 2 and max(sum(len(w[r].step_ms) for w in self.windows if r in w)
+                                            for r in self.windows[-1]) > self.max_steps:
+            last = len(self.windows) - 1
+            kept = [i for i in range(len(self.windows)) if i % 2 == 0 or i == last]
+            self.windows = [self.windows[i] for i in kept]
+            self.job_s = [self.job_s[i] for i in kept]
+
+    def steps(self) -> int:
+        """The fewest steps any rank has in the kept windows."""
+        ranks = set().union(*self.windows) if self.windows else set()
+        return min((sum(len(w[r].step_ms) for w in self.windows if r in w) for r in ranks), default=0)
+
+
 def merge_contention(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """Two windows' readings as one: shares weighted by wall time. A co-runner's share too, counted 0
     in a window it was not seen in: a neighbour is judged by what it took over the whole span, not

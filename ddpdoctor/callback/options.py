@@ -50,6 +50,9 @@ class DoctorOptions:
     """Called on rank 0 with each check's numbers (a dict)."""
     tensorboard: Any = None
     """A SummaryWriter, or a log folder to make one in, for each check's numbers."""
+    summary: bool = True
+    """At the end of the run, rank 0 prints the run summary (verdict, per-rank step time and its parts) to stderr;
+    False keeps it in the JSON and the log line only."""
 
     def __post_init__(self) -> None:
         _whole("every", self.every, minimum=1)
@@ -61,6 +64,7 @@ class DoctorOptions:
         _callable("on_metrics", self.on_metrics)
         _flag("raise_on_finding", self.raise_on_finding)
         _flag("measure_comm", self.measure_comm)
+        _flag("summary", self.summary)
         if self.on_hang not in ON_HANG:
             raise ValueError(f"on_hang must be 'report' or 'exit', not {self.on_hang!r}")
         if self.batch_size is not None:

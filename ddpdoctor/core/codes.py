@@ -291,6 +291,15 @@ _ENTRIES = (
                "loss from its logs."),
           fix=("Let the model compute the loss (pass labels), or train with a custom loop and give Doctor the loss "
                "(`step.loss = loss`); set logging_nan_inf_filter=False to see non-finite losses in the logs.")),
+    _code("DOC021", frozenset({Severity.WARN, Severity.CRITICAL}), "callback",
+          severity_rule="CRITICAL when a missing rank's process is known gone or stopped, WARN when it only did not answer",
+          why=("At the end of the run every rank sends its last window to rank 0 through the job's store; this rank's "
+               "never came within the wait (a few seconds). Its process died (an out-of-memory kill, a crash after "
+               "its last step), is stopped, is still busy in code its peers do not run, or cannot reach the store. "
+               "The ranks that arrived ended normally; what the named rank did last is in its own output."),
+          fix=("Look at the named rank's own log and exit status (torchrun prints each worker's), `dmesg` for an "
+               "out-of-memory kill on its node, and whether it runs extra work after training (evaluation, a "
+               "checkpoint) that the others do not: close the Doctor after that work on every rank.")),
     _code("GPU000", frozenset({Severity.OK, Severity.INFO}), "gpu-count",
           severity_rule='OK when every rank sees its GPU, INFO when the check ran without GPUs'),
     _code("GPU001", _CRITICAL, "gpu-count",

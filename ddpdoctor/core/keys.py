@@ -131,6 +131,12 @@ def callback_left(rank: int) -> str:
     return f"ddpdoctor/left/{rank}"
 
 
+def callback_final(instance: int, rank: int) -> str:
+    """`Doctor`: this rank's last window at the end of the run (callback/final_check.py), JSON floats; `instance`
+    counts the Doctors this process made (a second fit has keys of its own)."""
+    return f"ddpdoctor/final/{instance}/{rank}"
+
+
 def callback_hang(episode: int, rank: int) -> str:
     """`Doctor`: this rank's record of the hang (callback/hang.py's RankRecord, JSON)."""
     return f"ddpdoctor/hang/{episode}/{rank}"

@@ -1,0 +1,100 @@
+"""The end-of-run summary on rank 0's stderr: one screen, the verdict first, the figures as its evidence.
+
+Rendering decides nothing: the summary dict (callback/run_summary.py, as in the JSON) and the findings
+(already in causal order) say it all; this only lays them out. At most SHOWN_RANKS rows of ranks: the ranks
+the findings name, the slowest and the fastest; the JSON has every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+from ddpdoctor.render.console import _STYLE, make_console
+
+SHOWN_RANKS = 8
+
+
+def _ms(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def _pct(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def shown_ranks(ranks: Sequence[Mapping[str, Any]], named: set[int]) -> list[Mapping[str, Any]]:
+    """The rows worth a line: named ranks, missing ones, then the slowest and fastest by median step."""
+    if len(ranks) <= SHOWN_RANKS:
+        return list(ranks)
+    timed = sorted((r for r in ranks if r.get("step_ms_median") is not None), key=lambda r: -r["step_ms_median"])
+    first = [r for r in ranks if r["rank"] in named or not r.get("arrived", True)]
+    order = first + [r for pair in zip(timed, reversed(timed)) for r in pair]
+    picked: dict[int, Mapping[str, Any]] = {}
+    for r in order:
+        if len(picked) >= SHOWN_RANKS:
+            break
+        picked.setdefault(r["rank"], r)
+    return sorted(picked.values(), key=lambda r: r["rank"])
+
+
+def job_line(s: Mapping[str, Any]) -> str:
+    nodes = {r["node"] for r in s["ranks"] if r.get("node")}
+    parts = [f"{s['world_size']} rank{'s' if s['world_size'] != 1 else ''} on {len(nodes) or 1} "
+             f"node{'s' if len(nodes) > 1 else ''}", f"{s['steps']} steps in {s['wall_s']:.1f} s"]
+    if s.get("step_ms_median") is not None:
+        parts.append(f"step {_ms(s['step_ms_median'])} ms (median)")
+    if s.get("samples_per_s") is not None:
+        parts.append(f"{s['samples_per_s']:.0f} samples/s")
+    lost = s.get("lost_to_slowest")
+    if lost and lost.get("share_pct") is not None and lost.get("straggler"):
+        parts.append(f"the straggler, rank {lost['rank']}, costs {lost['share_pct']:.0f}% of each step "
+                     f"({lost['seconds']:.1f} s in all)")
+    elif lost and lost.get("share_pct") is not None:
+        parts.append(f"slowest rank {lost['rank']}: {lost['share_pct']:.0f}% of a step over the median rank "
+                     "(no straggler)")
+    return ", ".join(parts)
+
+
+def print_summary(s: Mapping[str, Any], findings: Sequence[Finding], json_path: Optional[str] = None) -> None:
+    console = make_console(stderr=True)
+    severity = Severity[s["severity"].upper()] if s["severity"].upper() in Severity.__members__ else Severity.OK
+    head = Text("ddpdoctor end of run: ", style="bold")
+    head.append(s["verdict"], style=_STYLE[severity])
+    console.print(head)
+    console.print(Text(job_line(s), style="dim"))
+    named = {r for f in findings if f.severity >= Severity.WARN for r in f.ranks}
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for col in ("rank", "node", "steps", "step ms p50", "p90", "data", "compute", "wait", "samples/s"):
+        table.add_column(col, justify="left" if col in ("rank", "node") else "right")
+    for r in shown_ranks(s["ranks"], named):
+        style = "bold yellow" if r["rank"] in named else ""
+        if not r.get("arrived", True):
+            table.add_row(Text(str(r["rank"]), style="bold red"), r.get("node") or "-", str(r["steps"]),
+                          Text(f"missing at the end: {r.get('missing')}", style="bold red"), "", "", "", "", "")
+            continue
+        rate = r.get("samples_per_s")
+        table.add_row(Text(str(r["rank"]), style=style), r.get("node") or "-", str(r["steps"]),
+                      _ms(r.get("step_ms_median")), _ms(r.get("step_ms_p90")), _pct(r.get("data_pct")),
+                      _pct(r.get("compute_pct")), _pct(r.get("wait_pct")), "-" if rate is None else f"{rate:.0f}")
+    console.print(table)
+    if len(s["ranks"]) > SHOWN_RANKS:
+        console.print(Text(f"  ({len(s['ranks']) - SHOWN_RANKS} more ranks in the JSON)", style="dim"))
+    for f in findings[:6]:
+        line = Text(f"  {f.severity.label:8s} ", style=_STYLE[f.severity])
+        line.append(f"{f.code}  {'└ ' if f.explained_by else ''}{f.title}")
+        if f.ranks:
+            line.append(f"  (rank{'s' if len(f.ranks) > 1 else ''} {rank_ranges(f.ranks)})", style="dim")
+        console.print(line)
+    if len(findings) > 6:
+        console.print(Text(f"  and {len(findings) - 6} more findings in the JSON", style="dim"))
+    top = next((f for f in findings if f.severity >= Severity.WARN), None)
+    if top is not None and top.fix:
+        console.print(Text(f"fix: {top.fix}", style="bold"))
+    if json_path:
+        console.print(Text(f"report: {json_path}", style="dim"))
