@@ -9,9 +9,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):  # `ddpdoctor.Doctor` without importing torch for the CLI
     if name in ("Doctor", "FindingRaised"):
-        from ddpdoctor.callback import doctor
-
-        return getattr(doctor, name)
+        return getattr(_doctor_module(), name)
     if name in ("adapters", "api"):
         import importlib
 
@@ -21,3 +19,13 @@ def __getattr__(name: str):  # `ddpdoctor.Doctor` without importing torch for th
 
         return watch
     raise AttributeError(f"module 'ddpdoctor' has no attribute {name!r}")
+
+
+def _doctor_module():
+    """callback/doctor.py, with the run summary's screen (render/, a room above it) plugged in."""
+    from ddpdoctor.callback import doctor
+    from ddpdoctor.render.run_summary import print_summary
+
+    if doctor.SUMMARY_PRINTER is None:
+        doctor.SUMMARY_PRINTER = print_summary
+    return doctor

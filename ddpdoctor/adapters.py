@@ -21,12 +21,14 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import ddpdoctor
 from ddpdoctor.callback.doctor import Doctor
 from ddpdoctor.callback.loss_watch import loss_of
 from ddpdoctor.callback.model_tap import ModelTap, unseen_loss
 from ddpdoctor.callback.options import checked
 
 log = logging.getLogger("ddpdoctor")
+ddpdoctor._doctor_module()  # the run summary's screen at the end of every fit (render/run_summary.py)
 
 
 def _ddp_holding(model: Any) -> Any:

@@ -98,6 +98,9 @@ TUNE_STEP = 8
 # are the same on every rank (callback/final_check.py); and those not closed yet, for destroy_process_group.
 _MADE = itertools.count()
 _OPEN: "weakref.WeakSet[Doctor]" = weakref.WeakSet()
+# How rank 0 prints the run summary: set from above this room (`ddpdoctor.Doctor`, the adapters) to
+# render/run_summary.py's screen, since rendering sits above the callback; unset, the log line and JSON have it.
+SUMMARY_PRINTER: Optional[Callable[[dict[str, Any], list[Finding], Optional[str]], None]] = None
 
 
 class FindingRaised(RuntimeError):
@@ -471,11 +474,9 @@ class Doctor:
                     "no findings" if not found else
                     f"{len(found)} finding(s), worst {worst.label}: "
                     + "; ".join(f"{f.code} {f.title}" for f in found[:5]))
-        if self.rank == 0 and self.summary is not None and self._show_summary:
+        if self.rank == 0 and self.summary is not None and self._show_summary and SUMMARY_PRINTER is not None:
             try:
-                from ddpdoctor.render.run_summary import print_summary
-
-                print_summary(self.summary, found, self.json_path)
+                SUMMARY_PRINTER(self.summary, found, self.json_path)
             except Exception:  # a terminal we cannot write to: the JSON and the log line have it
                 log.debug("ddpdoctor: the summary was not printed", exc_info=True)
 

@@ -86,31 +86,39 @@ class History:
 class RunHistory(History):
     """The whole run's windows, for the end-of-run verdict: bounded by steps, not by the run's length.
 
-    Once the kept windows hold more than `max_steps` steps on a rank, every second one is dropped
-    (the first and the last kept): what stays is spread evenly over the run, whatever its length,
-    so the stragglers' scorer (which cuts its steps into windows and asks a rank to be slow in most)
-    sees whether the same rank is behind early, midway and late. `job_s`: per kept window, the job's
-    time it stood for (the slowest rank's wall time since the check before), so the verdict knows how
-    much of the job its evidence spans."""
+    The windows kept are every `stride`-th check's (and the latest check's), and the stride doubles
+    whenever they hold more than `max_steps` steps on a rank: what stays is spread evenly over the
+    run, whatever its length, so the stragglers' scorer (which cuts its steps into windows and asks a
+    rank to be slow in most) sees whether the same rank is behind early, midway and late. `job_s`:
+    per kept window, the job's time it stood for (the slowest rank's wall time since the check
+    before), so the verdict knows how much of the job its evidence spans."""
 
-    keep: int = 0  # unused: the cap is max_steps
+    keep: int = 0  # unused: the bound is max_steps
     max_steps: int = 1024
     job_s: list[float] = field(default_factory=list)
+    stride: int = 1
+    _index: list[int] = field(default_factory=list)  # each kept window's check number (1, 2, ...)
+    _added: int = 0
 
     def add(self, rows: dict[int, RankWindow], job_s: float = 0.0) -> None:
+        self._added += 1
+        if self._index and self._index[-1] % self.stride:  # the latest window was only kept as the latest
+            self.windows.pop(), self.job_s.pop(), self._index.pop()
         self.windows.append(rows)
         self.job_s.append(job_s)
-        while len(self.windows) > 2 and max(sum(len(w[r].step_ms) for w in self.windows if r in w)
-                                            for r in self.windows[-1]) > self.max_steps:
-            last = len(self.windows) - 1
-            kept = [i for i in range(len(self.windows)) if i % 2 == 0 or i == last]
+        self._index.append(self._added)
+        while len(self.windows) > 2 and self.steps(most=True) > self.max_steps:
+            self.stride *= 2
+            kept = [i for i, k in enumerate(self._index) if k % self.stride == 0 or i == len(self._index) - 1]
             self.windows = [self.windows[i] for i in kept]
             self.job_s = [self.job_s[i] for i in kept]
+            self._index = [self._index[i] for i in kept]
 
-    def steps(self) -> int:
-        """The fewest steps any rank has in the kept windows."""
+    def steps(self, most: bool = False) -> int:
+        """The fewest steps any rank has in the kept windows (`most`: the most)."""
         ranks = set().union(*self.windows) if self.windows else set()
-        return min((sum(len(w[r].step_ms) for w in self.windows if r in w) for r in ranks), default=0)
+        counts = [sum(len(w[r].step_ms) for w in self.windows if r in w) for r in ranks]
+        return (max if most else min)(counts, default=0)
 
 
 def merge_contention(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
