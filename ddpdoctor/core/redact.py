@@ -74,6 +74,8 @@ def _assignments(text: str) -> str:
         for match in pattern.finditer(text):
             if match.start() < done or not _SECRET_NAME.search(match.group(1)):
                 continue
+            if text.startswith(REDACTED, match.end()):  # already blanked: a URL's user named "key" (key:<redacted>@)
+                continue
             value = _VALUE.match(text, match.end())
             if value is None:
                 continue

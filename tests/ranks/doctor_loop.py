@@ -33,7 +33,8 @@ BATCHES = 8  # per rank and epoch
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--case", help="comma-separated: healthy, nosampler, noepoch, uneven, straggler, slowdata, hang")
+    parser.add_argument("--case", help="comma-separated: healthy, nosampler, noepoch, uneven, straggler, slowdata, hang, "
+                        "backward (rank 1 spins in its backward pass), die (rank 1 exits after the loop, never closing)")
     parser.add_argument("--json", required=True)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--every", type=int, default=20)
@@ -44,6 +45,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="the MASTER_PORT an mp.spawn job hard-codes")
     parser.add_argument("--hold", type=float, default=0.0, help="seconds to stay initialised after training")
     parser.add_argument("--facts", help="rank 0 writes the merged windows it judged last here (JSON), for fixtures")
+    parser.add_argument("--slow-ms", type=float, default=4.0, help="slowdata: rank 1's extra loading time a step")
+    parser.add_argument("--spin-ms", type=float, default=6.0, help="straggler, backward: rank 1's extra compute a step")
+    parser.add_argument("--floor-ms", type=float, default=0.0,
+                        help="every rank sleeps this long in each step: the run lasts steps x this on any host")
+    parser.add_argument("--end", choices=("close", "destroy"), default="close",
+                        help="destroy: the script never closes the Doctor, it only calls dist.destroy_process_group()")
     return parser.parse_args()
 
 
@@ -113,6 +120,11 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
     judged: list[dict] = []
     if args.facts and rank == 0:
         record_verdicts(doctor, judged)
+    if "backward" in cases and rank == 1:
+        # A compute straggler inside the backward pass (a hook on the first layer's weight gradient), where the
+        # gradient all-reduce's buckets are being launched: the spin is a floor on any host (it ends by the clock).
+        first = next(p for p in model.parameters() if p.dim() == 2)
+        first.register_hook(lambda grad: (spin(args.spin_ms / 1e3), grad)[1])
     loss_fn = nn.CrossEntropyLoss()
     step = 0
     for epoch in range(args.epochs):
@@ -122,25 +134,33 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
             if "uneven" in cases and step >= BATCHES - 3:
                 break  # stop before the short rank runs out (the real job would hang there)
             if "slowdata" in cases and rank == 1:
-                time.sleep(0.004)  # a loader that really takes longer on this rank, before the step
+                time.sleep(args.slow_ms / 1e3)  # a loader that really takes longer on this rank, before the step
             with doctor.step((x, y)):
                 if "straggler" in cases and rank == 1:
                     # A rank whose compute really takes longer. 6 ms, not 4: every step then lasts 6 ms or more on any
                     # host, so the callback's 2 s (judged from step 80) fall by step 434 of a 60-epoch run's 480.
-                    spin(0.006)
+                    spin(args.spin_ms / 1e3)
                 if "hang" in cases and rank == 1 and step == 12:
                     time.sleep(3600)  # stuck in its own code: the others wait in the collective
+                if args.floor_ms:
+                    time.sleep(args.floor_ms / 1e3)  # a sleep is never shorter: the run's length has a floor
                 loss = loss_fn(model(x), y)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
             step += 1
+    if "die" in cases and rank == 1:
+        os._exit(0)  # gone after its last step, before the end of the run: rank 0 names it (DOC021)
+    if args.end == "destroy":
+        dist.destroy_process_group()  # the end of the run is judged from here: the script never closes the Doctor
+        return
     doctor.close()
     if args.facts and rank == 0:
         with open(args.facts, "w") as f:
             json.dump(judged, f)
     time.sleep(args.hold)
-    dist.barrier()  # rank 0 hosts the store: nobody leaves while another still needs it
+    if "die" not in cases:  # rank 1 is gone: a barrier would fail on rank 0 ("Connection closed by peer")
+        dist.barrier()  # rank 0 hosts the store: nobody leaves while another still needs it
     # FSDP's state holds gloo work objects; released here, not at interpreter teardown, where a
     # spawned FSDP2 rank once aborted ("terminate called without an active exception") after the
     # whole run, its report included, was done.

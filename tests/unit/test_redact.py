@@ -177,3 +177,11 @@ def test_ordinary_messages_with_colons_are_kept():
 
     line = "rank 1 (vm) failed in stage train: RuntimeError: Connection closed by peer [127.0.0.1]:8107"
     assert redact_text(line) == line
+
+
+def test_a_url_user_with_a_secret_name_keeps_the_rest_of_the_url():
+    """Found by the property above (a user named "key"): the URL's password blanked, then "key:" read as an
+    assignment whose value ran to the end of the URL, host and path lost."""
+    for user in ("key", "token", "password"):
+        assert redact_value("NCCL_X", f"https://{user}:Q90000@a.example.com/x") == \
+            f"https://{user}:{REDACTED}@a.example.com/x"
