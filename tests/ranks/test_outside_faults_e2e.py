@@ -187,20 +187,28 @@ def test_ranks_that_time_share_the_cores_evenly_are_not_stragglers(tmp_path):
 
 # -- the callback -------------------------------------------------------------------------------
 
+FLOOR_MS = 4.0  # every step of the callback's loop sleeps this long: see _loop
+
 def _loop(tmp_path: Path, fault: str | None, epochs: int = 70) -> tuple[dict, list[tuple[int, str]]]:
     """tests/ranks/doctor_loop.py on 2 ranks pinned to a core each, `fault` made on rank 1 from outside.
 
-    70 epochs, about 560 steps of 7 ms and 28 checks: the callback judges a straggler from its 3rd check
-    with 64 steps and says it once the checks have named it for 2 s of the job (doctor.CONFIRM_S). With 14
-    epochs (about 100 steps) it had 2 or 3 checks to agree in, and the full suite once saw none name the
-    stopped rank (benchmarks/README.md: the outside rows at both); 28 (1.5 s) were enough before the 2 s."""
+    70 epochs, 560 steps of 7 ms here and 28 checks: the callback judges a straggler from its 3rd check
+    with 64 steps and says it once the checks have named it for 2 s of the job (doctor.CONFIRM_S), and the
+    end of the run judges the whole run once its windows stand for 2 s. Sized in steps alone, a host twice
+    as fast (the suite in 329 s) ended the loop before the live verdict's 2 s and said nothing of the stopped
+    rank (issue 53). With the stop bursts (preempt), every step now sleeps FLOOR_MS on every rank (a sleep is
+    never shorter, and a stopped process stays stopped whatever it was doing), so the run lasts 560 x 4 ms =
+    2.24 s at least on any host, and the end has its 2 s. Not with a busy neighbour or a quota: a rank asleep
+    half its step leaves its core to the neighbour (measured: the hog then went unnamed), and those faults
+    lengthen rank 1's steps 2-3x themselves."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "loop.json"
     tag = os.urandom(8).hex()
     procs = [subprocess.Popen(["taskset", "-c", str(r), sys.executable, str(LOOP), "--case", "healthy", "--json",
-                               str(out), "--epochs", str(epochs)],
+                               str(out), "--epochs", str(epochs),
+                               "--floor-ms", str(FLOOR_MS if fault == "preempt" else 0.0)],
                               env=_env(tag, {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
