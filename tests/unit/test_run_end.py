@@ -150,16 +150,16 @@ def test_the_summary_names_the_stragglers_cost_not_another_ranks_noise():
     assert healthy["severity"] == "ok" and healthy["code"] is None
 
 
-def test_the_summary_is_the_same_size_after_ten_checks_and_after_five_thousand():
+def test_the_summary_is_the_same_size_after_ten_checks_and_after_two_thousand():
     def run(checks: int) -> int:
         ledger = RunLedger()
         rng = torch.Generator().manual_seed(0)
         for k in range(checks):
             ledger.add({r: row(r, 128 * (k + 1), [float(v) for v in 5.0 + torch.rand(128, generator=rng)])
-                        for r in range(4)}, {r: "vm" for r in range(4)})
+                        for r in range(2)}, {r: "vm" for r in range(2)})
         assert all(len(led.hist) < 200 for led in ledger.ranks.values())
-        return len(json.dumps(summary(ledger, [], 4, 10.0, {3: "dead"}, 1.0, 9.0)))
-    short, long = run(10), run(5000)
+        return len(json.dumps(summary(ledger, [], 3, 10.0, {2: "dead"}, 1.0, 9.0)))
+    short, long = run(10), run(2000)
     assert abs(long - short) < 40, (short, long)  # digits of the counts only
 
 
@@ -242,3 +242,32 @@ def test_the_end_is_judged_once_and_a_closed_doctor_costs_nothing_more(world_of_
     doctor.close()
     dist.destroy_process_group()
     assert calls == [1]
+
+
+class _GoneStore:
+    """A job store whose host is gone: every call fails, as a TCPStore's does once rank 0 has exited."""
+
+    def set(self, key, value):
+        raise RuntimeError("Connection reset by peer")
+
+    check = get = set
+
+
+class _Sampler:
+    epoch, shuffle = 0, True
+
+
+def test_a_rank_that_cannot_send_its_last_window_says_what_it_knows_alone(world_of_one, tmp_path):
+    """The exchange is impossible (the store went with rank 0): this rank still names its own stale sampler
+    (DOC003) and its own first non-finite loss (DOC018), in its own report."""
+    path = tmp_path / "r.json"
+    loader = [torch.zeros(8, 4)] * 4  # four batches an epoch, a sampler whose epoch never moves
+    doctor = ddpdoctor.Doctor(nn.Linear(4, 2), loader=loader, sampler=_Sampler(), json_path=str(path), summary=False)
+    for step in range(10):
+        with doctor.step(loader[0]) as s:
+            s.loss = torch.tensor(float("nan") if step == 6 else 1.0)
+    doctor.distributed, doctor.world_size, doctor.rank, doctor._store = True, 2, 1, _GoneStore()
+    doctor.close()
+    found = {f["code"]: f for f in json.loads(path.with_name("r.json.rank1").read_text())["findings"]}
+    assert found["DOC003"]["ranks"] == [1] and found["DOC018"]["ranks"] == [1], found
+    assert "step 7" in found["DOC018"]["title"]
