@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 from ddpdoctor.core import codes
@@ -82,6 +82,14 @@ class History:
         return merged
 
 
+# The run's kept windows hold at most this many step values over all ranks (steps x ranks), so that judging them
+# at the end of a large job stays within a fifth of a second (benchmarks/end_of_run_cost.py: 256 ranks).
+RUN_VALUES = 2**16
+RUN_MAX_STEPS = 1024  # a rank's steps kept, at most (small jobs)
+RUN_MIN_STEPS = 128  # and at least (the largest): ONLINE_MIN_STEPS twice
+RUN_WINDOWS = 8  # windows the bound keeps at least: a window keeps every k-th step beyond max_steps / RUN_WINDOWS
+
+
 @dataclass
 class RunHistory(History):
     """The whole run's windows, for the end-of-run verdict: bounded by steps, not by the run's length.
@@ -89,18 +97,25 @@ class RunHistory(History):
     The windows kept are every `stride`-th check's (and the latest check's), and the stride doubles
     whenever they hold more than `max_steps` steps on a rank: what stays is spread evenly over the
     run, whatever its length, so the stragglers' scorer (which cuts its steps into windows and asks a
-    rank to be slow in most) sees whether the same rank is behind early, midway and late. `job_s`:
-    per kept window, the job's time it stood for (the slowest rank's wall time since the check
-    before), so the verdict knows how much of the job its evidence spans."""
+    rank to be slow in most) sees whether the same rank is behind early, midway and late. In a large
+    job `max_steps` shrinks with the ranks (RUN_VALUES), and each window keeps every k-th of its steps
+    so that RUN_WINDOWS of them still fit: a window's low quantile, which the scorer reads, is the
+    same on a regular sample of its steps. `job_s`: per kept window, the job's time it stood for (the
+    slowest rank's wall time since the check before), so the verdict knows how much of the job its
+    evidence spans."""
 
     keep: int = 0  # unused: the bound is max_steps
-    max_steps: int = 1024
+    max_steps: int = 0  # 0: from the ranks of the first window (RUN_VALUES)
     job_s: list[float] = field(default_factory=list)
     stride: int = 1
     _index: list[int] = field(default_factory=list)  # each kept window's check number (1, 2, ...)
     _added: int = 0
 
     def add(self, rows: dict[int, RankWindow], job_s: float = 0.0) -> None:
+        if not self.max_steps:
+            self.max_steps = max(RUN_MIN_STEPS, min(RUN_MAX_STEPS, RUN_VALUES // max(1, len(rows))))
+        per_window = max(1, self.max_steps // RUN_WINDOWS)
+        rows = {r: _every_kth(w, per_window) for r, w in rows.items()}
         self._added += 1
         if self._index and self._index[-1] % self.stride:  # the latest window was only kept as the latest
             self.windows.pop(), self.job_s.pop(), self._index.pop()
@@ -119,6 +134,14 @@ class RunHistory(History):
         ranks = set().union(*self.windows) if self.windows else set()
         counts = [sum(len(w[r].step_ms) for w in self.windows if r in w) for r in ranks]
         return (max if most else min)(counts, default=0)
+
+
+def _every_kth(w: RankWindow, most: int) -> RankWindow:
+    """The window with every k-th step of its columns, so that it holds `most` steps at most."""
+    k = -(-len(w.step_ms) // most)
+    if k <= 1:
+        return w
+    return replace(w, step_ms=w.step_ms[::k], data_ms=w.data_ms[::k], wait_ms=w.wait_ms[::k], samples=w.samples[::k])
 
 
 def merge_contention(a: Optional[dict[str, Any]], b: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:

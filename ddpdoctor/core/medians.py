@@ -24,3 +24,24 @@ def median(values: Sequence[float]) -> float:
     if n % 2:
         return float(ordered[half])
     return float((ordered[half - 1] + ordered[half]) / 2)
+
+
+def median_without(ordered: Sequence[float], value: float) -> float:
+    """`median` of the sorted values `ordered` with one copy of `value` taken out (it must be among them): the
+    same float as sorting the rest again, without the sort. NaN when nothing is left."""
+    import bisect
+
+    at = bisect.bisect_left(ordered, value)
+    if at >= len(ordered) or ordered[at] != value:
+        raise ValueError(f"{value!r} is not among the values")
+    n = len(ordered) - 1
+    if n == 0:
+        return float("nan")
+
+    def rest(i: int) -> float:
+        return ordered[i] if i < at else ordered[i + 1]
+
+    half = n // 2
+    if n % 2:
+        return float(rest(half))
+    return float((rest(half - 1) + rest(half)) / 2)

@@ -3,12 +3,19 @@ history store, with node-c made really slower from the 10th run on by a fault fr
 
 The nodes are DDPDOCTOR_NODE_NAME=node-a/b/c (one CPU gloo rank each, `--probes homogeneity`: the
 quickest set that measures compute speed). node-c's launcher and rank run under `taskset` on one
-CPU; from the 10th run on, a process pinned (sched_setaffinity) to that CPU takes it in bursts of
-half a millisecond, half the time, at real-time priority (SCHED_FIFO: each burst preempts the rank
-at once), as an interrupt storm or a hypervisor stealing cycles would. A hog that simply spins
-would not do: the probe times each ~1 ms matmul and takes the median, so a time-shared core still
+CPU; from the 10th run on, a process pinned (sched_setaffinity) to that CPU takes it in short bursts,
+half the time or more, at real-time priority (SCHED_FIFO: each burst preempts the rank at once), as
+an interrupt storm or a hypervisor stealing cycles would. A hog that simply spins would not do: the
+probe times each 384x384 matmul (~1 ms here) and takes the median, so a time-shared core still
 measures full speed between the scheduler's slices (measured: 110 GFLOP/s with two spinning hogs
 on the core); bursts shorter than one matmul slow every one of them (measured: 113 -> 55 GFLOP/s).
+The fault is sized by what every host keeps, not by this one's speed: the hog sleeps at least
+OFF_S (a sleep is never shorter) and then spins for as long as it really slept, so the rank gets
+at most half the CPU however late the sleep ends; and OFF_S is a tenth of a millisecond, so
+a burst and a gap together stay shorter than one matmul on a host several times faster than this
+one. (Half a millisecond each way, as before, let a matmul of a host twice as fast, ~0.5 ms, run
+whole in a gap that an overslept sleep lengthened: x0.61-0.72 measured for such a matmul here,
+x0.607 on such a host, against the 0.6 line; now x0.29-0.47 for matmuls of 0.3-2.2 ms.)
 At normal priority the bursts are late whenever the other CPU is busy, and the fault fades (12%
 of the CPU instead of 50%, no slowdown seen). The test asserts that no row is lost and that
 the raw speeds show node-c's slowdown against its own past by far more than the other nodes'
@@ -42,7 +49,7 @@ from ddpdoctor.history.store import read_history
 
 FAULT_ROUND = 3  # rounds 0-2: node-c healthy (3 runs); rounds 3-6: slowed (4 runs)
 ROUNDS = [["node-a", "node-b", "node-c"]] + [["node-c", "node-a", "node-b"]] * 5 + [["node-c", "node-a"]]
-BURST_S = 0.0005  # the fault: busy this long, then asleep this long
+OFF_S = 0.0001  # the fault: asleep at least this long, then busy for as long as it really slept
 
 
 def _may_use_fifo() -> bool:
@@ -75,10 +82,12 @@ def _wait_spawned(proc: subprocess.Popen, deadline_s: float = 60.0) -> None:
 
 
 def _hog(cpu: int) -> subprocess.Popen:
+    """Half of `cpu` or more, in bursts at real-time priority: each burst as long as the sleep before it
+    really lasted (OFF_S or longer), so a late wake-up lengthens the burst too and never the rank's share."""
     code = (f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\n"
-            "os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))\nwhile True:\n"
-            f"    end = time.perf_counter() + {BURST_S}\n    while time.perf_counter() < end:\n        pass\n"
-            f"    time.sleep({BURST_S})\n")
+            "os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))\nclock = time.perf_counter\nwhile True:\n"
+            f"    slept = clock()\n    time.sleep({OFF_S})\n    now = clock()\n    end = now + (now - slept)\n"
+            "    while clock() < end:\n        pass\n")
     return subprocess.Popen([sys.executable, "-c", code])
 
 
