@@ -29,6 +29,9 @@ SLOW_LINK_RATIO = {"cuda": 0.8, "cpu": 0.5}
 # Nodes (their own ranks, BW004; pairs of nodes, BW005) on CPU ranks get wider still: on namespace
 # nodes sharing 2 busy cores (load 4-9) healthy node pairs and nodes came down to 0.46 of the fastest
 # (benchmarks/README.md), while a node throttled to 1 Gbit/s sits near 0.1 and to 200 Mbit/s near 0.02.
+# Across nodes the ring pairs are held to it too (pair_ratio): with 2 ranks a node, a pair inside a node
+# is the very all-reduce BW004 times (the node's ranks among themselves, every node's at once), and at
+# 0.5 a healthy one was named BW003 beside the right BW005, twice, on a host twice as fast as ours.
 NODE_RATIO = {"cuda": 0.8, "cpu": 0.3}
 # Below this share of what a node pair should carry with nothing to compare it with (its slower
 # NIC's declared rate; on CPU ranks also what the nodes' own ranks reach among themselves), a node
@@ -98,13 +101,21 @@ def below_fastest(pair_bw: Mapping[K, float], ratio: float) -> list[K]:
     return sorted((p for p, v in pair_bw.items() if v < ratio * best), key=lambda p: (pair_bw[p], p))
 
 
+def pair_ratio(kind: str, hosts: Sequence[str] = ()) -> float:
+    """The share of the fastest pair of its kind below which a ring pair is slow: SLOW_LINK_RATIO on
+    one node; with `hosts` (the ranks span nodes) NODE_RATIO, the line each node's own ranks and the
+    node pairs are held to, since a pair inside a node is timed as they are (every node's at once,
+    on CPU ranks on cores the nodes may share) and must not be named where its node would not be."""
+    return NODE_RATIO[kind] if hosts else SLOW_LINK_RATIO[kind]
+
+
 def slow_pairs(pair_bw: Mapping[Pair, float], kind: str, hosts: Sequence[str] = ()) -> list[Pair]:
-    """The ring pairs below SLOW_LINK_RATIO of the fastest pair of their kind, slowest first.
+    """The ring pairs below `pair_ratio` of the fastest pair of their kind, slowest first.
 
     With `hosts` (every rank's node) the pairs inside a node are judged among themselves and the
     pairs across nodes among themselves; without, all pairs are one kind.
     """
-    ratio = SLOW_LINK_RATIO[kind]
+    ratio = pair_ratio(kind, hosts)
     if not hosts:
         return below_fastest(pair_bw, ratio)
     inside = {p: v for p, v in pair_bw.items() if not crosses_nodes(p, hosts)}

@@ -23,8 +23,8 @@ from ddpdoctor.measure.collectives import (
 from ddpdoctor.probes.allreduce.by_model import expected_from_model
 from ddpdoctor.probes.allreduce.facts import AllReduceFacts, NodeTimings, PairTimings, SizeTiming
 from ddpdoctor.probes.allreduce.localise import (
-    FAR_BELOW, NODE_RATIO, SLOW_LINK_RATIO, NodePair, NodeVerdict, Pair, blamed_pairs, crosses_nodes, device_kind,
-    intra_node_busbw, judge_nodes, leader_pair_busbw, node_pair_busbw, pairs_to_retime, ring_pair_busbw, slow_hosts)
+    FAR_BELOW, NODE_RATIO, NodePair, NodeVerdict, Pair, blamed_pairs, crosses_nodes, device_kind, intra_node_busbw,
+    judge_nodes, leader_pair_busbw, node_pair_busbw, pair_ratio, pairs_to_retime, ring_pair_busbw, slow_hosts)
 from ddpdoctor.probes.base import RunView
 
 if TYPE_CHECKING:
@@ -468,7 +468,7 @@ def _slow_link(facts: Mapping[int, AllReduceFacts], run: RunView) -> list[Findin
         ranks=suspects, nodes=run.nodes_of(suspects),
         evidence={"pair_busbw_gbps": {f"{a}-{b}": round(v, 3) for (a, b), v in sorted(pair_bw.items())},
                   "slow_pairs": [f"{a}-{b}" for a, b in slow], "size": _fmt_bytes(int(size)),
-                  "threshold": f"below {SLOW_LINK_RATIO[kind]:.0%} of the fastest pair"
+                  "threshold": f"below {pair_ratio(kind, hosts):.0%} of the fastest pair"
                                + (" inside a node" if hosts else "")})]
 
 

@@ -140,6 +140,9 @@ def skip_without_tc(netem: bool = False) -> pytest.MarkDecorator:
     return pytest.mark.skipif(reason is not None, reason=reason or "")
 
 
+TBF_BURST_BYTES = 64 * 1024  # slow_link's token bucket ("burst 64kb": tc's kb is 1024 bytes)
+
+
 def slow_link(hub: Node, node: Node, rate_mbit: Optional[float] = None, delay_ms: Optional[float] = None,
               loss_pct: Optional[float] = None) -> None:
     """Slow one node's link to the others, both ways, as a bad cable, port or NIC would: the
@@ -152,7 +155,7 @@ def slow_link(hub: Node, node: Node, rate_mbit: Optional[float] = None, delay_ms
     if delay_ms is None and loss_pct is None:
         if rate_mbit is None:
             raise ValueError("give a rate, a delay or a loss")
-        qdisc = ["tbf", "rate", f"{rate_mbit}mbit", "burst", "64kb", "latency", "100ms"]
+        qdisc = ["tbf", "rate", f"{rate_mbit}mbit", "burst", f"{TBF_BURST_BYTES // 1024}kb", "latency", "100ms"]
     else:
         qdisc = ["netem", *(["delay", f"{delay_ms}ms"] if delay_ms is not None else []),
                  *(["loss", f"{loss_pct}%"] if loss_pct is not None else []),
@@ -308,6 +311,22 @@ SLOW_CODES = ("BW003", "BW004", "BW005")
 CASES: dict[str, Optional[dict[str, float]]] = {
     "tbf": {"rate_mbit": 200}, "tbf1g": {"rate_mbit": 1000}, "netem": {"delay_ms": 20.0}, "healthy": None}
 SLOW_BENCH_ARGS = ["--timeout", "60", "--max-bytes", "1M", "--iters", "5", "--warmup", "1"]
+
+
+def slowed_ceiling_gbps(shape: dict[str, float], size_bytes: int) -> float:
+    """The most busbw (GB/s) a 2-rank all-reduce of `size_bytes` can reach over a link slowed by `shape`
+    (slow_link's arguments) on any host, however fast: the kernel holds it there. Each rank must receive
+    the other's whole buffer over the link: a rate lets it through no faster than the rate, less one
+    full bucket (TBF_BURST_BYTES); a delay holds every call at least that long, the other's data crossing
+    once. A 2-rank all-reduce's busbw is its size over its time."""
+    seconds = 0.0
+    if shape.get("rate_mbit"):
+        seconds = max(seconds, (size_bytes - TBF_BURST_BYTES) / (shape["rate_mbit"] * 1e6 / 8))
+    if shape.get("delay_ms"):
+        seconds = max(seconds, shape["delay_ms"] / 1e3)
+    if seconds <= 0:
+        raise ValueError(f"no rate or delay bounds this link's speed: {shape}")
+    return size_bytes / seconds / 1e9
 
 
 @dataclass

@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import pytest
 
-from .multinode import CASES, SLOW_CODES, one_run, skip_without_tc
+from .multinode import CASES, SLOW_CODES, one_run, skip_without_tc, slowed_ceiling_gbps
 
 pytestmark = [pytest.mark.ranks, skip_without_tc()]
+
+
+def _pair_size(report: dict) -> int:
+    """The size the node pairs were timed at (the allreduce facts' node timings)."""
+    facts = next(p for p in report["probes"] if p["name"] == "allreduce")["facts"]
+    return next(int(f["nodes"]["size_bytes"]) for f in facts.values() if (f.get("nodes") or {}).get("size_bytes"))
 
 
 def _check(tmp_path, nodes: int, per_node: int, case: str) -> None:
@@ -38,7 +44,13 @@ def _check(tmp_path, nodes: int, per_node: int, case: str) -> None:
     if nodes > 2:
         assert finding["nodes"] == [hosts[-1]]
         assert finding["title"].startswith(f"Slow node {hosts[-1]}: its network reaches at best "), finding["title"]
-        assert finding["evidence"]["peers_gbps"] > 10 * finding["evidence"]["node_gbps"], finding["evidence"]
+        # Its figure is the throttled link's: at most what the kernel lets through at that rate (or delay),
+        # a ceiling every host keeps however fast; its peers' is this host's own healthy figure, above it.
+        # (Not "10x the node's": healthy namespace pairs reached 0.57-0.82 GB/s on a host twice as fast as
+        # ours and 0.82 in a 3 x 2 run here, a 1 Gbit/s link 0.07-0.12, and 10x that is above them.)
+        ceiling = slowed_ceiling_gbps(CASES[case], _pair_size(run.report))
+        evidence = finding["evidence"]
+        assert evidence["node_gbps"] <= ceiling < evidence["peers_gbps"], (ceiling, evidence)
     else:
         assert finding["nodes"] == hosts and finding["title"].endswith("one pair of nodes cannot tell which end is slow")
     assert "GLOO_SOCKET_IFNAME" in finding["fix"], finding["fix"]
