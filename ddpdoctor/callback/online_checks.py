@@ -83,8 +83,9 @@ class History:
 
 
 # The run's kept windows hold at most this many step values over all ranks (steps x ranks), so that judging them
-# at the end of a large job stays within a fifth of a second (benchmarks/end_of_run_cost.py: 256 ranks).
-RUN_VALUES = 2**16
+# at the end of a large job stays within a fifth of a second (benchmarks/end_of_run_cost.py: at 2^16, 256 ranks of
+# 256 steps took 218-482 ms; at 2^15, 128 steps a rank, 8 windows of 16).
+RUN_VALUES = 2**15
 RUN_MAX_STEPS = 1024  # a rank's steps kept, at most (small jobs)
 RUN_MIN_STEPS = 128  # and at least (the largest): ONLINE_MIN_STEPS twice
 RUN_WINDOWS = 8  # windows the bound keeps at least: a window keeps every k-th step beyond max_steps / RUN_WINDOWS

@@ -135,7 +135,7 @@ class Scores:
 
 def _floats(values: Sequence[float]) -> list[float]:
     """JSON may hold a whole number where a float was written."""
-    return [float(x) for x in values]
+    return list(map(float, values))
 
 
 def _usable(f: StragglersFacts) -> bool:
