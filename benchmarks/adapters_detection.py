@@ -37,14 +37,14 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def one_job(framework: str, scenarios: list[str], timeout_s: float = 300) -> dict[str, str]:
-    """Each scenario's verdict: "" (right) or what was wrong."""
+def one_job(framework: str, scenarios: list[str], timeout_s: float = 300, extra_env: dict | None = None) -> dict[str, str]:
+    """Each scenario's verdict: "" (right) or what was wrong. `extra_env`: ADAPTER_FIT_STEPS, ADAPTER_FIT_DEFAULTS."""
     with tempfile.TemporaryDirectory() as tmp:
         prefix, port = os.path.join(tmp, framework), _port()
         cmd = [sys.executable, FIT, framework, "--json", prefix, "--scenarios", ",".join(scenarios)]
         procs = [subprocess.Popen(cmd, cwd=tmp, env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                                                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                                         OMP_NUM_THREADS="1"),
+                                                         OMP_NUM_THREADS="1", **(extra_env or {})),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
         try:
             errs = [p.communicate(timeout=timeout_s)[1] for p in procs]
@@ -86,13 +86,18 @@ def main() -> None:
     parser.add_argument("--frameworks", default="lightning,hf,accelerate")
     parser.add_argument("--scenarios", default=",".join(adapter_fit.SCENARIOS))
     parser.add_argument("--hang", action="store_true", help="one more job per run: a rank deadlocked in a step")
+    parser.add_argument("--steps", type=int, help="every fit this many steps (the end of the run's verdict, issue 53)")
+    parser.add_argument("--doctor-defaults", action="store_true",
+                        help="the Doctor's own check schedule (every 50 steps, at most every 2 s), not the tests' 20")
     args = parser.parse_args()
     frameworks, scenarios = args.frameworks.split(","), args.scenarios.split(",")
     wrong: dict[tuple[str, str], list[str]] = defaultdict(list)
     began = time.monotonic()
     for i in range(args.runs):
         for framework in frameworks:
-            result = one_job(framework, scenarios)
+            extra = ({"ADAPTER_FIT_STEPS": str(args.steps)} if args.steps else {}) | (
+                {"ADAPTER_FIT_DEFAULTS": "1"} if args.doctor_defaults else {})
+            result = one_job(framework, scenarios, extra_env=extra)
             if args.hang:
                 result.update(one_job(framework, ["hang"], timeout_s=120))
             for scenario, why in result.items():
