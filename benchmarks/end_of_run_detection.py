@@ -110,7 +110,8 @@ def flags_for(fault: str, healthy_ms: float) -> list[str]:
     return []
 
 
-def ladder(fault: str, lengths: list[int], runs: int, need: int, healthy_ms: float) -> list[dict[str, Any]]:
+def ladder(fault: str, lengths: list[int], runs: int, need: int, healthy_ms: float,
+           keep: Optional[str] = None) -> list[dict[str, Any]]:
     """Each length in turn, until one is right in `need` of `runs` (healthy: every length)."""
     case, _, _, _, pinned = FAULTS[fault]
     out = []
@@ -119,6 +120,9 @@ def ladder(fault: str, lengths: list[int], runs: int, need: int, healthy_ms: flo
         for _ in range(runs):
             report = one_run(case, steps, flags_for(fault, healthy_ms), pinned, fault == "hog")
             results.append(right(report, fault))
+            if keep and not results[-1]:  # a wrong run's report, whole, to read
+                with open(os.path.join(keep, f"{fault}-{steps}-{len(results)}.json"), "w") as f:
+                    json.dump(report, f, indent=1)
             s = report.get("summary") or {}
             walls.append(s.get("wall_s") or 0.0)
             slow.append(s.get("step_ms_median") or 0.0)
@@ -142,13 +146,14 @@ def main() -> int:
     parser.add_argument("--need", type=int, default=9)
     parser.add_argument("--healthy-ms", type=float, help="skip the calibration: this host's healthy step (ms)")
     parser.add_argument("--json", help="write every row here")
+    parser.add_argument("--keep", help="a folder: every wrong run's report is written there")
     args = parser.parse_args()
     began = time.time()
     healthy_ms = args.healthy_ms or calibrate()
     print(f"healthy step here: {healthy_ms:.2f} ms", flush=True)
     rows = []
     for fault in args.faults.split(","):
-        rows += ladder(fault, [int(x) for x in args.lengths.split(",")], args.runs, args.need, healthy_ms)
+        rows += ladder(fault, [int(x) for x in args.lengths.split(",")], args.runs, args.need, healthy_ms, args.keep)
     print(f"\n| fault | job slowdown | shortest run right in {args.need} of {args.runs} | its wall time | "
           f"the lengths tried (right/runs) |\n|---|---|---|---|---|")
     for fault in args.faults.split(","):

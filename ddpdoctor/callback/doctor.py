@@ -39,10 +39,10 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import replace
 from typing import Any, Callable, Optional
-import weakref
 
 from ddpdoctor.core import keys
 from ddpdoctor.callback.buffers import BufferWatch
@@ -226,6 +226,7 @@ class Doctor:
         self._instance = next(_MADE)
         self._step_s: Optional[float] = None  # the slowest rank's mean step at the last check
         self._last_steps: dict[int, int] = {}  # each rank's steps done at the last check
+        self._end_evidence: Optional[dict[str, Any]] = None  # what the end's straggler verdict rested on
         self._cpu = contention.Window(corunners="when_lost")  # the CPU this thread gets, per window
         self._steps = 0
         # The window's last WINDOW_CAP steps, per step: begin to end, end of the previous to begin, samples.
@@ -527,7 +528,7 @@ class Doctor:
         if collected is None and self.world_size > 1:
             how = {r: "no exchange" for r in range(self.world_size) if r != self.rank}
         self.summary = summary(self._ledger, self.report(), self.world_size, time.time() - self._started_at, how,
-                               collected.waited_s if collected else 0.0, self._job_s)
+                               collected.waited_s if collected else 0.0, self._job_s, self._end_evidence)
 
     def _judge_alone(self, row: GatheredRow) -> None:
         """What one rank knows without its peers: a sampler whose epoch never moved, its own first non-finite loss."""
@@ -558,8 +559,12 @@ class Doctor:
         from ddpdoctor.probes.stragglers.scores import diagnose_stragglers
 
         facts = self._run.facts()
+        self._end_evidence = {"judged": False, "steps_per_rank": self._run.steps(), "windows": len(self._run.windows),
+                              "job_s": round(sum(self._run.job_s), 2), "needs_steps": ONLINE_MIN_STEPS,
+                              "needs_s": CONFIRM_S}
         if len(facts) < 2 or self._run.steps() < ONLINE_MIN_STEPS or sum(self._run.job_s) < CONFIRM_S:
             return []
+        self._end_evidence["judged"] = True
         run = RunView(world_size=self.world_size, hosts={r: w.host for r, w in windows.items()})
         judged = [f for f in diagnose_stragglers(facts, run) if worth_naming_online(f)]
         for f in judged:

@@ -177,8 +177,11 @@ def verdict_line(findings: Sequence[Finding], steps: int, world: int) -> str:
 
 
 def summary(ledger: RunLedger, findings: Sequence[Finding], world: int, wall_s: float,
-            missing: Mapping[int, str], waited_s: float, judged_s: float) -> dict[str, Any]:
+            missing: Mapping[int, str], waited_s: float, judged_s: float,
+            stragglers: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The run summary (docs/report-schema.md, `summary`): `findings` already in causal order, worst first.
+    `stragglers`: what the end's straggler verdict rested on (`judged`, and the evidence's steps a rank, windows
+    and seconds of the job, against what it needs), so a short run that says nothing says why.
     Its size grows with the ranks, never with the steps."""
     steps = max((led.steps for led in ledger.ranks.values()), default=0)
     rates = [rate for led in ledger.ranks.values() if (rate := led.samples_per_s()) is not None]
@@ -190,6 +193,7 @@ def summary(ledger: RunLedger, findings: Sequence[Finding], world: int, wall_s: 
             "severity": (top.severity if top is not None else Severity.OK).label,
             "code": top.code if top is not None else None,
             "world_size": world, "steps": steps, "wall_s": round(wall_s, 2), "judged_s": round(judged_s, 2),
+            "stragglers_judged": stragglers,
             "step_ms_median": round(max(medians), 3) if medians else None,
             "samples_per_s": round(sum(rates), 1) if rates and len(rates) == len(ledger.ranks) else None,
             "lost_to_slowest": lost_to_slowest(ledger, findings),

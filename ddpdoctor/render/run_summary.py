@@ -68,6 +68,12 @@ def print_summary(s: Mapping[str, Any], findings: Sequence[Finding], json_path: 
     head.append(s["verdict"], style=_STYLE[severity])
     console.print(head)
     console.print(Text(job_line(s), style="dim"))
+    judged = s.get("stragglers_judged")
+    if judged and not judged.get("judged") and s["world_size"] > 1:
+        console.print(Text(f"stragglers not judged: the run's windows stand for {judged['job_s']:.1f} s of the job and "
+                           f"{judged['steps_per_rank']} steps a rank, where a verdict needs {judged['needs_s']:g} s and "
+                           f"{judged['needs_steps']} (a longer run, or `ddpdoctor check --probes stragglers`)",
+                           style="dim"))
     named = {r for f in findings if f.severity >= Severity.WARN for r in f.ranks}
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for col in ("rank", "node", "steps", "step ms p50", "p90", "data", "compute", "wait", "samples/s"):

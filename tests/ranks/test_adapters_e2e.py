@@ -48,6 +48,11 @@ def assert_named(tmp_path: Path, framework: str, scenarios: tuple[str, ...]) -> 
         assert all(x["steps"] == steps(s) and x["comm_measured"] for x in summaries), (s, summaries)
         # The framework's collective between steps, timed as waiting (adapters.time_as_waiting), on this version.
         assert all(x["timed_between"] == TIMED[framework] for x in summaries), (s, summaries)
+        # The end of the run through the framework's train end: the run summary, its verdict the fault's (issue 53).
+        end = json.loads((tmp_path / f"{framework}.{s}.json").read_text())["summary"]
+        loud = [f["code"] for f in found[s] if f["severity"] in ("warn", "critical")]
+        assert end["steps"] == steps(s) and end["final_check"]["missing"] == [], (s, end)
+        assert end["code"] == (loud[0] if loud else None) and [r["steps"] for r in end["ranks"]] == [steps(s)] * 2, end
     codes = {s: {f["code"]: f for f in found[s]} for s in scenarios}
     healthy = codes["healthy"]
     assert "DOC008" not in healthy and "DOC004" not in healthy  # each framework shards and wraps: no false alarm

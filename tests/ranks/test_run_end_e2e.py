@@ -86,6 +86,7 @@ def test_slow_data_and_a_missing_set_epoch_are_named_at_the_end_of_a_short_run(t
     assert waiting["wait_pct"] > slow["wait_pct"]
     assert slow["step_ms_median"] >= 20.0 and s["lost_to_slowest"]["rank"] == 1 and s["lost_to_slowest"]["straggler"]
     assert s["final_check"]["missing"] == [] and s["samples_per_s"] > 0
+    assert s["stragglers_judged"]["judged"] and s["stragglers_judged"]["job_s"] >= CONFIRM_S
     err = result["stderr"][0]
     assert "ddpdoctor end of run: STR001 (rank 1)" in err and "samples/s" in err and "fix:" in err
 
@@ -127,3 +128,7 @@ def test_an_unsharded_loader_is_named_at_the_end_of_a_sixteen_step_run(tmp_path)
     found = by_code(report)
     assert found["DOC001"]["ranks"] == [0, 1] and found["DOC001"]["severity"] == "critical", found
     assert report["summary"]["code"] == "DOC001" and not [f for f in report["findings"] if f["code"].startswith("STR")]
+    # Too short to judge a straggler, and the summary says so rather than call the run's speed healthy.
+    judged = report["summary"]["stragglers_judged"]
+    assert not judged["judged"] and judged["steps_per_rank"] < judged["needs_steps"], judged
+    assert "stragglers not judged" in result["stderr"][0]
