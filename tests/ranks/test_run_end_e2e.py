@@ -37,22 +37,29 @@ def epochs_for(floor_ms: float) -> int:
     return math.ceil(steps / BATCHES)
 
 
-def run_loop(tmp_path: Path, case: str, timeout_s: float = 90, spawn: int = 0, **flags: str) -> dict:
+def run_loop(tmp_path: Path, case: str, timeout_s: float = 90, spawn: int = 0, torchrun: bool = False,
+             **flags: str) -> dict:
     report = tmp_path / f"{case.replace(',', '-')}.json"
     args = ["--case", case, "--json", str(report), *(f"--{k}={v}" for k, v in (DEFAULTS | flags).items())]
     began = time.monotonic()
     port = free_port()
-    results = run_spawned([*args, "--spawn", str(spawn), "--port", str(port)], timeout_s) if spawn \
-        else run_script_ranks(LOOP, args, {0: port, 1: port}, timeout_s)
+    if spawn:
+        results = run_spawned([*args, "--spawn", str(spawn), "--port", str(port)], timeout_s)
+    elif torchrun:  # torchrun's agent serves the store: the end's rows go through it
+        results = run_spawned(args, timeout_s, ["-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                                "--master_port", str(port)])
+    else:
+        results = run_script_ranks(LOOP, args, {0: port, 1: port}, timeout_s)
     return {"exit": [rc for rc, _ in results], "stderr": [err for _, err in results],
             "report": json.loads(report.read_text()) if report.exists() else None, "took_s": time.monotonic() - began}
 
 
-def run_spawned(args: list[str], timeout_s: float) -> list[tuple[int, str]]:
-    """The loop as one process that starts its ranks with mp.spawn (nothing of torchrun's in its environment)."""
+def run_spawned(args: list[str], timeout_s: float, launcher: tuple[str, ...] | list[str] = ()) -> list[tuple[int, str]]:
+    """The loop as one process that starts its ranks: with mp.spawn (nothing of torchrun's in its environment), or
+    under `launcher` (torchrun's module and its flags)."""
     tag = uuid.uuid4().hex
-    proc = subprocess.Popen([sys.executable, str(LOOP), *args], env=_env(tag, {}), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, *launcher, str(LOOP), *args], env=_env(tag, {}),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _, err = proc.communicate(timeout=timeout_s)
     finally:
@@ -105,11 +112,13 @@ def test_a_compute_straggler_in_backward_is_named_at_destroy_process_group_under
     assert s["ranks"][0]["wait_pct"] > 50, s["ranks"]  # rank 0 waits in the all-reduce for rank 1's backward
 
 
-def test_a_rank_gone_before_the_end_is_named_and_costs_no_wait(tmp_path):
+@pytest.mark.parametrize("launch", ["env", "torchrun"])
+def test_a_rank_gone_before_the_end_is_named_and_costs_no_wait(tmp_path, launch):
     """Rank 1 exits after its last step without closing (a crash after training): rank 0 names it dead at once
-    (its process is gone from this host), reports, and leaves; nothing is left behind."""
-    result = run_loop(tmp_path, "nosampler,die", epochs="2")
-    assert result["exit"] == [0, 0], result["stderr"][0][-3000:]
+    (its process is gone from this host), reports, and leaves; nothing is left behind. Under torchrun the rows
+    go through the store its agent serves."""
+    result = run_loop(tmp_path, "nosampler,die", epochs="2", torchrun=launch == "torchrun")
+    assert set(result["exit"]) == {0}, result["stderr"][0][-3000:]
     report = result["report"]
     missing = by_code(report)["DOC021"]
     assert missing["ranks"] == [1] and missing["severity"] == "critical", missing
