@@ -487,10 +487,7 @@ class Doctor:
         job's store (callback/final_check.py), never a collective; rank 0 judges the last table and the whole
         run's kept windows with the checks' own rules, names a rank that did not come, and makes the summary.
         A rank whose row cannot be sent says what it knows alone (its sampler's epoch, its loss)."""
-        row = self._window_row(final=True)
-        for column in (self._step_ms, self._data_ms, self._between_ms, self._samples):
-            column.clear()
-        self._window_from = self._steps
+        row = self._take_window(final=True)
         collected: Optional[Collected] = None
         sent = False
         if self.distributed and self.world_size > 1 and self._store is not None:
@@ -586,13 +583,7 @@ class Doctor:
 
         Every rank judges the same table the same way, so a raise (when asked for) happens on
         every rank at the same step, and every rank computes the same next check; only rank 0 reports."""
-        row = self._window_row()
-        self._step_ms.clear()
-        self._data_ms.clear()
-        self._between_ms.clear()
-        self._samples.clear()
-        self._window_from = self._steps
-        self._window_began = time.perf_counter()
+        row = self._take_window()
         gathered = self._gather.exchange(pack(row, WINDOW_CAP))
         rows = self._rows(gathered) if gathered is not None else {}  # None: a GPU's first check, read at the next
         step_s = slowest_step_s((r.window_steps, r.window_s) for r in rows.values())
@@ -682,6 +673,15 @@ class Doctor:
             self._fold(rows, windows)
             self._judge_rows(windows, may_raise=False)
             self._judge_losses(rows, windows, may_raise=False)
+
+    def _take_window(self, final: bool = False) -> GatheredRow:
+        """This rank's window as a row, and a new window begun: at a check, and at the end of the run."""
+        row = self._window_row(final)
+        for column in (self._step_ms, self._data_ms, self._between_ms, self._samples):
+            column.clear()
+        self._window_from = self._steps
+        self._window_began = time.perf_counter()
+        return row
 
     def _window_row(self, final: bool = False) -> GatheredRow:
         """This rank's window (its last WINDOW_CAP steps) and its local facts, as one row of the gather.

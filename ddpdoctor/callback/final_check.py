@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ddpdoctor.callback.hang import process_state
+from ddpdoctor.callback.hang import absent_rank
 from ddpdoctor.core import keys
 
 # Ranks leave their last step together (its gradient all-reduce holds them), so a healthy rank
@@ -96,12 +96,9 @@ class FinalExchange:
             self.sleep(POLL_S)
 
     def _fate(self, rank: int, last_step: Optional[int]) -> Missing:
-        pid, host = None, ""
+        """Its fate as the hang's exchange reads it (hang.absent_rank); unknown, so silent, where its keys are not."""
         try:
-            if self.store.check([keys.callback_pid(rank)]):
-                raw = json.loads(self.store.get(keys.callback_pid(rank)))
-                pid, host = int(raw["pid"]), str(raw["host"])
+            seen = absent_rank(self.store, rank, self.host)
         except Exception:  # a malformed or vanished key: the rank's fate is not known
-            pass
-        how = process_state(pid) if pid is not None and host == self.host else "unknown"
-        return Missing(rank, {"gone": "dead", "frozen": "frozen"}.get(how, "silent"), host, pid, last_step)
+            return Missing(rank, "silent", last_step=last_step)
+        return Missing(rank, seen.how, seen.host, seen.pid, last_step)

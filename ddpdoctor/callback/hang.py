@@ -187,6 +187,22 @@ def _rank_list(ranks: list[int]) -> str:
     return ",".join(map(str, sorted(ranks)))
 
 
+def absent_rank(store: Any, rank: int, here: str) -> Absent:
+    """A rank that sent nothing, as the rank on host `here` sees it through the job's store: the pid and host it
+    published at start (keys.callback_pid), the step it left the loop after if it did, and its fate (a process on
+    this host gone or stopped is known from /proc; one elsewhere is only silent). Shared by the hang's exchange
+    and the end of the run's (callback/final_check.py)."""
+    pid, host, left = None, "", None
+    if store.check([keys.callback_pid(rank)]):
+        raw = json.loads(store.get(keys.callback_pid(rank)))
+        pid, host = int(raw["pid"]), str(raw["host"])
+    if store.check([keys.callback_left(rank)]):
+        left = int(store.get(keys.callback_left(rank)))
+    how = process_state(pid) if host == here and pid is not None else "unknown"
+    how = {"gone": "dead", "frozen": "frozen"}.get(how, "silent")
+    return Absent(rank, how, pid, host, left, left=left is not None)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The same finding for every rank: causes, victims, and each rank's whereabouts."""
@@ -344,21 +360,7 @@ class Exchange:
             self.sleep(0.1)
 
     def _absent(self, rank: int) -> Absent:
-        pid, host, left_step = self._identity(rank)
-        same_host = host == self.host
-        how = process_state(pid) if same_host and pid is not None else "unknown"
-        how = {"gone": "dead", "frozen": "frozen"}.get(how, "silent")
-        return Absent(rank, how, pid, host, left_step, left=left_step is not None)
-
-    def _identity(self, rank: int) -> tuple[Optional[int], str, Optional[int]]:
-        """The pid and host the rank published at start, and the step it left the loop after, if it did."""
-        pid, host, left = None, "", None
-        if self.store.check([keys.callback_pid(rank)]):
-            raw = json.loads(self.store.get(keys.callback_pid(rank)))
-            pid, host = int(raw["pid"]), str(raw["host"])
-        if self.store.check([keys.callback_left(rank)]):
-            left = int(self.store.get(keys.callback_left(rank)))
-        return pid, host, left
+        return absent_rank(self.store, rank, self.host)
 
     def decide(self, records: dict[int, RankRecord], absent: dict[int, Absent]) -> Verdict:
         """The lowest rank that answered writes the verdict; the others read it (or, if it never
