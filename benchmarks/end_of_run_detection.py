@@ -25,13 +25,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from stragglers_detection import _loop_run  # noqa: E402  (two ranks pinned or not, a fault from outside on rank 1)
+
 LOOP = os.path.join(HERE, "..", "tests", "ranks", "doctor_loop.py")
 BATCHES = 8  # doctor_loop.py's batches per rank and epoch
 # fault -> (doctor_loop case, expected code, rank, cause, pinned)
@@ -47,39 +49,14 @@ FAULTS: dict[str, tuple[str, Optional[str], Optional[int], Optional[str], bool]]
 SLOW_STEPS = {"slow4x": 3.0, "slow1.5x": 0.5}  # rank 1's extra loading, in healthy steps
 
 
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def one_run(case: str, steps: int, flags: list[str], pinned: bool, hog: bool) -> dict[str, Any]:
-    """Two ranks of the loop; rank 0's JSON report (findings and summary)."""
-    from ddpdoctor.runtime import outside_faults
-
+    """Two ranks of the loop (started and torn down as stragglers_detection.py's callback runs are); rank 0's JSON
+    report (findings and summary)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "run.json")
         cmd = [sys.executable, LOOP, "--case", case, "--json", path, "--epochs", str(max(1, steps // BATCHES)),
                "--every", "50", "--check-every-s", "2", *flags]
-        port = _port()
-        env = dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs = [subprocess.Popen((["taskset", "-c", str(r)] if pinned else []) + cmd,
-                                  env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL) for r in range(2)]
-        made = None
-        try:
-            if hog:
-                made = outside_faults.start("hog", procs[1].pid, pct=100.0, cpu=1)
-            for proc in procs:
-                proc.wait(timeout=600)
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-            if made is not None:
-                made.stop()
+        _loop_run(cmd, dict(os.environ, OMP_NUM_THREADS="1"), "hog:rank=1:pct=100" if hog else None, pinned)
         return json.load(open(path)) if os.path.exists(path) else {"findings": [], "summary": None}
 
 

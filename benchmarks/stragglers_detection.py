@@ -114,13 +114,14 @@ def _pinned_ranks(cmd: list[str], world: int, env: dict) -> None:
 LOOP_EPOCHS = 70  # about 560 steps, 4 s: see _run
 
 
-def _loop_run(cmd: list[str], env: dict, inject: Optional[str]) -> None:
-    """Two ranks of a user's script, pinned one to a core, the fault made on rank 1 from outside."""
+def _loop_run(cmd: list[str], env: dict, inject: Optional[str], pinned: bool = True) -> None:
+    """Two ranks of a user's script, pinned one to a core (unless `pinned` is False), the fault made on rank 1 from
+    outside. Also benchmarks/end_of_run_detection.py's."""
     from ddpdoctor.runtime import outside_faults
 
     made = None
     port = _port()
-    procs = [subprocess.Popen(["taskset", "-c", str(r % (os.cpu_count() or 1))] + cmd,
+    procs = [subprocess.Popen((["taskset", "-c", str(r % (os.cpu_count() or 1))] if pinned else []) + cmd,
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]
