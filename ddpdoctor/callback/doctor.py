@@ -56,7 +56,7 @@ from ddpdoctor.callback.online_checks import (History, RankWindow, RunHistory, b
 from ddpdoctor.callback.metrics import MetricsSink
 from ddpdoctor.callback.options import DoctorOptions, store_file
 from ddpdoctor.callback.reducer_wait import reducer_wait, unmeasured_wait
-from ddpdoctor.callback.replicas import BYPASS_STEPS, ReplicaWatch, bypass_finding
+from ddpdoctor.callback.replicas import BYPASS_STEPS, END_MAX_MS, ReplicaWatch, bypass_finding
 from ddpdoctor.callback.row import GatheredRow, contention_fields, pack, unpack
 from ddpdoctor.callback.run_summary import RunLedger, summary
 from ddpdoctor.callback.schedule import NEVER, next_check, slowest_step_s
@@ -227,6 +227,7 @@ class Doctor:
         self._step_s: Optional[float] = None  # the slowest rank's mean step at the last check
         self._last_steps: dict[int, int] = {}  # each rank's steps done at the last check
         self._end_evidence: Optional[dict[str, Any]] = None  # what the end's straggler verdict rested on
+        self._end_replicas: Optional[dict[str, Any]] = None  # whether the end compared the replicas, and what it saw
         self._cpu = contention.Window(corunners="when_lost")  # the CPU this thread gets, per window
         self._steps = 0
         # The window's last WINDOW_CAP steps, per step: begin to end, end of the previous to begin, samples.
@@ -489,11 +490,12 @@ class Doctor:
         A rank whose row cannot be sent says what it knows alone (its sampler's epoch, its loss)."""
         row = self._take_window(final=True)
         collected: Optional[Collected] = None
+        exchange: Optional[FinalExchange] = None
         sent = False
         if self.distributed and self.world_size > 1 and self._store is not None:
             exchange = FinalExchange(self._store, self.rank, self.world_size, self._instance, self.host)
             try:
-                exchange.publish(pack(row, WINDOW_CAP))
+                exchange.publish(pack(row, WINDOW_CAP), self._replica_at_end())
                 sent = True
                 if self.rank == 0:
                     collected = exchange.collect(final_wait_s(self._step_s), self._last_steps)
@@ -521,11 +523,65 @@ class Doctor:
         self._take_new(found, may_raise=False)
         if len(rows) > 1:
             self._judge_losses(rows, windows, may_raise=False)
+        if collected is not None and exchange is not None:
+            self._compare_replicas_at_end(exchange, rows, windows)
         how = {r: m.how for r, m in missing.items()}
         if collected is None and self.world_size > 1:
             how = {r: "no exchange" for r in range(self.world_size) if r != self.rank}
         self.summary = summary(self._ledger, self.report(), self.world_size, time.time() - self._started_at, how,
-                               collected.waited_s if collected else 0.0, self._job_s, self._end_evidence)
+                               collected.waited_s if collected else 0.0, self._job_s, self._end_evidence,
+                               self._end_replicas)
+
+    def _replica_at_end(self) -> Optional[tuple[str, str]]:
+        """This rank's replica for the end's comparison (callback/replicas.py), or None (nothing to compare)."""
+        try:
+            return self._replicas.end_payload()
+        except Exception as exc:  # a bug of ours must not fail the job's exit: the row is still sent
+            log.warning("ddpdoctor: rank %d could not read its replica at the end: %s: %s", self.rank,
+                        type(exc).__name__, exc)
+            return None
+
+    def _compare_replicas_at_end(self, exchange: FinalExchange, rows: dict[int, GatheredRow],
+                                 windows: dict[int, RankWindow]) -> None:
+        """The replicas compared once more at the end (a run shorter than a check, or the steps since the last
+        comparison): every rank's fingerprint, and only where they differ the details, judged with the checks'
+        own rules (judge/replicas.py). Only where every rank arrived at the same step: weights a step apart
+        differ by design, and a missing rank is the verdict then."""
+        steps = {r.steps_done for r in rows.values()}
+        why = None
+        if self._replicas.first_seen_step is not None:
+            why = "named at a check"
+        elif self._replicas.done:
+            why = "not compared: not DDP, one rank, no optimizer, or a comparison failed"
+        elif len(rows) < self.world_size:
+            why = "not compared: a rank is missing"
+        elif len(steps) != 1:
+            why = "not compared: the ranks ended at different steps"
+        if why is not None:
+            self._end_replicas = {"compared": False, "why": why}
+            return
+        step = steps.pop()
+        ranks = list(range(self.world_size))
+        prints = exchange.replica_parts(ranks, "fingerprint")
+        if len(prints) < self.world_size:
+            self._end_replicas = {"compared": False, "why": f"not compared: a comparison costs more than {END_MAX_MS:.0f} ms"}
+            return
+        equal = len(set(prints.values())) == 1
+        self._end_replicas = {"compared": True, "equal": equal, "step": step}
+        if equal:
+            self._replicas.last_equal_step = step
+            return
+        details = exchange.replica_parts(ranks, "detail")
+        if len(details) < self.world_size:
+            return
+        hosts = {r: w.host for r, w in windows.items()}
+        comparison, seen = self._replicas.compare_at_end(details, step)
+        bypassed = any(r.reducer_iteration == 0 and r.steps_done >= BYPASS_STEPS for r in rows.values())
+        found = replica_findings(comparison, replace(seen, bypassed_ddp=bypassed,
+                                                     nonfinite_loss=loss_judge.said(self._loss_firsts)), hosts)
+        for f in found:
+            f.evidence["judged_at_end"] = {"step": step}
+        self._take_new(found, may_raise=False)
 
     def _judge_alone(self, row: GatheredRow) -> None:
         """What one rank knows without its peers: a sampler whose epoch never moved, its own first non-finite loss."""

@@ -69,9 +69,24 @@ class FinalExchange:
         self.store, self.rank, self.world, self.instance, self.host = store, rank, world, instance, host
         self.clock, self.sleep = clock, sleep
 
-    def publish(self, values: list[float]) -> None:
-        """This rank's last row (NaN stands for unknown, as in the gather: JSON carries it as NaN)."""
+    def publish(self, values: list[float], replica: Optional[tuple[str, str]] = None) -> None:
+        """This rank's last row (NaN stands for unknown, as in the gather: JSON carries it as NaN), and before
+        it its replica's fingerprint and detail where it has them: the row is the sign a rank arrived, so
+        whatever rank 0 reads after it is already there."""
+        if replica is not None:
+            fingerprint, detail = replica
+            self.store.set(keys.callback_final_replica(self.instance, self.rank, "detail"), detail)
+            self.store.set(keys.callback_final_replica(self.instance, self.rank, "fingerprint"), fingerprint)
         self.store.set(keys.callback_final(self.instance, self.rank), json.dumps(values))
+
+    def replica_parts(self, ranks: list[int], part: str) -> dict[int, str]:
+        """The ranks' replica `part` ("fingerprint" or "detail"), for those that published one."""
+        out: dict[int, str] = {}
+        for r in ranks:
+            key = keys.callback_final_replica(self.instance, r, part)
+            if self.store.check([key]):
+                out[r] = self.store.get(key).decode()
+        return out
 
     def collect(self, wait_s: float, last_steps: Optional[dict[int, int]] = None) -> Collected:
         """Every rank's row, or, for one that sent none by the deadline, its fate. Returns at once when

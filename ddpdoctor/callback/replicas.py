@@ -24,6 +24,9 @@ fingerprints differ dates the divergence to the step, not only to the two checks
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import struct
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
@@ -44,6 +47,9 @@ FINGERPRINT_READS = 3
 FREE_MS = 5.0  # a comparison this cheap runs at every check (at the default 2 s between checks, 0.25%)
 BYPASS_STEPS = 20  # steps after which a DDP whose reducer counted no iteration was never called
 RING = 1024  # per-step fingerprints kept: two check windows of 2 s at 4 ms a step and more
+# The end compares once more (callback/final_check.py) where its four reads of the weights (bit sums and norms of
+# weights and gradients) cost at most this, from the last check's comparison: the end delays the job's exit.
+END_MAX_MS = 1000.0
 GPU_READ_BYTES_PER_MS = 1e9  # a GPU reads its weights at 1 TB/s or faster (H100: 3.35): a fingerprint's least cost
 
 
@@ -209,6 +215,47 @@ class ReplicaWatch:
 
     def _launch(self, kind: str, result: torch.Tensor, step: int) -> _Pending:
         return _Pending(kind, step, *to_host_late(result))
+
+    # -- at the end of the run (callback/final_check.py) -----------------------
+    def end_payload(self) -> Optional[tuple[str, str]]:
+        """This rank's replica for the end's comparison, through the store: a hash of what every rank must hold
+        alike (the check's reduced vector: settings, entry count, bit sums), and the details a difference is
+        judged from (the check's gathered vector, only the model's entries, base64 float64s). None where there is
+        nothing to compare (already named, failed, not DDP) or where a comparison costs more than END_MAX_MS."""
+        if self.done or 4 * self.digest_ms > END_MAX_MS:
+            return None
+        import torch
+
+        vector = self._vector().cpu()
+        entries = len(self.layout.entries)
+        parts = [self._settings().cpu(), rd.digest(self.layout), rd.digest(self.layout, grads=True),
+                 rd.norms(self.layout), rd.norms(self.layout, grads=True)]
+        if self._ring is not None and self.recorded_from is not None:
+            parts.append(self._ring)
+        flat = torch.cat([p.to("cpu", torch.float64).reshape(-1) for p in parts])
+        detail = struct.pack(f"<{flat.numel()}d", *flat.tolist())
+        packed = struct.pack(f"<{vector.numel()}d", *vector.tolist())
+        return hashlib.sha256(packed).hexdigest(), f"{entries}:" + base64.b64encode(detail).decode()
+
+    def from_end_payload(self, detail: str) -> list[float]:
+        """A rank's `end_payload` detail laid out as the check's gathered row (`_detail`), for `_compare`."""
+        count, _, body = detail.partition(":")
+        raw = base64.b64decode(body)
+        values = list(struct.unpack(f"<{len(raw) // 8}d", raw))
+        n, settings = int(count), len(rd.settings_names())
+        row = values[:settings]
+        for k, fill in enumerate((0.0, -1.0, 0.0, -1.0)):
+            part = values[settings + k * n: settings + (k + 1) * n][:rd.MAX_ENTRIES]
+            row += part + [fill] * (rd.MAX_ENTRIES - len(part))
+        ring = values[settings + 4 * n:][:RING]
+        return row + (ring if len(ring) == RING else [-1.0] * RING)
+
+    def compare_at_end(self, details: dict[int, str], step: int) -> tuple[judge.Comparison, judge.Seen]:
+        """The end's comparison, on rank 0, from every rank's `end_payload` detail."""
+        gathered: list[float] = []
+        for rank in range(self.world_size):
+            gathered += self.from_end_payload(details[rank])
+        return self._compare(gathered, step)
 
     # -- the numbers -----------------------------------------------------------
     def _settings(self) -> torch.Tensor:

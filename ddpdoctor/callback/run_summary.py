@@ -178,10 +178,11 @@ def verdict_line(findings: Sequence[Finding], steps: int, world: int) -> str:
 
 def summary(ledger: RunLedger, findings: Sequence[Finding], world: int, wall_s: float,
             missing: Mapping[int, str], waited_s: float, judged_s: float,
-            stragglers: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+            stragglers: Optional[dict[str, Any]] = None, replicas: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The run summary (docs/report-schema.md, `summary`): `findings` already in causal order, worst first.
     `stragglers`: what the end's straggler verdict rested on (`judged`, and the evidence's steps a rank, windows
-    and seconds of the job, against what it needs), so a short run that says nothing says why.
+    and seconds of the job, against what it needs), so a short run that says nothing says why. `replicas`: whether
+    the end compared the ranks' weights (`compared`, `equal`, `step`) or why not (`why`).
     Its size grows with the ranks, never with the steps."""
     steps = max((led.steps for led in ledger.ranks.values()), default=0)
     rates = [rate for led in ledger.ranks.values() if (rate := led.samples_per_s()) is not None]
@@ -199,7 +200,7 @@ def summary(ledger: RunLedger, findings: Sequence[Finding], world: int, wall_s: 
             "lost_to_slowest": lost_to_slowest(ledger, findings),
             "ranks": ranks,
             "final_check": {"arrived": world - len(missing), "missing": sorted(missing),
-                            "waited_ms": round(1e3 * waited_s, 1)},
+                            "waited_ms": round(1e3 * waited_s, 1), "replicas": replicas},
             "findings": [{"code": f.code, "severity": f.severity.label, "title": f.title, "ranks": list(f.ranks)}
                          for f in findings[:SHOWN_FINDINGS]],
             "more_findings": max(0, len(findings) - SHOWN_FINDINGS)}

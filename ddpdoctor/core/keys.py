@@ -137,6 +137,12 @@ def callback_final(instance: int, rank: int) -> str:
     return f"ddpdoctor/final/{instance}/{rank}"
 
 
+def callback_final_replica(instance: int, rank: int, part: str) -> str:
+    """`Doctor`: this rank's replica at the end of the run (callback/replicas.py, `end_payload`): `part` is
+    "fingerprint" (one hash, read for every rank) or "detail" (read only where the fingerprints differ)."""
+    return f"ddpdoctor/final/{instance}/{rank}/replica/{part}"
+
+
 def callback_hang(episode: int, rank: int) -> str:
     """`Doctor`: this rank's record of the hang (callback/hang.py's RankRecord, JSON)."""
     return f"ddpdoctor/hang/{episode}/{rank}"

@@ -52,8 +52,10 @@ class Net(nn.Module):
 
 
 class Case:
-    def __init__(self, name: str, rank: int, path: str, sleep_ms: float = 0.0) -> None:
+    def __init__(self, name: str, rank: int, path: str, sleep_ms: float = 0.0, nan_at: int = 30,
+                 ema_every: int = 20) -> None:
         self.sleep_s = sleep_ms / 1e3
+        self.nan_at, self.ema_every = nan_at, ema_every
         self.name, self.rank = name, rank
         torch.manual_seed(100 + rank)  # a rank's own initial weights: DDP must broadcast rank 0's
         kwargs: dict = {}
@@ -109,7 +111,7 @@ class Case:
                             nn.functional.cross_entropy(model(xs), ys).backward()
                 opt.step()
                 return
-            if name == "nan_skip" and self.rank == 1 and step >= 30:
+            if name == "nan_skip" and self.rank == 1 and step >= self.nan_at:
                 x = x * float("nan")
             out = model.module(x) if name == "module_forward" else model(x)
             if self.temperature is not None:
@@ -139,7 +141,7 @@ class Case:
                 with torch.no_grad():
                     for e, p in zip(self.ema.parameters(), self.net.parameters()):
                         e.mul_(0.9).add_(p, alpha=0.1)
-                if step % 20 == 19:
+                if step % self.ema_every == self.ema_every - 1:
                     self.net.load_state_dict(self.ema.state_dict())
 
 
@@ -149,11 +151,13 @@ def main() -> None:
     parser.add_argument("--cases", required=True)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--sleep-ms", type=float, default=0.0, help="added to every step of every case")
+    parser.add_argument("--nan-at", type=int, default=30, help="nan_skip: rank 1's loss is NaN from this step on")
+    parser.add_argument("--ema-every", type=int, default=20, help="ema_rank0: the EMA is copied in every this many steps")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    cases = [Case(name, rank, args.json, args.sleep_ms) for name in args.cases.split(",")]
+    cases = [Case(name, rank, args.json, args.sleep_ms, args.nan_at, args.ema_every) for name in args.cases.split(",")]
     g = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard of data
     for step in range(args.steps):
         x, y = torch.randn(16, 8, generator=g), torch.randint(0, 2, (16,), generator=g)

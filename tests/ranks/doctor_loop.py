@@ -5,7 +5,9 @@ Two ways to start it, as users do:
   tests/ranks/test_doctor_e2e.py does;
 - `--spawn N --port P`: one process that starts N ranks with torch.multiprocessing.spawn, the
   tutorial pattern: MASTER_ADDR/MASTER_PORT set in code, rank and world size passed to
-  init_process_group, nothing of torchrun's in the environment.
+  init_process_group, nothing of torchrun's in the environment;
+- once per task by srun, with SLURM_PROCID and SLURM_NTASKS and no RANK: the Slurm tutorials' pattern,
+  rank and world size read from Slurm's variables and a tcp:// init_method.
 `--wrap` picks DistributedDataParallel, FSDP (FullyShardedDataParallel) or FSDP2 (fully_shard);
 `--case` picks the bug the loop really has.
 """
@@ -94,6 +96,11 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
         torch.set_num_threads(1)
         ddpdoctor.watch(timeout_s=60.0, json_path=args.json, rank=rank, world_size=world)
         dist.init_process_group("gloo", rank=rank, world_size=world)
+    elif "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+        # srun's task: rank and world size from Slurm's variables, the rendezvous a tcp:// address.
+        ddpdoctor.watch(timeout_s=60.0, json_path=args.json, rank=rank, world_size=world)
+        dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                                rank=rank, world_size=world)
     else:
         ddpdoctor.watch(timeout_s=60.0, json_path=args.json)  # a healthy start reports nothing
         dist.init_process_group("gloo")
@@ -175,6 +182,8 @@ def main() -> None:
         import torch.multiprocessing as mp
 
         mp.spawn(train, args=(args.spawn, args), nprocs=args.spawn)
+    elif "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+        train(int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"]), args)
     else:
         train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
 

@@ -144,3 +144,36 @@ def test_on_longer_steps_the_divergence_is_dated_to_its_step_and_a_healthy_loop_
     nan = found("nan_skip")["DOC013"]  # rank 1 skips the step of index 30 (its 31st), rank 0 takes it
     assert (nan["evidence"]["last_equal_step"], nan["evidence"]["first_seen_step"]) == (30, 40), nan
     assert nan["evidence"]["first_differing_step"] == 31 and "since step 31 (the first step" in nan["title"], nan
+
+
+@pytest.mark.timeout(120)
+def test_ranks_that_drift_apart_after_the_last_check_are_named_at_the_end_and_dated_to_their_step(tmp_path):
+    """15 steps of 40 ms, checks at steps 1 and 10: rank 0 copies its EMA in at step 13, rank 1's loss is NaN from
+    step 13 and it skips its step. No check sees either: the end compares every rank's fingerprint through the
+    store (callback/final_check.py), reads the details only where they differ, and dates the drift from the
+    per-step record (kept from the check at step 10). The healthy cases beside them compare equal."""
+    port = free_port()
+    healthy = ["plain", "batchnorm", "amp", "accumulate"]
+    results = run_script_ranks(LOOP, ["--json", str(tmp_path / "r"), "--cases", ",".join([*healthy, "ema_rank0", "nan_skip"]),
+                                      "--steps", "15", "--sleep-ms", "40", "--nan-at", "12", "--ema-every", "13"],
+                               {0: port, 1: port}, timeout_s=100)
+    assert [rc for rc, _ in results] == [0, 0], results
+
+    def report(case: str) -> dict:
+        return json.loads((tmp_path / f"r.{case}").read_text())
+
+    def found(case: str) -> dict[str, dict]:
+        return {f["code"]: f for f in report(case)["findings"]}
+
+    for case in healthy:
+        assert set(found(case)) <= {"DOC010"}, (case, found(case))
+        assert report(case)["summary"]["final_check"]["replicas"] == {"compared": True, "equal": True, "step": 15}
+    for case in ("ema_rank0", "nan_skip"):
+        weights = found(case)["DOC013"]
+        assert weights["evidence"]["judged_at_end"] == {"step": 15}, weights
+        assert (weights["evidence"]["last_equal_step"], weights["evidence"]["first_differing_step"]) == (10, 13)
+        assert report(case)["summary"]["final_check"]["replicas"]["equal"] is False
+    assert "changed outside the optimizer" in found("ema_rank0")["DOC013"]["evidence"]["cause"]
+    nan = report("nan_skip")
+    assert nan["summary"]["code"] == "DOC018" and found("nan_skip")["DOC013"]["explained_by"] == "DOC018"
+    assert found("nan_skip")["DOC017"]["ranks"] == [0]

@@ -38,7 +38,7 @@ def epochs_for(floor_ms: float) -> int:
 
 
 def run_loop(tmp_path: Path, case: str, timeout_s: float = 90, spawn: int = 0, torchrun: bool = False,
-             **flags: str) -> dict:
+             srun: bool = False, **flags: str) -> dict:
     report = tmp_path / f"{case.replace(',', '-')}.json"
     args = ["--case", case, "--json", str(report), *(f"--{k}={v}" for k, v in (DEFAULTS | flags).items())]
     began = time.monotonic()
@@ -49,7 +49,7 @@ def run_loop(tmp_path: Path, case: str, timeout_s: float = 90, spawn: int = 0, t
         results = run_spawned(args, timeout_s, ["-m", "torch.distributed.run", "--nproc_per_node", "2",
                                                 "--master_port", str(port)])
     else:
-        results = run_script_ranks(LOOP, args, {0: port, 1: port}, timeout_s)
+        results = run_script_ranks(LOOP, args, {0: port, 1: port}, timeout_s, srun=srun)
     return {"exit": [rc for rc, _ in results], "stderr": [err for _, err in results],
             "report": json.loads(report.read_text()) if report.exists() else None, "took_s": time.monotonic() - began}
 
@@ -73,11 +73,13 @@ def by_code(report: dict) -> dict[str, dict]:
     return {f["code"]: f for f in report["findings"]}
 
 
-def test_slow_data_and_a_missing_set_epoch_are_named_at_the_end_of_a_short_run(tmp_path):
+@pytest.mark.parametrize("launch", ["env", "srun"])
+def test_slow_data_and_a_missing_set_epoch_are_named_at_the_end_of_a_short_run(tmp_path, launch):
     """Rank 1's loader sleeps 20 ms a step; set_epoch is never called. 20 epochs (161 steps): checks at step 1
-    and about step 100, never a third, so the live rules never judge a straggler: the end does."""
+    and about step 100, never a third, so the live rules never judge a straggler: the end does. `srun`: the
+    tasks as srun starts them (SLURM_PROCID, no RANK), the script's tcp:// rendezvous serving the end's store."""
     epochs = epochs_for(20.0)
-    result = run_loop(tmp_path, "slowdata,noepoch", epochs=str(epochs), **{"slow-ms": "20"})
+    result = run_loop(tmp_path, "slowdata,noepoch", epochs=str(epochs), srun=launch == "srun", **{"slow-ms": "20"})
     assert result["exit"] == [0, 0], result["stderr"][0][-3000:]
     report = result["report"]
     found = by_code(report)
@@ -112,12 +114,12 @@ def test_a_compute_straggler_in_backward_is_named_at_destroy_process_group_under
     assert s["ranks"][0]["wait_pct"] > 50, s["ranks"]  # rank 0 waits in the all-reduce for rank 1's backward
 
 
-@pytest.mark.parametrize("launch", ["env", "torchrun"])
+@pytest.mark.parametrize("launch", ["env", "torchrun", "srun"])
 def test_a_rank_gone_before_the_end_is_named_and_costs_no_wait(tmp_path, launch):
     """Rank 1 exits after its last step without closing (a crash after training): rank 0 names it dead at once
     (its process is gone from this host), reports, and leaves; nothing is left behind. Under torchrun the rows
     go through the store its agent serves."""
-    result = run_loop(tmp_path, "nosampler,die", epochs="2", torchrun=launch == "torchrun")
+    result = run_loop(tmp_path, "nosampler,die", epochs="2", torchrun=launch == "torchrun", srun=launch == "srun")
     assert set(result["exit"]) == {0}, result["stderr"][0][-3000:]
     report = result["report"]
     missing = by_code(report)["DOC021"]

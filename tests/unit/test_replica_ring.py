@@ -62,3 +62,38 @@ def test_equal_weights_give_equal_fingerprints_and_one_changed_bit_another():
         flat = b.weight.view(-1).view(torch.int32)
         flat[0] ^= 1  # the lowest bit of one weight
     assert int(rd.fingerprint(la)) != int(rd.fingerprint(lb))
+
+
+def _twin_watches() -> tuple[ReplicaWatch, ReplicaWatch, nn.Linear]:
+    a, b = nn.Linear(4, 2), nn.Linear(4, 2)
+    b.load_state_dict(a.state_dict())
+    watches = []
+    for net in (a, b):
+        w = ReplicaWatch(net, torch.optim.SGD(net.parameters(), lr=0.1), 2, torch.device("cpu"), late=False)
+        w.done = False  # not a DDP model here: the end's payload alone
+        watches.append(w)
+    return watches[0], watches[1], b
+
+
+def test_the_end_payload_lays_out_as_the_checks_gathered_row_and_its_fingerprint_tells_equal_from_not():
+    """The end trades a compact payload through the store (only the model's entries, the ring where kept); laid out
+    again it must be the very row a check gathers, so the end judges with the checks' own rules."""
+    wa, wb, b = _twin_watches()
+    fa, detail = wa.end_payload()
+    assert wa.from_end_payload(detail) == wa._detail().tolist()
+    assert len(detail) < 4_000 < 8 * len(wa._detail())  # two entries and the settings, not the 2048-entry padding
+    assert wb.end_payload()[0] == fa  # equal weights and settings: one fingerprint
+    with torch.no_grad():
+        b.bias[0] += 1e-6
+    assert wb.end_payload()[0] != fa
+    wb.plan_per_step(5, slowest_fingerprint_ms=0.01, slowest_step_ms=40.0)  # a per-step record is kept: it travels
+    wb.record(6)
+    assert wb.from_end_payload(wb.end_payload()[1]) == wb._detail().tolist()
+
+
+def test_the_end_sends_no_payload_where_its_comparison_would_delay_the_exit_or_is_done():
+    wa, _, _ = _twin_watches()
+    wa.digest_ms = 300.0  # four reads of these weights: more than END_MAX_MS
+    assert wa.end_payload() is None
+    wa.digest_ms, wa.done = 1.0, True  # a divergence already named, or nothing to compare
+    assert wa.end_payload() is None
