@@ -257,7 +257,88 @@ def build_parser() -> argparse.ArgumentParser:
                       help="verdict (default): 0 OK, 1 warning, 2 critical; requeue: whether to run the job again, "
                            "as codes a job script or Kubeflow's restartPolicy: ExitCode acts on (docs/explain.md)")
     _add_force_arg(expl)
+    sub.add_parser("run", parents=[_run_options()], add_help=False, help="run a training script with the Doctor "
+                   "attached, unedited (in it, under torchrun or srun, or around a launcher)",
+                   usage=RUN_USAGE, description=RUN_DESCRIPTION)
     return parser
+
+
+RUN_USAGE = ("ddpdoctor run [OPTIONS] SCRIPT [ARGS...]\n       ddpdoctor run [OPTIONS] -m MODULE [ARGS...]\n"
+             "       ddpdoctor run [OPTIONS] -- COMMAND [ARGS...]   (torchrun, accelerate launch, python ...)")
+RUN_DESCRIPTION = ("Run a training script as it would run without ddpdoctor, with the callback (ddpdoctor.Doctor) "
+                   "attached to the DDP model it builds, its optimizer's steps and the DataLoader it iterates; "
+                   "Lightning and Hugging Face Trainers get their adapters. Inside a launcher: torchrun "
+                   "--nproc_per_node=N -m ddpdoctor run train.py ARGS, or srun python -m ddpdoctor run train.py. "
+                   "The exit status is the script's. docs/callback.md, `ddpdoctor run`.")
+
+
+def _run_options() -> _Parser:
+    """The Doctor's options as `ddpdoctor run` takes them (callback/options.py checks their values)."""
+    p = _Parser(prog="ddpdoctor run", add_help=False, usage=RUN_USAGE, description=RUN_DESCRIPTION)
+    p.add_argument("-h", "--help", action="help", help="show this help and exit")
+    p.add_argument("--json", dest="json_path", metavar="PATH",
+                   help="rank 0's report (findings and the run summary) as JSON; other ranks write PATH.rank<N> "
+                        "where they have findings")
+    p.add_argument("--every", type=_positive_int, metavar="N", help="steps between two checks at least (default 50)")
+    p.add_argument("--check-every-s", type=_bounded(float, "a number of seconds", 0, 3600), metavar="S",
+                   help="seconds of training between two checks at least (default 2; 0: by --every alone)")
+    p.add_argument("--step-deadline", dest="step_deadline_s", type=_seconds, metavar="S",
+                   help="the longest a step may take before it is called hung (default 600; learned below it)")
+    p.add_argument("--on-hang", choices=("report", "exit"),
+                   help="report (default): name a hang and keep waiting; exit: name it, then end the rank")
+    p.add_argument("--history", metavar="PATH", help="the fleet history store rank 0 appends the run to (docs/fleet.md)")
+    p.add_argument("--batch-size", type=_positive_int, metavar="N",
+                   help="samples per rank and step, where the batch the model sees does not show it")
+    p.add_argument("--tensorboard", metavar="DIR", help="write each check's numbers as TensorBoard scalars to DIR")
+    p.add_argument("--no-measure-comm", dest="measure_comm", action="store_false", default=None,
+                   help="do not read the gradient all-reduce's wait from DDP's timers")
+    p.add_argument("--no-summary", dest="summary", action="store_false", default=None,
+                   help="no run summary on the terminal at the end (it stays in the JSON)")
+    return p
+
+
+def _run(tokens: list[str]) -> int:
+    """`ddpdoctor run`: the script's own exit status; 3 (one line) where ddpdoctor's own arguments are wrong.
+    Ctrl-C in a script run here ends its Doctor first, then ends this process as it would have ended it."""
+    import shutil
+
+    from ddpdoctor import autorun
+    from ddpdoctor.attach import command, script
+    from ddpdoctor.attach.settings import RunSettings
+    from ddpdoctor.callback.options import checked
+
+    parser = _run_options()
+    takes_value = {o for a in parser._actions if a.nargs != 0 for o in a.option_strings}
+    split = command.split(tokens, takes_value)
+    parsed = parser.parse_args(split.options)  # --help prints and exits 0 (main catches SystemExit)
+    if split.target is None and split.command is None:
+        raise UsageError("give the training script (or -m MODULE, or -- COMMAND): ddpdoctor run train.py ARGS")
+    options = command.absolute({k: v for k, v in vars(parsed).items() if v is not None})
+    try:
+        checked(options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if split.target is not None:
+        split.target.check()
+    settings = RunSettings(options=options, run_dir=tempfile.mkdtemp(prefix="ddpdoctor-run-"))
+    try:
+        if split.command is not None:
+            status = command.run_around(split.command, settings)
+        else:
+            assert split.target is not None
+            os.environ.update({k: v for k, v in settings.environment(dict(os.environ)).items()
+                               if os.environ.get(k) != v})  # so the script's own children attach (mp.spawn)
+            autorun.start(settings)
+            try:
+                status = script.run(split.target)
+            except KeyboardInterrupt:
+                autorun.finish()
+                raise
+            autorun.finish()
+        command.report_unattached(settings, options.get("json_path"), status)
+        return status
+    finally:
+        shutil.rmtree(settings.run_dir or "", ignore_errors=True)
 
 
 def _check_output_path(flag: str, path: Optional[str]) -> None:
@@ -590,9 +671,25 @@ def one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
+def _run_main(tokens: list[str]) -> int:
+    """`ddpdoctor run`'s errors: ours are one line and exit 3, as every command's; the script's are its own
+    (its traceback, its status), and Ctrl-C ends the process as it would end the script alone."""
+    try:
+        if any("\x00" in t for t in tokens):
+            raise UsageError("an argument contains a NUL byte: paths and values cannot hold one")
+        return _run(tokens)
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    except UsageError as exc:
+        sys.stderr.write(f"ddpdoctor run: error: {one_line(str(exc))}\n")
+        return EXIT_UNKNOWN
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     _quiet_torch_logs()
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["run"]:
+        return _run_main(args_list[1:])
     try:
         if any("\x00" in a for a in args_list):  # no shell can pass one; a Python caller can
             raise UsageError("an argument contains a NUL byte: paths and values cannot hold one")

@@ -276,6 +276,7 @@ class Doctor:
         self._hang = HangWatch(self)  # the step watchdog, and the hang's verdict across ranks
         self._hang.start()
         self._closed = False
+        self._before_close: list[Callable[[], None]] = []
         atexit.register(self.close)
         _OPEN.add(self)
         _close_before_destroy()
@@ -350,6 +351,11 @@ class Doctor:
     def in_step(self) -> bool:
         """Between step_begin and step_end (a framework's hook on the model asks: callback/model_tap.py)."""
         return bool(self._began)
+
+    def before_close(self, fn: Callable[[], None]) -> None:
+        """`fn()` first thing at the end of the run, whoever ends it (close(), destroy_process_group(), interpreter
+        exit): what an attachment could not see is told (`tell`) before the end judges and summarises."""
+        self._before_close.append(fn)
 
     def tell(self, found: list[Finding]) -> None:
         """Findings an adapter made of what it saw, or could not see, of its framework (Hugging Face's loss
@@ -449,6 +455,11 @@ class Doctor:
         if self._closed:
             return
         self._closed = True
+        for fn in self._before_close:
+            try:
+                fn()
+            except Exception:  # a bug of ours must not fail the job's exit
+                log.debug("ddpdoctor: a before-close call failed", exc_info=True)
         _OPEN.discard(self)
         self._hang.stop()
         self._buffers.close()

@@ -64,12 +64,17 @@ class ModelTap:
         self._handles = []
 
 
-def unseen_loss(world_size: int, steps: int) -> Any:
-    """DOC020: no training forward of the model returned a loss, so DOC018 was not judged (said by rank 0)."""
+def unseen_loss(world_size: int, steps: int, seen_from: str = "hf") -> Any:
+    """DOC020: no training forward of the model returned a loss, so DOC018 was not judged (said by rank 0).
+    `seen_from`: "hf" (the Trainer's adapter) or "ddpdoctor run" (a plain loop, attached without code)."""
     from ddpdoctor.core import codes
 
+    where = ("it was computed outside the model: a compute_loss_func, label smoothing" if seen_from == "hf" else
+             "the script computes it from the model's outputs, where `ddpdoctor run` cannot see it")
     return codes.finding(
         "DOC020", "callback",
-        f"The loss was not watched: in {steps} steps the model's forward returned no loss (it was computed outside "
-        "the model: a compute_loss_func, label smoothing), so which rank's loss went NaN first (DOC018) cannot be said",
-        ranks=tuple(range(world_size)), nodes=(), evidence={"steps": steps, "seen_from": "the model's outputs.loss"})
+        f"The loss was not watched: in {steps} steps the model's forward returned no loss ({where}), so which rank's "
+        "loss went NaN first (DOC018) cannot be said",
+        ranks=tuple(range(world_size)), nodes=(),
+        evidence={"steps": steps, "seen_from": "the model's outputs.loss" if seen_from == "hf" else
+                  "the DDP model's outputs (ddpdoctor run)"})

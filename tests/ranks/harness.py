@@ -188,10 +188,11 @@ def probe_section(report: dict[str, Any], name: str) -> dict[str, Any]:
 
 def run_script_ranks(script: Path, args: list[str], ports: dict[int, int], timeout_s: float = 60,
                      extra_env: Optional[dict[str, str]] = None, cwd: Optional[Path] = None,
-                     srun: bool = False) -> list[tuple[int, str]]:
+                     srun: bool = False, python_args: tuple[str, ...] = ()) -> list[tuple[int, str]]:
     """A user's training script started once per rank with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
     MASTER_PORT set (`ports`: each rank's MASTER_PORT), as torchrun would; (exit code, stderr) per rank. `srun`:
     as srun starts its tasks, SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS and no RANK (the script maps them).
+    `python_args`: between the interpreter and the script (`-m ddpdoctor run --json ...`).
 
     Every process is gone afterwards (killed at the timeout): asserted, as for our own runs."""
     tag = uuid.uuid4().hex
@@ -203,7 +204,7 @@ def run_script_ranks(script: Path, args: list[str], ports: dict[int, int], timeo
                     "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}
         return {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(len(ports))}
 
-    procs = [subprocess.Popen([sys.executable, str(script), *args], cwd=cwd,
+    procs = [subprocess.Popen([sys.executable, *python_args, str(script), *args], cwd=cwd,
                               env=_env(tag, {**ids(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[r]),
                                              **(extra_env or {})}),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in sorted(ports)]

@@ -1,6 +1,6 @@
 """The package's layer rules, read from the source with an AST walk (no import needed).
 
-Rooms, bottom to top: core < judge < measure < runtime < probes < ingest, explain, callback <
+Rooms, bottom to top: core < judge < measure < runtime < probes < ingest, explain, callback < attach <
 render < session < the top-level modules (cli, api, snapshot, adapters). A room imports only rooms below
 it (and itself); imports under `if TYPE_CHECKING:` are types only and are not counted.
 Besides: no torch where judging happens, rich only where rendering happens, pynvml only in
@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "explain": {"core", "judge", "explain"},
     "history": {"core", "judge", "history"},  # the run store: sqlite3, the report JSON, busbw formulas
     "callback": {"core", "measure", "judge", "runtime", "probes", "history", "callback"},
+    "attach": {"core", "callback", "attach"},  # `ddpdoctor run`: finds the Doctor's objects in a running script
     "render": {"core", "judge", "probes", "explain", "history", "render"},
     "ingest": {"core", "judge", "probes", "ingest"},  # other tools' outputs into the probes' facts
     "session": {"core", "measure", "judge", "runtime", "probes", "render", "session"},

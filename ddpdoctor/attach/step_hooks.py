@@ -1,0 +1,164 @@
+"""The Doctor on an unedited plain loop: its objects found as they are made, its steps read from its calls.
+
+What a user hands `Doctor(model, optimizer, loader)` and marks with `doctor.step(batch)` is found here:
+- the model: DistributedDataParallel's (and FSDP's) constructor is wrapped, so each one built in this
+  process is known as it is built (before any `torch.compile` wraps it: the Doctor is given the DDP module);
+- the optimizer: torch's global optimizer step hook (`register_optimizer_step_post_hook`) is called after
+  every optimizer's step; the first whose parameters are a built model's is the job's, and its first step
+  attaches the Doctor (that first step is not timed: its beginning came before the Doctor);
+- a step is an optimizer step: it begins at the model's first training forward after the previous step
+  (gradient accumulation: several forwards, one step) and ends when that optimizer's step returns;
+  the time between is the loop's own (data loading and anything else), as `doctor.step(batch)` times it;
+- the batch (DOC001) and the loss (DOC018) off the model's forward (callback/model_tap.py): a loss the
+  script computes outside the model is not seen, and said once at the end (DOC020);
+- the loader (DOC002, DOC003): the DataLoader most recently iterated when the Doctor attaches.
+Per step this costs two Python calls on the forward and one on the optimizer's step, as a hand-placed
+`doctor.step()` does. A framework's Trainer (attach/frameworks.py) runs its adapter instead: then nothing
+here attaches.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+from typing import Any, Callable, Optional
+
+from ddpdoctor.attach.settings import RunSettings
+from ddpdoctor.callback.model_tap import ModelTap, unseen_loss
+from ddpdoctor.callback.weak_hooks import WeakHook
+
+log = logging.getLogger("ddpdoctor")
+
+MakeDoctor = Callable[..., Any]
+
+
+class Attacher:
+    """One process's attachment: the models built, the loader iterated last, and the Doctor once attached."""
+
+    def __init__(self, settings: RunSettings, make_doctor: MakeDoctor) -> None:
+        self.settings = settings
+        self.make_doctor = make_doctor
+        self.models: list[weakref.ref] = []  # DDP/FSDP modules built here, oldest first
+        self.loader: Optional[weakref.ref] = None  # the DataLoader iterated last
+        self.doctor: Any = None
+        self.model: Optional[weakref.ref] = None  # the one the Doctor watches
+        self.optimizer: Optional[weakref.ref] = None
+        self.tap: Optional[ModelTap] = None
+        self.framework: Optional[str] = None  # a Trainer's adapter runs the Doctor in this process
+        self.gave_up = False  # attaching failed once: not tried again at every step
+        self._not_ours: set[int] = set()  # optimizers already seen to step no built model's parameters
+        self._hooks: list[Any] = []
+
+    # -- installed when torch is imported ---------------------------------------------------
+    def on_torch(self, torch: Any) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.utils.data import DataLoader
+
+        self._wrap_init(DistributedDataParallel)
+        _wrap_iter(DataLoader, self)
+        self._hooks.append(register_optimizer_step_post_hook(self._after_optimizer_step))
+
+    def on_fsdp(self, module: Any) -> None:
+        self._wrap_init(module.FullyShardedDataParallel)
+
+    def _wrap_init(self, cls: type) -> None:
+        original = getattr(cls, "__init__")
+        if getattr(original, "__ddpdoctor_wrapped__", False):
+            return
+        attacher = self
+
+        @functools.wraps(original)
+        def init(*args: Any, **kwargs: Any) -> None:  # no named `self`: DDP takes `module=` by keyword
+            original(*args, **kwargs)
+            attacher.built(args[0])
+
+        init.__ddpdoctor_wrapped__ = True  # type: ignore[attr-defined]
+        setattr(cls, "__init__", init)
+
+    # -- the script's calls --------------------------------------------------------------
+    def built(self, module: Any) -> None:
+        """A DDP (or FSDP) module was built: known, and its forward begins the steps once a Doctor runs. The
+        hook goes first (prepend), so the batch and loss hooks that come with the Doctor see the step open."""
+        if any(ref() is module for ref in self.models):
+            return  # FSDP's nested units call the constructor again for their own modules
+        self.models.append(weakref.ref(module))
+        module.register_forward_pre_hook(WeakHook(self, "_before_forward"), prepend=True)
+
+    def iterated(self, loader: Any) -> None:
+        self.loader = weakref.ref(loader)
+
+    def _before_forward(self, module: Any, args: Any) -> None:
+        doctor = self.doctor
+        if (doctor is not None and module.training and not doctor.in_step and self.model is not None
+                and module is self.model()):
+            doctor.step_begin(None)  # the batch follows from the tap's hook (ModelTap)
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        doctor = self.doctor
+        if doctor is not None:
+            if self.optimizer is not None and optimizer is self.optimizer() and doctor.in_step:
+                doctor.step_end(self.tap.take_loss() if self.tap is not None else None)
+            return
+        if self.framework is None and not self.gave_up and id(optimizer) not in self._not_ours:
+            self._attach(optimizer)
+
+    # -- attaching -----------------------------------------------------------------------
+    def _attach(self, optimizer: Any) -> None:
+        model = self._model_of(optimizer)
+        if model is None:
+            self._not_ours.add(id(optimizer))
+            return
+        loader = self.loader() if self.loader is not None else None
+        try:
+            self.doctor = self.make_doctor(model, optimizer=optimizer, loader=loader, **self.settings.options)
+        except Exception as exc:  # the script runs on unwatched: one line says why
+            self.gave_up = True
+            log.warning("ddpdoctor run: could not attach the Doctor: %s: %s", type(exc).__name__, exc)
+            return
+        self.optimizer, self.model = weakref.ref(optimizer), weakref.ref(model)
+        self.tap = ModelTap(model, self.doctor)
+        self.doctor.before_close(self._before_close)
+        self.settings.mark_attached(f"{type(model).__name__} on rank {self.doctor.rank}")
+
+    def _model_of(self, optimizer: Any) -> Any:
+        """The newest built model whose parameters this optimizer steps (a GAN's two: each its own)."""
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for ref in reversed(self.models):
+            model = ref()
+            if model is not None and any(id(p) in stepped for p in model.parameters()):
+                return model
+        return None
+
+    def _before_close(self) -> None:
+        """What could not be seen without code, said once: the loss, where the model's forward returned none."""
+        tap, doctor = self.tap, self.doctor
+        if tap is None:
+            return
+        if not tap.loss_seen and doctor.steps_done:
+            doctor.tell([unseen_loss(doctor.world_size, doctor.steps_done, seen_from="ddpdoctor run")])
+        tap.close()
+        self.tap = None
+
+    def close(self) -> None:
+        """The end of the script: the Doctor's own close (the final check, the summary), if it still runs."""
+        if self.doctor is not None:
+            self.doctor.close()
+
+
+def _wrap_iter(cls: type, attacher: Attacher) -> None:
+    original = cls.__iter__  # type: ignore[attr-defined]
+    if getattr(original, "__ddpdoctor_wrapped__", False):
+        return
+    ref = weakref.ref(attacher)
+
+    @functools.wraps(original)
+    def iterate(loader: Any) -> Any:
+        target = ref()
+        if target is not None:
+            target.iterated(loader)
+        return original(loader)
+
+    iterate.__ddpdoctor_wrapped__ = True  # type: ignore[attr-defined]
+    cls.__iter__ = iterate  # type: ignore[attr-defined]
