@@ -73,11 +73,12 @@ def by_code(report: dict) -> dict[str, dict]:
     return {f["code"]: f for f in report["findings"]}
 
 
-@pytest.mark.parametrize("launch", ["env", "srun"])
+@pytest.mark.parametrize("launch", ["env", pytest.param("srun", marks=pytest.mark.slow)])
 def test_slow_data_and_a_missing_set_epoch_are_named_at_the_end_of_a_short_run(tmp_path, launch):
     """Rank 1's loader sleeps 20 ms a step; set_epoch is never called. 20 epochs (161 steps): checks at step 1
     and about step 100, never a third, so the live rules never judge a straggler: the end does. `srun`: the
-    tasks as srun starts them (SLURM_PROCID, no RANK), the script's tcp:// rendezvous serving the end's store."""
+    tasks as srun starts them (SLURM_PROCID, no RANK), the script's tcp:// rendezvous serving the end's store
+    (slow tier: test_a_rank_gone_before_the_end_is_named_and_costs_no_wait[srun] crosses that path)."""
     epochs = epochs_for(20.0)
     result = run_loop(tmp_path, "slowdata,noepoch", epochs=str(epochs), srun=launch == "srun", **{"slow-ms": "20"})
     assert result["exit"] == [0, 0], result["stderr"][0][-3000:]

@@ -1,0 +1,187 @@
+"""`ddpdoctor run` on real ranks: an unedited script (tests/ranks/plain_train.py, nothing of ddpdoctor in it)
+named right in every launch style, its own behaviour unchanged, and nothing left behind.
+
+The faults are doctor_loop.py's, made the same ways (a sleep in rank 1's loop before its step, set_epoch never
+called, no DistributedSampler, a spin in rank 1's backward), and each is asserted as the explicit Doctor's end of
+the run names it (tests/ranks/test_run_end_e2e.py): the same code, rank and cause. Runs are sized as there, from
+a floor every host keeps. The frameworks' fits under `ddpdoctor run` are at the end (marked `adapters`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.attach.settings import DIR_VAR, RUN_VAR
+
+from .harness import _env, free_port, port_is_free, run_script_ranks, tagged_processes
+from .test_launch_styles_e2e import nobody_listens
+from .test_run_end_e2e import epochs_for
+
+pytestmark = pytest.mark.ranks
+SCRIPT = Path(__file__).with_name("plain_train.py")
+FIT = Path(__file__).with_name("adapter_fit.py")
+RUN = ("-m", "ddpdoctor", "run")
+CLEAN = {RUN_VAR: None, DIR_VAR: None}  # a test under a `ddpdoctor run` of its own must not inherit it
+
+
+def by_code(report: dict) -> dict[str, dict]:
+    return {f["code"]: f for f in report["findings"]}
+
+
+def start(argv: list[str], tag: str) -> subprocess.Popen:
+    return subprocess.Popen(argv, env=_env(tag, {**CLEAN, "RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, tag: str, timeout_s: float) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert not tagged_processes(tag), "processes left behind"
+    return proc.returncode, out, err
+
+
+def one_process(tmp_path: Path, run_args: list[str], script_args: list[str], timeout_s: float = 120,
+                launcher: tuple[str, ...] = ()) -> tuple[int, str, str, dict | None]:
+    """`python -m ddpdoctor run RUN_ARGS [-- LAUNCHER] plain_train.py SCRIPT_ARGS` as one process (mp.spawn inside,
+    or a launcher around); (exit status, stdout, stderr, rank 0's report)."""
+    report = tmp_path / "run.json"
+    tag = uuid.uuid4().hex
+    argv = [sys.executable, *RUN, "--json", str(report), *run_args,
+            *(["--", *launcher] if launcher else []), str(SCRIPT), *script_args]
+    rc, out, err = finish(start(argv, tag), tag, timeout_s)
+    return rc, out, err, json.loads(report.read_text()) if report.exists() else None
+
+
+def test_an_unedited_script_under_ddpdoctor_run_inside_the_launcher_names_slow_data_and_a_missing_set_epoch(tmp_path):
+    """Each rank started as torchrun or a job's env does, `python -m ddpdoctor run train.py`: rank 1 sleeps 20 ms
+    before each step, set_epoch is never called. As the explicit Doctor's end names it: STR001 rank 1, data."""
+    port = free_port()
+    report = tmp_path / "run.json"
+    results = run_script_ranks(SCRIPT, ["--case", "slowdata,noepoch", "--epochs", str(epochs_for(20.0))],
+                               {0: port, 1: port}, timeout_s=120, extra_env=CLEAN,
+                               python_args=(*RUN, "--json", str(report)))
+    assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:]
+    found = by_code(json.loads(report.read_text()))
+    assert found["STR001"]["ranks"] == [1] and found["STR001"]["evidence"]["cause"] == "data loading", found
+    assert found["DOC003"]["ranks"] == [0, 1] and found["DOC020"]["severity"] == "info"
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["code"] == "STR001" and summary["final_check"]["missing"] == []
+    assert "ddpdoctor end of run: STR001 (rank 1)" in results[0][1]
+
+
+def test_srun_tasks_under_ddpdoctor_run_name_an_unsharded_loader(tmp_path):
+    """srun's way: SLURM_PROCID and no RANK, the script's tcp:// rendezvous."""
+    port = free_port()
+    report = tmp_path / "run.json"
+    results = run_script_ranks(SCRIPT, ["--case", "nosampler", "--epochs", "2"], {0: port, 1: port}, timeout_s=90,
+                               extra_env=CLEAN, srun=True, python_args=(*RUN, "--json", str(report)))
+    assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:]
+    found = by_code(json.loads(report.read_text()))
+    assert found["DOC001"]["ranks"] == [0, 1] and found["DOC001"]["severity"] == "critical", found
+
+
+@pytest.mark.slow
+def test_an_mp_spawn_script_attaches_in_its_children_and_names_a_compute_straggler_in_backward(tmp_path):
+    """`ddpdoctor run train.py --spawn 2`: the script's function pickled to its mp.spawn children, which attach
+    through the environment; rank 1 spins 25 ms in its backward pass. Its exit status (sys.exit(3)) is kept.
+    Slow tier: the default test_the_script_sees_itself_as_it_does_without_ddpdoctor crosses the mp.spawn path."""
+    rc, _, err, report = one_process(tmp_path, [], ["--case", "backward", "--epochs", str(epochs_for(25.0)),
+                                                    "--spawn", "2", "--port", str(free_port()), "--exit", "3"])
+    assert rc == 3, err[-3000:]
+    found = by_code(report)
+    assert found["STR001"]["ranks"] == [1] and found["STR001"]["evidence"]["cause"] == "compute", found
+
+
+def test_ddpdoctor_run_around_torchrun_attaches_its_workers_and_a_healthy_run_is_quiet(tmp_path):
+    """`ddpdoctor run -- torchrun --nproc_per_node=2 train.py`: the workers attach through sitecustomize, the
+    agent (a Python process too) does not; a healthy run says so, with its figures, and nothing is loud."""
+    port = free_port()
+    rc, _, err, report = one_process(tmp_path, [], ["--case", "healthy", "--epochs", "4"],
+                                     launcher=(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                               "--master_port", str(port)))
+    assert rc == 0, err[-3000:]
+    loud = [f for f in report["findings"] if f["severity"] in ("warn", "critical")]
+    assert not loud and report["summary"]["verdict"].startswith("healthy"), report["summary"]
+    assert report["summary"]["steps"] == 4 * 8 - 1  # the first optimizer step attaches: it is not timed
+    assert "nothing was watched" not in err and port_is_free(port)
+
+
+def test_a_script_that_raises_keeps_its_traceback_and_status_and_leaves_nothing(tmp_path):
+    port = free_port()
+    rc, _, err, _ = one_process(tmp_path, [], ["--spawn", "2", "--port", str(port), "--raise"], timeout_s=90)
+    assert rc == 1 and "RuntimeError: the script's own error at step 3" in err, err[-3000:]
+    lines = err.splitlines()
+    first = lines[lines.index("Traceback (most recent call last):") + 1]
+    assert "plain_train.py" in first, err[-3000:]  # the traceback starts at the script, not in ddpdoctor or runpy
+    assert nobody_listens(port)  # mp.spawn killed rank 0 mid-run: its connections may sit in TIME_WAIT, no listener
+
+
+def test_the_script_sees_itself_as_it_does_without_ddpdoctor(tmp_path):
+    """__name__, sys.argv, sys.path[0], the sibling import, in the parent and the mp.spawn children, and the exit
+    status: the same under `ddpdoctor run` as under `python train.py`."""
+    seen = {}
+    for how in ("plain", "run"):
+        record = tmp_path / how
+        args = ["--epochs", "1", "--spawn", "2", "--port", str(free_port()), "--record", str(record), "--exit", "3"]
+        tag = uuid.uuid4().hex
+        argv = [sys.executable, *(RUN if how == "run" else ()), str(SCRIPT), *args]
+        rc, _, err = finish(start(argv, tag), tag, 90)
+        assert rc == 3, err[-3000:]
+        seen[how] = {who: json.loads((tmp_path / f"{how}.{who}").read_text()) for who in ("parent", "0", "1")}
+        for who in seen[how].values():
+            who["argv"] = [a.replace(str(tmp_path / how), "RECORD") for a in who["argv"]]
+            who["argv"][who["argv"].index("--port") + 1] = "PORT"
+    assert seen["run"] == seen["plain"], seen
+    assert seen["run"]["parent"]["name"] == "__main__" and seen["run"]["0"]["name"] == "__mp_main__"
+
+
+def test_ctrl_c_on_ddpdoctor_run_around_a_launcher_leaves_no_process_and_no_port(tmp_path):
+    """SIGINT to the whole foreground group (what a terminal's Ctrl-C sends) in the middle of training."""
+    port = free_port()
+    tag = uuid.uuid4().hex
+    argv = [sys.executable, *RUN, "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_port", str(port), str(SCRIPT), "--epochs", "400", "--floor-ms", "5"]
+    proc = start(argv, tag)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(tagged_processes(tag)) < 4:  # us, the agent, two workers
+        time.sleep(0.2)
+    time.sleep(3.0)  # training
+    os.killpg(proc.pid, signal.SIGINT)
+    rc, _, err = finish(proc, tag, 60)
+    assert rc != 0 and nobody_listens(port), err[-3000:]
+
+
+@pytest.mark.adapters
+@pytest.mark.parametrize("framework, scenario, expect", [
+    ("lightning", "slowdata", ("STR001", [1], "data loading")),
+    ("hf", "nosampler", ("DOC001", [0, 1], None)),
+    ("accelerate", "slowdata", ("STR001", [1], "data loading")),
+])
+def test_an_unedited_fit_under_ddpdoctor_run_gets_its_framework_adapter(tmp_path, framework, scenario, expect):
+    """adapter_fit.py with ADAPTER_FIT_UNEDITED=1: no callback, no Doctor in the fit. Lightning and the Hugging
+    Face Trainer get their adapters when they are built; Accelerate's plain loop, the DDP model it prepares."""
+    pytest.importorskip({"lightning": "lightning", "hf": "transformers", "accelerate": "accelerate"}[framework])
+    port = free_port()
+    report = tmp_path / "run.json"
+    results = run_script_ranks(FIT, [framework, "--json", str(tmp_path / "fit"), "--scenarios", scenario],
+                               {0: port, 1: port}, timeout_s=240, cwd=tmp_path,
+                               extra_env={**CLEAN, "ADAPTER_FIT_UNEDITED": "1"},
+                               python_args=(*RUN, "--json", str(report), "--every", "20", "--check-every-s", "0"))
+    assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:]
+    code, ranks, cause = expect
+    loud = [f for f in json.loads(report.read_text())["findings"] if f["severity"] in ("warn", "critical")]
+    assert loud and loud[0]["code"] == code and loud[0]["ranks"] == ranks, loud
+    assert cause is None or loud[0]["evidence"]["cause"] == cause, loud
+    assert not (tmp_path / f"fit.{scenario}.json").exists()  # no Doctor of the fit's own: ddpdoctor run's only
