@@ -19,6 +19,13 @@ of wall time: they run through both kinds of block alike, so the pairs cannot se
     python benchmarks/callback_overhead.py --nproc 1 --pairs 15     # one rank: less noise from the other
     python benchmarks/callback_overhead.py --device cuda --nproc 1  # on a GPU (NCCL)
     python benchmarks/callback_overhead.py --check-every-s 0        # the checks by count alone (every 50)
+    python benchmarks/callback_overhead.py --via run                # the Doctor attached as `ddpdoctor run` does
+
+--via run: the watched model's Doctor is attached by `ddpdoctor run`'s hooks (attach/step_hooks.py: the DDP
+constructor, the global optimizer step hook, the model's forward hooks), not called by the loop; the bare model
+is built before the attachment is installed, so it is never watched, though the global optimizer hook is called
+at its steps too (as it is at every optimizer's steps in an attached process). "Inside the Doctor" is then the
+time in the hooks' calls (the forward hooks, and the Doctor's step_end from the optimizer hook).
 """
 
 from __future__ import annotations
@@ -104,13 +111,35 @@ class _Split:
                 else None, "check_parts_ms": {k: round(1e3 * statistics.mean(v), 2) for k, v in self.parts.items()}}
 
 
-def _timed(model, opt, x, y, n: int, doctor=None, split: "_Split | None" = None  # type: ignore[no-untyped-def]
-           ) -> tuple[float, float, float, float]:
-    """n steps: (wall, this thread's CPU, the whole process's CPU, wall inside the Doctor's calls) seconds."""
+class _HookMeter:
+    """--via run: the wall time in the attachment's calls on the step path, summed (nothing else changed)."""
+
+    def __init__(self, attacher) -> None:  # type: ignore[no-untyped-def]
+        self.total = 0.0
+        for owner, name in ((attacher, "_before_forward"), (attacher.tap, "_before"), (attacher.tap, "_after"),
+                            (attacher.doctor, "step_end")):
+            self._wrap(owner, name)
+
+    def _wrap(self, owner, name: str) -> None:  # type: ignore[no-untyped-def]
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+            began = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.total += time.perf_counter() - began
+        setattr(owner, name, timed)
+
+
+def _timed(model, opt, x, y, n: int, doctor=None, split: "_Split | None" = None,  # type: ignore[no-untyped-def]
+           meter: "_HookMeter | None" = None) -> tuple[float, float, float, float]:
+    """n steps: (wall, this thread's CPU, the whole process's CPU, wall inside the Doctor's calls) seconds.
+    `meter`: the Doctor is attached by hooks (--via run), not called here; the time in them is read off it."""
     import torch.nn.functional as F
 
     clock = time.perf_counter
-    inside = 0.0
+    inside = -meter.total if meter is not None else 0.0
     _sync(x.device.type)
     began, thread0, process0 = clock(), time.thread_time(), time.process_time()
     for _ in range(n):
@@ -131,6 +160,8 @@ def _timed(model, opt, x, y, n: int, doctor=None, split: "_Split | None" = None 
             if split is not None:
                 split.step(here, planned)
     _sync(x.device.type)
+    if meter is not None:
+        inside += meter.total
     return clock() - began, time.thread_time() - thread0, time.process_time() - process0, inside
 
 
@@ -200,12 +231,23 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
     device = args.device
     width, calibrated = _calibrate(target_ms, device)
     bare, bare_opt = _ddp(width, device)
-    watched, watched_opt = _ddp(width, device)
     options = {} if args.check_every_s is None else {"check_every_s": args.check_every_s}
-    doctor = ddpdoctor.Doctor(watched, watched_opt, **options)
     g = torch.Generator().manual_seed(dist.get_rank())
     x = torch.randn(BATCH, IN, generator=g).to(device)
     y = torch.randint(0, OUT, (BATCH,), generator=g).to(device)
+    meter = None
+    if args.via == "run":  # as `ddpdoctor run` attaches: built after the hooks are in, found at its first step
+        from ddpdoctor import autorun
+        from ddpdoctor.attach.settings import RunSettings
+
+        attacher = autorun.start(RunSettings(options=dict(options, summary=False)))
+        watched, watched_opt = _ddp(width, device)
+        _timed(watched, watched_opt, x, y, 1)  # its first optimizer step attaches the Doctor
+        doctor, meter = attacher.doctor, _HookMeter(attacher)
+    else:
+        watched, watched_opt = _ddp(width, device)
+        doctor = ddpdoctor.Doctor(watched, watched_opt, **options)
+    called = None if meter is not None else doctor  # the loop calls the Doctor itself, or the hooks do
     # Every rank runs as many steps a block: the collectives must match.
     n = int(_from_rank0(max(20, int(args.block_s * 1e3 / max(calibrated, 0.05))), device))
     bare_ms, watched_ms = [], []
@@ -222,7 +264,7 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
             else:
                 if pair == 1:
                     counted_from = doctor._steps
-                wall, thread, process, inside = _timed(watched, watched_opt, x, y, n, doctor)
+                wall, thread, process, inside = _timed(watched, watched_opt, x, y, n, called, meter=meter)
                 watched_ms.append(1e3 * wall / n)
                 if pair:
                     inside_us.append(1e6 * inside / n)
@@ -236,7 +278,8 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
     continuous_us: list[float] = []
     split = _Split(doctor)
     for block in range(args.pairs + 1):
-        inside = _timed(watched, watched_opt, x, y, n, doctor, split if block else None)[3]
+        inside = _timed(watched, watched_opt, x, y, n, called, split if block and called is not None else None,
+                        meter=meter)[3]
         if block:
             continuous_us.append(1e6 * inside / n)
     findings = [f"{f.code} {f.severity.label}" for f in doctor.report()]
@@ -299,6 +342,8 @@ def main() -> int:
     parser.add_argument("--check-every-s", type=float, default=None, help="the Doctor's (default: its own)")
     parser.add_argument("--pin", action="store_true", help="pin rank r to core r (as srun --cpu-bind=cores)")
     parser.add_argument("--json", help="write the table's numbers here")
+    parser.add_argument("--via", choices=("doctor", "run"), default="doctor",
+                        help="run: the Doctor attached by `ddpdoctor run`'s hooks, not called by the loop")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -306,7 +351,7 @@ def main() -> int:
         return 0
     port = _port()
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--shapes", args.shapes, "--pairs", str(args.pairs),
-           "--block-s", str(args.block_s), "--device", args.device]
+           "--block-s", str(args.block_s), "--device", args.device, "--via", args.via]
     if args.check_every_s is not None:
         cmd += ["--check-every-s", str(args.check_every_s)]
     if args.pin:
@@ -321,8 +366,9 @@ def main() -> int:
     result = json.loads(out.strip().splitlines()[-1])
     pinned = " pinned" if args.pin else ""
     setting = "" if args.check_every_s is None else f" but check_every_s={args.check_every_s:g}"
+    via = ", attached by `ddpdoctor run`'s hooks" if args.via == "run" else ""
     print(f"{result['nproc']} rank(s){pinned}, {result['device']}, median of {args.pairs} alternated block pairs "
-          f"of ~{args.block_s:g} s; the Doctor at its defaults{setting}")
+          f"of ~{args.block_s:g} s; the Doctor at its defaults{setting}{via}")
     print("| target step | bare step | inside the Doctor a step, back to back (worst block; alternated) | share of the step "
           "| wall, A/B pairs (worst) "
           "| training thread's CPU, A/B | Doctor's threads (CPU ms/s) | findings |")

@@ -284,12 +284,12 @@ _ENTRIES = (
                "construction), or broadcast them from rank 0 yourself (torch.distributed.broadcast) after "
                "changing them; all-reduce a statistic that should cover every rank's data.")),
     _code("DOC020", _INFO, "callback",
-          why=("The Hugging Face Trainer passes its callbacks no loss; the adapter reads the loss the model returns "
-               "(outputs.loss) off the model's forward. A loss computed outside the model (compute_loss_func, label "
-               "smoothing, a compute_loss that computes it from the logits) never passes there, so which rank's loss "
-               "went NaN first cannot be said, and the Trainer's logging_nan_inf_filter (on by default) hides a NaN "
-               "loss from its logs."),
-          fix=("Let the model compute the loss (pass labels), or train with a custom loop and give Doctor the loss "
+          why=("The Hugging Face Trainer passes its callbacks no loss, and `ddpdoctor run` attaches to a script it "
+               "cannot edit; both read the loss the model returns (outputs.loss, or a model whose forward returns "
+               "it) off the model's forward. A loss computed outside the model (compute_loss_func, label smoothing, "
+               "a plain loop's loss_fn(model(x), y)) never passes there, so which rank's loss went NaN first cannot "
+               "be said, and the Trainer's logging_nan_inf_filter (on by default) hides a NaN loss from its logs."),
+          fix=("Let the model compute the loss (pass labels), or give Doctor the loss in a loop you edit "
                "(`step.loss = loss`); set logging_nan_inf_filter=False to see non-finite losses in the logs.")),
     _code("DOC021", frozenset({Severity.WARN, Severity.CRITICAL}), "callback",
           severity_rule="CRITICAL when a missing rank's process is known gone or stopped, WARN when it only did not answer",
