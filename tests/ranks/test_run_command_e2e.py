@@ -81,15 +81,19 @@ def test_an_unedited_script_under_ddpdoctor_run_inside_the_launcher_names_slow_d
     assert "ddpdoctor end of run: STR001 (rank 1)" in results[0][1]
 
 
-def test_srun_tasks_under_ddpdoctor_run_name_an_unsharded_loader(tmp_path):
-    """srun's way: SLURM_PROCID and no RANK, the script's tcp:// rendezvous."""
+def test_srun_tasks_under_ddpdoctor_run_name_an_unsharded_loader_and_count_optimizer_steps(tmp_path):
+    """srun's way: SLURM_PROCID and no RANK, the script's tcp:// rendezvous. The loop accumulates gradients over
+    two forwards a step: a step is an optimizer step (32 of them, each rank reading all 16 batches an epoch with no
+    sampler; the first step attaches the Doctor), not one of the 64 forwards."""
     port = free_port()
     report = tmp_path / "run.json"
-    results = run_script_ranks(SCRIPT, ["--case", "nosampler", "--epochs", "2"], {0: port, 1: port}, timeout_s=90,
-                               extra_env=CLEAN, srun=True, python_args=(*RUN, "--json", str(report)))
+    results = run_script_ranks(SCRIPT, ["--case", "nosampler,accum", "--epochs", "2"], {0: port, 1: port},
+                               timeout_s=90, extra_env=CLEAN, srun=True, python_args=(*RUN, "--json", str(report)))
     assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:]
-    found = by_code(json.loads(report.read_text()))
+    written = json.loads(report.read_text())
+    found = by_code(written)
     assert found["DOC001"]["ranks"] == [0, 1] and found["DOC001"]["severity"] == "critical", found
+    assert written["summary"]["steps"] == 2 * 16 - 1 and [r["steps"] for r in written["summary"]["ranks"]] == [31, 31]
 
 
 @pytest.mark.slow
