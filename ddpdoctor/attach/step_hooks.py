@@ -106,7 +106,11 @@ class Attacher:
 
     # -- attaching -----------------------------------------------------------------------
     def _attach(self, optimizer: Any) -> None:
+        import torch.distributed as dist
+
         model = self._model_of(optimizer)
+        if model is not None and not (dist.is_available() and dist.is_initialized()):
+            model = None  # after the job's end (its process group destroyed): nothing of the job's to watch
         if model is None:
             self._not_ours.add(id(optimizer))
             return
@@ -132,17 +136,20 @@ class Attacher:
         return None
 
     def _before_close(self) -> None:
-        """What could not be seen without code, said once: the loss, where the model's forward returned none."""
-        tap, doctor = self.tap, self.doctor
-        if tap is None:
-            return
-        if not tap.loss_seen and doctor.steps_done:
-            doctor.tell([unseen_loss(doctor.world_size, doctor.steps_done, seen_from="ddpdoctor run")])
-        tap.close()
-        self.tap = None
+        """What could not be seen without code, said once (the loss, where the model's forward returned none);
+        then this Doctor is let go: a model built later (a second fit) attaches a Doctor of its own."""
+        tap, doctor, model = self.tap, self.doctor, self.model() if self.model is not None else None
+        if tap is not None:
+            if not tap.loss_seen and doctor.steps_done:
+                doctor.tell([unseen_loss(doctor.world_size, doctor.steps_done, seen_from="ddpdoctor run")])
+            tap.close()
+        self.models = [ref for ref in self.models if ref() is not None and ref() is not model]
+        self.tap = self.doctor = self.model = self.optimizer = None
+        self._not_ours.clear()
 
     def close(self) -> None:
         """The end of the script: the Doctor's own close (the final check, the summary), if it still runs."""
+        self.gave_up = True  # nothing attaches after the script's end (an atexit step of someone else's)
         if self.doctor is not None:
             self.doctor.close()
 
