@@ -96,7 +96,8 @@ def loss_of(output: Any, bare_is_loss: bool) -> Any:
     """The loss in what a framework hands over, or None.
 
     `bare_is_loss`: Lightning's `training_step` returns the loss itself (or a dict holding it); a model's
-    forward returns outputs, where a bare tensor is logits, never the loss. A dict or a Hugging Face
+    forward returns outputs, where a bare tensor is logits, never the loss, unless it is one 0-d value (a
+    model that computes its own loss, as `ddpdoctor run` meets in plain loops: logits are never 0-d). A dict or a Hugging Face
     ModelOutput (both) gives its "loss"; an object its `.loss`; a tuple (a Hugging Face model with
     `return_dict=False` and labels) its first element when that is one value (logits never are).
     What comes back is watched by `LossWatch.see` (several values are summed there)."""
@@ -109,5 +110,7 @@ def loss_of(output: Any, bare_is_loss: bool) -> Any:
         return first if isinstance(first, torch.Tensor) and first.numel() == 1 else None
     if bare_is_loss:
         return output
+    if isinstance(output, torch.Tensor):
+        return output if output.dim() == 0 and output.is_floating_point() else None
     loss = getattr(output, "loss", None)
     return loss if isinstance(loss, torch.Tensor) else None

@@ -49,7 +49,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--case", default="healthy",
                    help="comma-separated: healthy, slowdata, noepoch, nosampler, backward, die, accum, loss_in_model, "
-                        "compile (torch.compile of the DDP model)")
+                        "compile (torch.compile of the DDP model), nan (rank 1's inputs NaN from step 11)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--slow-ms", type=float, default=20.0)
     p.add_argument("--spin-ms", type=float, default=25.0)
@@ -110,6 +110,8 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> None:
                 time.sleep(args.slow_ms / 1e3)  # a loader that really takes longer on this rank
             if args.floor_ms:
                 time.sleep(args.floor_ms / 1e3)
+            if "nan" in cases and rank == 1 and step >= 10:
+                x = x * float("nan")  # a corrupt sample on this rank from its 11th step
             if args.raise_ and step == 3 and rank == 1:
                 raise RuntimeError("the script's own error at step 3")
             optimizer.zero_grad()

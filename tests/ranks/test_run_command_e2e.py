@@ -134,13 +134,16 @@ def test_a_script_that_raises_keeps_its_traceback_and_status_and_leaves_nothing(
 
 def test_the_script_sees_itself_as_it_does_without_ddpdoctor(tmp_path):
     """__name__, sys.argv, sys.path[0], the sibling import, in the parent and the mp.spawn children, and the exit
-    status: the same under `ddpdoctor run` as under `python train.py`."""
+    status: the same under `ddpdoctor run` as under `python train.py`. The model returns its own loss, and rank 1's
+    inputs turn NaN from its 11th step: under `ddpdoctor run` the loss is watched, and DOC018 names rank 1."""
     seen = {}
+    report = tmp_path / "run.json"
     for how in ("plain", "run"):
         record = tmp_path / how
-        args = ["--epochs", "1", "--spawn", "2", "--port", str(free_port()), "--record", str(record), "--exit", "3"]
+        args = ["--epochs", "2", "--case", "loss_in_model,nan", "--spawn", "2", "--port", str(free_port()),
+                "--record", str(record), "--exit", "3"]
         tag = uuid.uuid4().hex
-        argv = [sys.executable, *(RUN if how == "run" else ()), str(SCRIPT), *args]
+        argv = [sys.executable, *((*RUN, "--json", str(report)) if how == "run" else ()), str(SCRIPT), *args]
         rc, _, err = finish(start(argv, tag), tag, 90)
         assert rc == 3, err[-3000:]
         seen[how] = {who: json.loads((tmp_path / f"{how}.{who}").read_text()) for who in ("parent", "0", "1")}
@@ -149,6 +152,9 @@ def test_the_script_sees_itself_as_it_does_without_ddpdoctor(tmp_path):
             who["argv"][who["argv"].index("--port") + 1] = "PORT"
     assert seen["run"] == seen["plain"], seen
     assert seen["run"]["parent"]["name"] == "__main__" and seen["run"]["0"]["name"] == "__mp_main__"
+    found = by_code(json.loads(report.read_text()))
+    assert found["DOC018"]["ranks"] == [1] and "DOC020" not in found, found
+    assert found["DOC018"]["evidence"]["first_nonfinite_step"]["1"] == 10  # its 11th step, the 10th the Doctor timed
 
 
 def test_ctrl_c_on_ddpdoctor_run_around_a_launcher_leaves_no_process_and_no_port(tmp_path):

@@ -164,7 +164,8 @@ def test_the_loss_is_found_in_each_shape_a_framework_returns():
     assert loss_of(SimpleNamespace(loss=loss), bare_is_loss=False) is loss
     assert loss_of((loss, logits), bare_is_loss=False) is loss  # return_dict=False with labels
     assert loss_of((logits,), bare_is_loss=False) is None  # without labels: logits only
-    assert loss_of(logits, bare_is_loss=False) is None  # a model's bare output is never its loss
+    assert loss_of(logits, bare_is_loss=False) is None  # a model's bare output is never its loss...
+    assert loss_of(loss, bare_is_loss=False) is loss  # ...unless it is one 0-d value: a model returning its loss
     assert loss_of(loss, bare_is_loss=True) is loss  # Lightning's training_step returns the loss itself
     assert loss_of({"loss": loss}, bare_is_loss=True) is loss and loss_of(None, bare_is_loss=True) is None
 
