@@ -17,6 +17,8 @@ the issue sets it whatever the host:
 
     python benchmarks/end_of_run_detection.py                                  # every fault, 10 runs a length
     python benchmarks/end_of_run_detection.py --faults healthy --lengths 100,400 --runs 20
+    python benchmarks/end_of_run_detection.py --via run    # the same faults in tests/ranks/plain_train.py, a script
+                                                           # with nothing of ddpdoctor in it, under `ddpdoctor run`
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ sys.path.insert(0, HERE)
 from stragglers_detection import _loop_run  # noqa: E402  (two ranks pinned or not, a fault from outside on rank 1)
 
 LOOP = os.path.join(HERE, "..", "tests", "ranks", "doctor_loop.py")
+PLAIN = os.path.join(HERE, "..", "tests", "ranks", "plain_train.py")  # the same loop and faults, unedited
+VIA = {"via": "doctor"}  # --via: "doctor" (doctor_loop.py calls the Doctor) or "run" (`ddpdoctor run` attaches)
 BATCHES = 8  # doctor_loop.py's batches per rank and epoch
 # fault -> (doctor_loop case, expected code, rank, cause, pinned)
 FAULTS: dict[str, tuple[str, Optional[str], Optional[int], Optional[str], bool]] = {
@@ -54,8 +58,13 @@ def one_run(case: str, steps: int, flags: list[str], pinned: bool, hog: bool) ->
     report (findings and summary)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "run.json")
-        cmd = [sys.executable, LOOP, "--case", case, "--json", path, "--epochs", str(max(1, steps // BATCHES)),
-               "--every", "50", "--check-every-s", "2", *flags]
+        epochs = str(max(1, steps // BATCHES))
+        if VIA["via"] == "run":
+            cmd = [sys.executable, "-m", "ddpdoctor", "run", "--json", path, "--every", "50", "--check-every-s", "2",
+                   "--no-summary", PLAIN, "--case", case, "--epochs", epochs, *flags]
+        else:
+            cmd = [sys.executable, LOOP, "--case", case, "--json", path, "--epochs", epochs,
+                   "--every", "50", "--check-every-s", "2", *flags]
         _loop_run(cmd, dict(os.environ, OMP_NUM_THREADS="1"), "hog:rank=1:pct=100" if hog else None, pinned)
         return json.load(open(path)) if os.path.exists(path) else {"findings": [], "summary": None}
 
@@ -124,7 +133,10 @@ def main() -> int:
     parser.add_argument("--healthy-ms", type=float, help="skip the calibration: this host's healthy step (ms)")
     parser.add_argument("--json", help="write every row here")
     parser.add_argument("--keep", help="a folder: every wrong run's report is written there")
+    parser.add_argument("--via", choices=("doctor", "run"), default="doctor",
+                        help="run: tests/ranks/plain_train.py (no ddpdoctor in it) under `ddpdoctor run`")
     args = parser.parse_args()
+    VIA["via"] = args.via
     began = time.time()
     healthy_ms = args.healthy_ms or calibrate()
     print(f"healthy step here: {healthy_ms:.2f} ms", flush=True)
