@@ -49,7 +49,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--case", default="healthy",
                    help="comma-separated: healthy, slowdata, noepoch, nosampler, backward, die, accum, loss_in_model, "
-                        "compile (torch.compile of the DDP model), nan (rank 1's inputs NaN from step 11)")
+                        "compile (torch.compile of the DDP model), nan (rank 1's inputs NaN from step 11), fsdp (FSDP, not DDP)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--slow-ms", type=float, default=20.0)
     p.add_argument("--spin-ms", type=float, default=25.0)
@@ -86,7 +86,13 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> None:
         record(args.record, rank)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
-    model = DistributedDataParallel(WithLoss(net) if "loss_in_model" in cases else net)
+    inner = WithLoss(net) if "loss_in_model" in cases else net
+    if "fsdp" in cases:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        model = FullyShardedDataParallel(inner, device_id=torch.device("cpu"))
+    else:
+        model = DistributedDataParallel(inner)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     if "compile" in cases:
         model = torch.compile(model)  # type: ignore[assignment]

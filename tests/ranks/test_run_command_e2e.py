@@ -108,6 +108,28 @@ def test_an_mp_spawn_script_attaches_in_its_children_and_names_a_compute_straggl
     assert found["STR001"]["ranks"] == [1] and found["STR001"]["evidence"]["cause"] == "compute", found
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("wrap, case, expect", [
+    ("fsdp", "slowdata", ("STR001", [1], "data loading")),
+    ("compile", "nosampler,loss_in_model", ("DOC001", [0, 1], None)),
+])
+def test_fsdp_and_a_compiled_ddp_model_are_attached(tmp_path, wrap, case, expect):
+    """FullyShardedDataParallel's constructor is wrapped as DDP's is; a DDP model that torch.compile wraps is found
+    when DDP is built, and its own loss is still read through the compiled forward (no DOC020). Slow tier:
+    test_the_script_sees_itself_as_it_does_without_ddpdoctor crosses the same mp.spawn path (compiling takes a
+    minute on 2 CPU cores)."""
+    epochs = str(epochs_for(20.0)) if "slowdata" in case else "2"
+    rc, _, err, report = one_process(tmp_path, [], ["--case", f"{wrap},{case}", "--epochs", epochs, "--spawn", "2",
+                                                    "--port", str(free_port())], timeout_s=240)
+    assert rc == 0, err[-3000:]
+    found = by_code(report)
+    code, ranks, cause = expect
+    assert found[code]["ranks"] == ranks and (cause is None or found[code]["evidence"]["cause"] == cause), found
+    if wrap == "compile":
+        assert "DOC020" not in found, found
+
+
 def test_ddpdoctor_run_around_torchrun_attaches_its_workers_and_a_healthy_run_is_quiet(tmp_path):
     """`ddpdoctor run -- torchrun --nproc_per_node=2 train.py`: the workers attach through sitecustomize, the
     agent (a Python process too) does not; a healthy run says so, with its figures, and nothing is loud."""
