@@ -116,8 +116,7 @@ class _HookMeter:
 
     def __init__(self, attacher) -> None:  # type: ignore[no-untyped-def]
         self.total = 0.0
-        for owner, name in ((attacher, "_before_forward"), (attacher.tap, "_before"), (attacher.tap, "_after"),
-                            (attacher.doctor, "step_end")):
+        for owner, name in ((attacher, "_before_forward"), (attacher.tap, "_after"), (attacher.doctor, "step_end")):
             self._wrap(owner, name)
 
     def _wrap(self, owner, name: str) -> None:  # type: ignore[no-untyped-def]
@@ -356,14 +355,22 @@ def main() -> int:
         cmd += ["--check-every-s", str(args.check_every_s)]
     if args.pin:
         cmd.append("--pin")
-    procs = [subprocess.Popen(cmd, env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.nproc),
-                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"),
-                              stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True)
-             for r in range(args.nproc)]
-    out, _ = procs[0].communicate()
-    for proc in procs[1:]:
-        proc.wait()
-    result = json.loads(out.strip().splitlines()[-1])
+    # --via run: one job a shape. The attachment lives as long as its process, and would find the next shape's
+    # calibration and bare models (built after it is installed) and attach to the first that steps.
+    shapes = args.shapes.split(",") if args.via == "run" else [args.shapes]
+    result: dict = {}
+    for one in shapes:
+        shaped = [*cmd[:cmd.index("--shapes") + 1], one, *cmd[cmd.index("--shapes") + 2:]]
+        port = _port()
+        procs = [subprocess.Popen(shaped, env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.nproc),
+                                                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"),
+                                  stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True)
+                 for r in range(args.nproc)]
+        out, _ = procs[0].communicate()
+        for proc in procs[1:]:
+            proc.wait()
+        got = json.loads(out.strip().splitlines()[-1])
+        result = dict(got, rows=result.get("rows", []) + got["rows"])
     pinned = " pinned" if args.pin else ""
     setting = "" if args.check_every_s is None else f" but check_every_s={args.check_every_s:g}"
     via = ", attached by `ddpdoctor run`'s hooks" if args.via == "run" else ""

@@ -12,9 +12,10 @@ What a user hands `Doctor(model, optimizer, loader)` and marks with `doctor.step
 - the batch (DOC001) and the loss (DOC018) off the model's forward (callback/model_tap.py): a loss the
   script computes outside the model is not seen, and said once at the end (DOC020);
 - the loader (DOC002, DOC003): the DataLoader most recently iterated when the Doctor attaches.
-Per step this costs two Python calls on the forward and one on the optimizer's step, as a hand-placed
-`doctor.step()` does. A framework's Trainer (attach/frameworks.py) runs its adapter instead: then nothing
-here attaches.
+Per step this costs a Python call before the forward and one after the optimizer's step, as a hand-placed
+`doctor.step()` does, and one after the forward for the loss while the model returns one (removed after
+LOSS_LOOK_STEPS steps without: a plain loop computes its loss outside the model). A framework's Trainer
+(attach/frameworks.py) runs its adapter instead: then nothing here attaches.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from ddpdoctor.callback.weak_hooks import WeakHook
 log = logging.getLogger("ddpdoctor")
 
 MakeDoctor = Callable[..., Any]
+# Steps whose forwards are looked at for a loss (a model that returns one); none by then: the hook is removed.
+LOSS_LOOK_STEPS = 16
 
 
 class Attacher:
@@ -84,22 +87,27 @@ class Attacher:
         if any(ref() is module for ref in self.models):
             return  # FSDP's nested units call the constructor again for their own modules
         self.models.append(weakref.ref(module))
-        module.register_forward_pre_hook(WeakHook(self, "_before_forward"), prepend=True)
+        module.register_forward_pre_hook(WeakHook(self, "_before_forward"), prepend=True, with_kwargs=True)
 
     def iterated(self, loader: Any) -> None:
         self.loader = weakref.ref(loader)
 
-    def _before_forward(self, module: Any, args: Any) -> None:
+    def _before_forward(self, module: Any, args: Any, kwargs: Any) -> None:
+        """The watched model's training forward: the first since the last step begins one, with its inputs as the
+        step's batch (a later one, gradient accumulation's next micro-batch, is inside the same step)."""
         doctor = self.doctor
         if (doctor is not None and module.training and not doctor.in_step and self.model is not None
                 and module is self.model()):
-            doctor.step_begin(None)  # the batch follows from the tap's hook (ModelTap)
+            doctor.step_begin(kwargs if kwargs else args)
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         doctor = self.doctor
         if doctor is not None:
             if self.optimizer is not None and optimizer is self.optimizer() and doctor.in_step:
-                doctor.step_end(self.tap.take_loss() if self.tap is not None else None)
+                tap = self.tap
+                doctor.step_end(tap.take_loss() if tap is not None else None)
+                if tap is not None and not tap.loss_seen and doctor.steps_done == LOSS_LOOK_STEPS:
+                    tap.stop_watching_loss()  # the loss is computed outside the model: a hook less a step
             return
         if self.framework is None and not self.gave_up and id(optimizer) not in self._not_ours:
             self._attach(optimizer)
@@ -122,7 +130,7 @@ class Attacher:
             log.warning("ddpdoctor run: could not attach the Doctor: %s: %s", type(exc).__name__, exc)
             return
         self.optimizer, self.model = weakref.ref(optimizer), weakref.ref(model)
-        self.tap = ModelTap(model, self.doctor)
+        self.tap = ModelTap(model, self.doctor, batch=False)  # the batch comes with the step's begin (above)
         self.doctor.before_close(self._before_close)
         self.settings.mark_attached(f"{type(model).__name__} on rank {self.doctor.rank}")
 

@@ -29,12 +29,15 @@ from ddpdoctor.callback.weak_hooks import WeakHook
 class ModelTap:
     """Hooks on `module` feeding `doctor.see_batch`, and the step's loss for `take_loss()`."""
 
-    def __init__(self, module: Any, doctor: Any) -> None:
+    def __init__(self, module: Any, doctor: Any, batch: bool = True) -> None:
+        """`batch=False`: the loss only (`ddpdoctor run` reads the batch in the hook that begins its steps)."""
         self.doctor = doctor
         self.loss: Any = None
         self.loss_seen = False
-        self._handles = [module.register_forward_pre_hook(WeakHook(self, "_before"), with_kwargs=True),
-                         module.register_forward_hook(WeakHook(self, "_after"))]
+        self._loss_hook = module.register_forward_hook(WeakHook(self, "_after"))
+        self._handles = [self._loss_hook]
+        if batch:
+            self._handles.append(module.register_forward_pre_hook(WeakHook(self, "_before"), with_kwargs=True))
 
     def _inside(self, module: Any) -> bool:
         return bool(module.training and self.doctor.in_step)
@@ -57,6 +60,11 @@ class ModelTap:
         """The step's loss (summed over its micro-batches), or None: once per step, at its end."""
         loss, self.loss = self.loss, None
         return loss
+
+    def stop_watching_loss(self) -> None:
+        """No loss in the model's outputs so far (a plain loop computes it outside): its hook is removed, a call
+        less a forward; `loss_seen` stays False, so the report says the loss was not watched (DOC020)."""
+        self._loss_hook.remove()
 
     def close(self) -> None:
         for handle in self._handles:
