@@ -100,7 +100,7 @@ def test_srun_tasks_under_ddpdoctor_run_name_an_unsharded_loader_and_count_optim
 def test_an_mp_spawn_script_attaches_in_its_children_and_names_a_compute_straggler_in_backward(tmp_path):
     """`ddpdoctor run train.py --spawn 2`: the script's function pickled to its mp.spawn children, which attach
     through the environment; rank 1 spins 25 ms in its backward pass. Its exit status (sys.exit(3)) is kept.
-    Slow tier: the default test_the_script_sees_itself_as_it_does_without_ddpdoctor crosses the mp.spawn path."""
+    Default twin: tests/ranks/test_run_command_e2e.py::test_the_script_sees_itself_as_it_does_without_ddpdoctor"""
     rc, _, err, report = one_process(tmp_path, [], ["--case", "backward", "--epochs", str(epochs_for(25.0)),
                                                     "--spawn", "2", "--port", str(free_port()), "--exit", "3"])
     assert rc == 3, err[-3000:]
@@ -116,9 +116,9 @@ def test_an_mp_spawn_script_attaches_in_its_children_and_names_a_compute_straggl
 ])
 def test_fsdp_and_a_compiled_ddp_model_are_attached(tmp_path, wrap, case, expect):
     """FullyShardedDataParallel's constructor is wrapped as DDP's is; a DDP model that torch.compile wraps is found
-    when DDP is built, and its own loss is still read through the compiled forward (no DOC020). Slow tier:
-    test_the_script_sees_itself_as_it_does_without_ddpdoctor crosses the same mp.spawn path (compiling takes a
-    minute on 2 CPU cores)."""
+    when DDP is built, and its own loss is still read through the compiled forward (no DOC020); compiling takes a
+    minute on 2 CPU cores.
+    Default twin: tests/ranks/test_run_command_e2e.py::test_the_script_sees_itself_as_it_does_without_ddpdoctor"""
     epochs = str(epochs_for(20.0)) if "slowdata" in case else "2"
     rc, _, err, report = one_process(tmp_path, [], ["--case", f"{wrap},{case}", "--epochs", epochs, "--spawn", "2",
                                                     "--port", str(free_port())], timeout_s=240)
@@ -144,7 +144,10 @@ def test_ddpdoctor_run_around_torchrun_attaches_its_workers_and_a_healthy_run_is
     assert "nothing was watched" not in err and port_is_free(port)
 
 
+@pytest.mark.slow
 def test_a_script_that_raises_keeps_its_traceback_and_status_and_leaves_nothing(tmp_path):
+    """An mp.spawn child raises at step 3: the parent's exit 1 and the traceback from the script's first frame.
+    Default twin: tests/unit/test_run_command.py::test_a_script_runs_as_python_runs_it_and_its_status_and_traceback_are_its_own"""
     port = free_port()
     rc, _, err, _ = one_process(tmp_path, [], ["--spawn", "2", "--port", str(port), "--raise"], timeout_s=90)
     assert rc == 1 and "RuntimeError: the script's own error at step 3" in err, err[-3000:]
@@ -156,24 +159,21 @@ def test_a_script_that_raises_keeps_its_traceback_and_status_and_leaves_nothing(
 
 def test_the_script_sees_itself_as_it_does_without_ddpdoctor(tmp_path):
     """__name__, sys.argv, sys.path[0], the sibling import, in the parent and the mp.spawn children, and the exit
-    status: the same under `ddpdoctor run` as under `python train.py`. The model returns its own loss, and rank 1's
-    inputs turn NaN from its 11th step: under `ddpdoctor run` the loss is watched, and DOC018 names rank 1."""
-    seen = {}
+    status, under `ddpdoctor run`: what `python train.py` gives them (the values python sets, asserted one by one;
+    the same script run plainly gave exactly these, compared whole while this test was written). The model returns
+    its own loss, and rank 1's inputs turn NaN from its 11th step: the loss is watched, and DOC018 names rank 1."""
     report = tmp_path / "run.json"
-    for how in ("plain", "run"):
-        record = tmp_path / how
-        args = ["--epochs", "2", "--case", "loss_in_model,nan", "--spawn", "2", "--port", str(free_port()),
-                "--record", str(record), "--exit", "3"]
-        tag = uuid.uuid4().hex
-        argv = [sys.executable, *((*RUN, "--json", str(report)) if how == "run" else ()), str(SCRIPT), *args]
-        rc, _, err = finish(start(argv, tag), tag, 90)
-        assert rc == 3, err[-3000:]
-        seen[how] = {who: json.loads((tmp_path / f"{how}.{who}").read_text()) for who in ("parent", "0", "1")}
-        for who in seen[how].values():
-            who["argv"] = [a.replace(str(tmp_path / how), "RECORD") for a in who["argv"]]
-            who["argv"][who["argv"].index("--port") + 1] = "PORT"
-    assert seen["run"] == seen["plain"], seen
-    assert seen["run"]["parent"]["name"] == "__main__" and seen["run"]["0"]["name"] == "__mp_main__"
+    record = tmp_path / "rec"
+    args = ["--epochs", "2", "--case", "loss_in_model,nan", "--spawn", "2", "--port", str(free_port()),
+            "--record", str(record), "--exit", "3"]
+    tag = uuid.uuid4().hex
+    rc, out, err = finish(start([sys.executable, *RUN, "--json", str(report), str(SCRIPT), *args], tag), tag, 90)
+    assert rc == 3, err[-3000:]
+    assert out.count(" trained 16 steps") == 2  # the script's own stdout, through
+    seen = {who: json.loads((tmp_path / f"rec.{who}").read_text()) for who in ("parent", "0", "1")}
+    for who, name in (("parent", "__main__"), ("0", "__mp_main__"), ("1", "__mp_main__")):
+        assert seen[who] == {"name": name, "argv": [str(SCRIPT), *args], "path0": str(SCRIPT.parent),
+                             "file": str(SCRIPT), "sibling": True, "main_module": name}, seen[who]
     found = by_code(json.loads(report.read_text()))
     assert found["DOC018"]["ranks"] == [1] and "DOC020" not in found, found
     assert found["DOC018"]["evidence"]["first_nonfinite_step"]["1"] == 10  # its 11th step, the 10th the Doctor timed

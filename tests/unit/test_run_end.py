@@ -168,7 +168,7 @@ def test_a_rank_that_never_reported_is_in_the_summary_as_missing():
     ledger.add({0: row(0, 10, [5.0] * 10)}, {0: "vm"})
     s = summary(ledger, [], 2, 1.0, {1: "silent"}, 5.0, 1.0)
     assert s["ranks"][1]["arrived"] is False and s["ranks"][1]["missing"] == "silent"
-    assert s["final_check"] == {"arrived": 1, "missing": [1], "waited_ms": 5000.0}
+    assert s["final_check"] == {"arrived": 1, "missing": [1], "waited_ms": 5000.0, "replicas": None}
 
 
 # -- the run's windows -------------------------------------------------------------------------------
