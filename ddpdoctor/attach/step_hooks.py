@@ -3,9 +3,11 @@
 What a user hands `Doctor(model, optimizer, loader)` and marks with `doctor.step(batch)` is found here:
 - the model: DistributedDataParallel's (and FSDP's) constructor is wrapped, so each one built in this
   process is known as it is built (before any `torch.compile` wraps it: the Doctor is given the DDP module);
-- the optimizer: torch's global optimizer step hook (`register_optimizer_step_post_hook`) is called after
-  every optimizer's step; the first whose parameters are a built model's is the job's, and its first step
-  attaches the Doctor (that first step is not timed: its beginning came before the Doctor);
+- the optimizer: `Optimizer.__init__` is wrapped too, so at a built model's first training forward the newest
+  optimizer holding its parameters is known, and the Doctor attaches there: the first step is timed, and the
+  steps are counted as the script counts them. An optimizer made after that forward is found instead at its
+  first step, through torch's global optimizer step hook (`register_optimizer_step_post_hook`, called after
+  every optimizer's step), which then attaches the Doctor (that first step is not timed);
 - a step is an optimizer step: it begins at the model's first training forward after the previous step
   (gradient accumulation: several forwards, one step) and ends when that optimizer's step returns;
   the time between is the loop's own (data loading and anything else), as `doctor.step(batch)` times it;
@@ -51,31 +53,35 @@ class Attacher:
         self.framework: Optional[str] = None  # a Trainer's adapter runs the Doctor in this process
         self.gave_up = False  # attaching failed once: not tried again at every step
         self._not_ours: set[int] = set()  # optimizers already seen to step no built model's parameters
+        self.optimizers: list[weakref.ref] = []  # optimizers built here, oldest first
+        self._tried: set[int] = set()  # models whose first training forward looked for their optimizer
         self._hooks: list[Any] = []
 
     # -- installed when torch is imported ---------------------------------------------------
     def on_torch(self, torch: Any) -> None:
         from torch.nn.parallel import DistributedDataParallel
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
         from torch.utils.data import DataLoader
 
         self._wrap_init(DistributedDataParallel)
+        self._wrap_init(Optimizer, self.optimizer_built)
         _wrap_iter(DataLoader, self)
         self._hooks.append(register_optimizer_step_post_hook(self._after_optimizer_step))
 
     def on_fsdp(self, module: Any) -> None:
         self._wrap_init(module.FullyShardedDataParallel)
 
-    def _wrap_init(self, cls: type) -> None:
+    def _wrap_init(self, cls: type, then: Optional[Callable[[Any], None]] = None) -> None:
+        """`cls.__init__` followed by `then(instance)` (default: `built`)."""
         original = getattr(cls, "__init__")
         if getattr(original, "__ddpdoctor_wrapped__", False):
             return
-        attacher = self
+        after = then if then is not None else self.built
 
         @functools.wraps(original)
         def init(*args: Any, **kwargs: Any) -> None:  # no named `self`: DDP takes `module=` by keyword
             original(*args, **kwargs)
-            attacher.built(args[0])
+            after(args[0])
 
         init.__ddpdoctor_wrapped__ = True  # type: ignore[attr-defined]
         setattr(cls, "__init__", init)
@@ -92,10 +98,20 @@ class Attacher:
     def iterated(self, loader: Any) -> None:
         self.loader = weakref.ref(loader)
 
+    def optimizer_built(self, optimizer: Any) -> None:
+        self.optimizers.append(weakref.ref(optimizer))
+
     def _before_forward(self, module: Any, args: Any, kwargs: Any) -> None:
         """The watched model's training forward: the first since the last step begins one, with its inputs as the
-        step's batch (a later one, gradient accumulation's next micro-batch, is inside the same step)."""
+        step's batch (a later one, gradient accumulation's next micro-batch, is inside the same step). A built
+        model's first training forward attaches the Doctor, where an optimizer holding its parameters exists."""
         doctor = self.doctor
+        if doctor is None and module.training and id(module) not in self._tried:
+            self._tried.add(id(module))
+            optimizer = self._optimizer_of(module)
+            if optimizer is not None and self.framework is None and not self.gave_up:
+                self._attach(optimizer, model=module)
+                doctor = self.doctor
         if (doctor is not None and module.training and not doctor.in_step and self.model is not None
                 and module is self.model()):
             doctor.step_begin(kwargs if kwargs else args)
@@ -113,10 +129,10 @@ class Attacher:
             self._attach(optimizer)
 
     # -- attaching -----------------------------------------------------------------------
-    def _attach(self, optimizer: Any) -> None:
+    def _attach(self, optimizer: Any, model: Any = None) -> None:
         import torch.distributed as dist
 
-        model = self._model_of(optimizer)
+        model = model if model is not None else self._model_of(optimizer)
         if model is not None and not (dist.is_available() and dist.is_initialized()):
             model = None  # after the job's end (its process group destroyed): nothing of the job's to watch
         if model is None:
@@ -133,6 +149,15 @@ class Attacher:
         self.tap = ModelTap(model, self.doctor, batch=False)  # the batch comes with the step's begin (above)
         self.doctor.before_close(self._before_close)
         self.settings.mark_attached(f"{type(model).__name__} on rank {self.doctor.rank}")
+
+    def _optimizer_of(self, model: Any) -> Any:
+        """The newest optimizer built here that holds this model's parameters, or None (made later)."""
+        params = {id(p) for p in model.parameters()}
+        for ref in reversed(self.optimizers):
+            optimizer = ref()
+            if optimizer is not None and any(id(p) in params for g in optimizer.param_groups for p in g["params"]):
+                return optimizer
+        return None
 
     def _model_of(self, optimizer: Any) -> Any:
         """The newest built model whose parameters this optimizer steps (a GAN's two: each its own)."""

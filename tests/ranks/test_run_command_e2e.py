@@ -84,7 +84,7 @@ def test_an_unedited_script_under_ddpdoctor_run_inside_the_launcher_names_slow_d
 def test_srun_tasks_under_ddpdoctor_run_name_an_unsharded_loader_and_count_optimizer_steps(tmp_path):
     """srun's way: SLURM_PROCID and no RANK, the script's tcp:// rendezvous. The loop accumulates gradients over
     two forwards a step: a step is an optimizer step (32 of them, each rank reading all 16 batches an epoch with no
-    sampler; the first step attaches the Doctor), not one of the 64 forwards."""
+    sampler), not one of the 64 forwards."""
     port = free_port()
     report = tmp_path / "run.json"
     results = run_script_ranks(SCRIPT, ["--case", "nosampler,accum", "--epochs", "2"], {0: port, 1: port},
@@ -93,7 +93,7 @@ def test_srun_tasks_under_ddpdoctor_run_name_an_unsharded_loader_and_count_optim
     written = json.loads(report.read_text())
     found = by_code(written)
     assert found["DOC001"]["ranks"] == [0, 1] and found["DOC001"]["severity"] == "critical", found
-    assert written["summary"]["steps"] == 2 * 16 - 1 and [r["steps"] for r in written["summary"]["ranks"]] == [31, 31]
+    assert written["summary"]["steps"] == 2 * 16 and [r["steps"] for r in written["summary"]["ranks"]] == [32, 32]
 
 
 @pytest.mark.slow
@@ -140,7 +140,7 @@ def test_ddpdoctor_run_around_torchrun_attaches_its_workers_and_a_healthy_run_is
     assert rc == 0, err[-3000:]
     loud = [f for f in report["findings"] if f["severity"] in ("warn", "critical")]
     assert not loud and report["summary"]["verdict"].startswith("healthy"), report["summary"]
-    assert report["summary"]["steps"] == 4 * 8 - 1  # the first optimizer step attaches: it is not timed
+    assert report["summary"]["steps"] == 4 * 8  # attached at the first forward: every step timed
     assert "nothing was watched" not in err and port_is_free(port)
 
 
@@ -176,7 +176,7 @@ def test_the_script_sees_itself_as_it_does_without_ddpdoctor(tmp_path):
                              "file": str(SCRIPT), "sibling": True, "main_module": name}, seen[who]
     found = by_code(json.loads(report.read_text()))
     assert found["DOC018"]["ranks"] == [1] and "DOC020" not in found, found
-    assert found["DOC018"]["evidence"]["first_nonfinite_step"]["1"] == 10  # its 11th step, the 10th the Doctor timed
+    assert found["DOC018"]["evidence"]["first_nonfinite_step"]["1"] == 11  # its 11th step, counted as the script does
 
 
 def test_ctrl_c_on_ddpdoctor_run_around_a_launcher_leaves_no_process_and_no_port(tmp_path):
