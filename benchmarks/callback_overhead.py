@@ -241,7 +241,7 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
 
         attacher = autorun.start(RunSettings(options=dict(options, summary=False)))
         watched, watched_opt = _ddp(width, device)
-        _timed(watched, watched_opt, x, y, 1)  # its first optimizer step attaches the Doctor
+        _timed(watched, watched_opt, x, y, 1)  # its first training forward attaches the Doctor
         doctor, meter = attacher.doctor, _HookMeter(attacher)
     else:
         watched, watched_opt = _ddp(width, device)
