@@ -72,6 +72,19 @@ def _steps(model, opt, x, y, n: int, doctor=None) -> float:  # type: ignore[no-u
     return _timed(model, opt, x, y, n, doctor)[0]
 
 
+def _time_calls(owner, name: str, record) -> None:  # type: ignore[no-untyped-def]
+    """`owner.name(...)` replaced, on this object, by the same call with its wall time given to `record(seconds)`."""
+    inner = getattr(owner, name)
+
+    def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        began = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            record(time.perf_counter() - began)
+    setattr(owner, name, timed)
+
+
 class _Split:
     """Where the time inside the Doctor goes, on the back-to-back blocks: the step path (steps without a
     check) apart from the checks, and a check's parts (its window row, the gather, the judging, the
@@ -89,15 +102,7 @@ class _Split:
         self._wrap(doctor._gather, "exchange", "gather")
 
     def _wrap(self, owner, name: str, key: str) -> None:  # type: ignore[no-untyped-def]
-        inner = getattr(owner, name)
-
-        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
-            began = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.parts.setdefault(key, []).append(time.perf_counter() - began)
-        setattr(owner, name, timed)
+        _time_calls(owner, name, self.parts.setdefault(key, []).append)
 
     def step(self, seconds: float, next_check_before: int) -> None:
         (self.check_s if self.doctor._next_check != next_check_before else self.path_s).append(seconds)
@@ -117,18 +122,10 @@ class _HookMeter:
     def __init__(self, attacher) -> None:  # type: ignore[no-untyped-def]
         self.total = 0.0
         for owner, name in ((attacher, "_before_forward"), (attacher.tap, "_after"), (attacher.doctor, "step_end")):
-            self._wrap(owner, name)
+            _time_calls(owner, name, self._add)
 
-    def _wrap(self, owner, name: str) -> None:  # type: ignore[no-untyped-def]
-        inner = getattr(owner, name)
-
-        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
-            began = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.total += time.perf_counter() - began
-        setattr(owner, name, timed)
+    def _add(self, seconds: float) -> None:
+        self.total += seconds
 
 
 def _timed(model, opt, x, y, n: int, doctor=None, split: "_Split | None" = None,  # type: ignore[no-untyped-def]
