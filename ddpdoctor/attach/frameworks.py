@@ -10,7 +10,6 @@ top, which may import them): this room only knows where they go.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 from ddpdoctor.attach.import_hooks import when_imported
@@ -33,21 +32,13 @@ def _add_lightning(trainer: Any, callback: Any) -> None:
 
 def _wrap(cls: type, framework: str, attacher: Attacher, factory: Callable[..., Any],
           add: Callable[[Any, Any], None]) -> None:
-    original = getattr(cls, "__init__")
-    if getattr(original, "__ddpdoctor_wrapped__", False):
-        return
-
-    @functools.wraps(original)
-    def init(*args: Any, **kwargs: Any) -> None:  # no named `self`: a keyword of the Trainer's could be its name
-        original(*args, **kwargs)
-        trainer = args[0]
+    def built(trainer: Any) -> None:
         attacher.framework = framework  # before its DDP is built and its first step taken
         if not _has_adapter(trainer):
             add(trainer, factory(**attacher.settings.options))
             attacher.settings.mark_attached(f"the {framework} adapter")
 
-    init.__ddpdoctor_wrapped__ = True  # type: ignore[attr-defined]
-    setattr(cls, "__init__", init)
+    attacher.wrap_init(cls, built)
 
 
 def _has_adapter(trainer: Any) -> bool:

@@ -63,16 +63,16 @@ class Attacher:
         from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
         from torch.utils.data import DataLoader
 
-        self._wrap_init(DistributedDataParallel)
-        self._wrap_init(Optimizer, self.optimizer_built)
+        self.wrap_init(DistributedDataParallel)
+        self.wrap_init(Optimizer, self.optimizer_built)
         _wrap_iter(DataLoader, self)
         self._hooks.append(register_optimizer_step_post_hook(self._after_optimizer_step))
 
     def on_fsdp(self, module: Any) -> None:
-        self._wrap_init(module.FullyShardedDataParallel)
+        self.wrap_init(module.FullyShardedDataParallel)
 
-    def _wrap_init(self, cls: type, then: Optional[Callable[[Any], None]] = None) -> None:
-        """`cls.__init__` followed by `then(instance)` (default: `built`)."""
+    def wrap_init(self, cls: type, then: Optional[Callable[[Any], None]] = None) -> None:
+        """`cls.__init__` followed by `then(instance)` (default: `built`), once (also the Trainers': frameworks.py)."""
         original = getattr(cls, "__init__")
         if getattr(original, "__ddpdoctor_wrapped__", False):
             return
@@ -152,19 +152,17 @@ class Attacher:
 
     def _optimizer_of(self, model: Any) -> Any:
         """The newest optimizer built here that holds this model's parameters, or None (made later)."""
-        params = {id(p) for p in model.parameters()}
         for ref in reversed(self.optimizers):
             optimizer = ref()
-            if optimizer is not None and any(id(p) in params for g in optimizer.param_groups for p in g["params"]):
+            if optimizer is not None and _shares_parameters(model, optimizer):
                 return optimizer
         return None
 
     def _model_of(self, optimizer: Any) -> Any:
         """The newest built model whose parameters this optimizer steps (a GAN's two: each its own)."""
-        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
         for ref in reversed(self.models):
             model = ref()
-            if model is not None and any(id(p) in stepped for p in model.parameters()):
+            if model is not None and _shares_parameters(model, optimizer):
                 return model
         return None
 
@@ -185,6 +183,12 @@ class Attacher:
         self.gave_up = True  # nothing attaches after the script's end (an atexit step of someone else's)
         if self.doctor is not None:
             self.doctor.close()
+
+
+def _shares_parameters(model: Any, optimizer: Any) -> bool:
+    """The optimizer steps at least one of the model's parameters."""
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return any(id(p) in stepped for p in model.parameters())
 
 
 def _wrap_iter(cls: type, attacher: Attacher) -> None:
