@@ -22,10 +22,11 @@ of wall time: they run through both kinds of block alike, so the pairs cannot se
     python benchmarks/callback_overhead.py --via run                # the Doctor attached as `ddpdoctor run` does
 
 --via run: the watched model's Doctor is attached by `ddpdoctor run`'s hooks (attach/step_hooks.py: the DDP
-constructor, the global optimizer step hook, the model's forward hooks), not called by the loop; the bare model
-is built before the attachment is installed, so it is never watched, though the global optimizer hook is called
-at its steps too (as it is at every optimizer's steps in an attached process). "Inside the Doctor" is then the
-time in the hooks' calls (the forward hooks, and the Doctor's step_end from the optimizer hook).
+constructor, then the watched model's forward pre-hook and its optimizer's step post hook, and the loss hook
+while it looks), not called by the loop; the bare model is built before the attachment is installed, so it is
+never watched. "Inside the Doctor" is then the time in those hooks' calls (the Doctor's step_end included); what
+torch's own hook dispatch costs (a module with a hook leaves `Module.__call__`'s fast path) is in the pairs' wall
+time and thread CPU, not there.
 """
 
 from __future__ import annotations
@@ -72,9 +73,10 @@ def _steps(model, opt, x, y, n: int, doctor=None) -> float:  # type: ignore[no-u
     return _timed(model, opt, x, y, n, doctor)[0]
 
 
-def _time_calls(owner, name: str, record) -> None:  # type: ignore[no-untyped-def]
-    """`owner.name(...)` replaced, on this object, by the same call with its wall time given to `record(seconds)`."""
-    inner = getattr(owner, name)
+def _time_calls(owner, name: str, record, item: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """`owner.name(...)` replaced, on this object, by the same call with its wall time given to `record(seconds)`
+    (`item`: `owner[name]`, a dict's entry)."""
+    inner = owner[name] if item else getattr(owner, name)
 
     def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
         began = time.perf_counter()
@@ -82,7 +84,10 @@ def _time_calls(owner, name: str, record) -> None:  # type: ignore[no-untyped-de
             return inner(*args, **kwargs)
         finally:
             record(time.perf_counter() - began)
-    setattr(owner, name, timed)
+    if item:
+        owner[name] = timed
+    else:
+        setattr(owner, name, timed)
 
 
 class _Split:
@@ -119,10 +124,16 @@ class _Split:
 class _HookMeter:
     """--via run: the wall time in the attachment's calls on the step path, summed (nothing else changed)."""
 
-    def __init__(self, attacher) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, attacher, model, optimizer) -> None:  # type: ignore[no-untyped-def]
         self.total = 0.0
-        for owner, name in ((attacher, "_before_forward"), (attacher.tap, "_after"), (attacher.doctor, "step_end")):
-            _time_calls(owner, name, self._add)
+        _time_calls(attacher.tap, "_after", self._add)  # the loss hook, while it looks (a WeakHook calls it)
+        # The attached Doctor's own hooks (_BeginStep, _EndStep: slotted callables), each timed where it is kept.
+        for hooks in (model._forward_pre_hooks, optimizer._optimizer_step_post_hooks):
+            for key in list(hooks):
+                if type(hooks[key]).__name__ in ("_BeginStep", "_EndStep"):
+                    holder = {"call": hooks[key]}
+                    _time_calls(holder, "call", self._add, item=True)
+                    hooks[key] = holder["call"]
 
     def _add(self, seconds: float) -> None:
         self.total += seconds
@@ -239,7 +250,7 @@ def shape(target_ms: float, args: argparse.Namespace) -> dict:
         attacher = autorun.start(RunSettings(options=dict(options, summary=False)))
         watched, watched_opt = _ddp(width, device)
         _timed(watched, watched_opt, x, y, 1)  # its first training forward attaches the Doctor
-        doctor, meter = attacher.doctor, _HookMeter(attacher)
+        doctor, meter = attacher.doctor, _HookMeter(attacher, watched, watched_opt)
     else:
         watched, watched_opt = _ddp(width, device)
         doctor = ddpdoctor.Doctor(watched, watched_opt, **options)

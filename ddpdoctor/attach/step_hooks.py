@@ -16,8 +16,12 @@ What a user hands `Doctor(model, optimizer, loader)` and marks with `doctor.step
 - the loader (DOC002, DOC003): the DataLoader most recently iterated when the Doctor attaches.
 Per step this costs a Python call before the forward and one after the optimizer's step, as a hand-placed
 `doctor.step()` does, and one after the forward for the loss while the model returns one (removed after
-LOSS_LOOK_STEPS steps without: a plain loop computes its loss outside the model). A framework's Trainer
-(attach/frameworks.py) runs its adapter instead: then nothing here attaches.
+LOSS_LOOK_STEPS steps without: a plain loop computes its loss outside the model). Once attached, the hooks
+that looked for the Doctor (on every built model, and torch's global optimizer hook, called at every
+optimizer's step) give way to two lean ones on the watched model and its optimizer (`_BeginStep`,
+`_EndStep`): no weak reference to follow, no lookup, nothing called at another optimizer's step; they come
+back when that Doctor closes (a second fit attaches its own). A framework's Trainer (attach/frameworks.py)
+runs its adapter instead: then nothing here attaches.
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ class Attacher:
         self._not_ours: set[int] = set()  # optimizers already seen to step no built model's parameters
         self.optimizers: list[weakref.ref] = []  # optimizers built here, oldest first
         self._tried: set[int] = set()  # models whose first training forward looked for their optimizer
-        self._hooks: list[Any] = []
+        self._looking: dict[int, Any] = {}  # a built model's id: its hook looking for the Doctor's first step
+        self._global_hook: Any = None  # torch's global optimizer step hook, while no Doctor is attached
+        self._step_hooks: list[Any] = []  # the attached Doctor's two (_BeginStep, _EndStep)
 
     # -- installed when torch is imported ---------------------------------------------------
     def on_torch(self, torch: Any) -> None:
@@ -66,7 +72,7 @@ class Attacher:
         self.wrap_init(DistributedDataParallel)
         self.wrap_init(Optimizer, self.optimizer_built)
         _wrap_iter(DataLoader, self)
-        self._hooks.append(register_optimizer_step_post_hook(self._after_optimizer_step))
+        self._global_hook = register_optimizer_step_post_hook(self._after_optimizer_step)
 
     def on_fsdp(self, module: Any) -> None:
         self.wrap_init(module.FullyShardedDataParallel)
@@ -93,7 +99,8 @@ class Attacher:
         if any(ref() is module for ref in self.models):
             return  # FSDP's nested units call the constructor again for their own modules
         self.models.append(weakref.ref(module))
-        module.register_forward_pre_hook(WeakHook(self, "_before_forward"), prepend=True, with_kwargs=True)
+        self._looking[id(module)] = module.register_forward_pre_hook(WeakHook(self, "_before_forward"),
+                                                                     prepend=True, with_kwargs=True)
 
     def iterated(self, loader: Any) -> None:
         self.loader = weakref.ref(loader)
@@ -102,30 +109,21 @@ class Attacher:
         self.optimizers.append(weakref.ref(optimizer))
 
     def _before_forward(self, module: Any, args: Any, kwargs: Any) -> None:
-        """The watched model's training forward: the first since the last step begins one, with its inputs as the
-        step's batch (a later one, gradient accumulation's next micro-batch, is inside the same step). A built
-        model's first training forward attaches the Doctor, where an optimizer holding its parameters exists."""
-        doctor = self.doctor
-        if doctor is None and module.training and id(module) not in self._tried:
-            self._tried.add(id(module))
-            optimizer = self._optimizer_of(module)
-            if optimizer is not None and self.framework is None and not self.gave_up:
-                self._attach(optimizer, model=module)
-                doctor = self.doctor
-        if (doctor is not None and module.training and not doctor.in_step and self.model is not None
-                and module is self.model()):
-            doctor.step_begin(kwargs if kwargs else args)
+        """A built model's first training forward attaches the Doctor, where an optimizer holding its parameters
+        exists, and begins its first step, with its inputs as the step's batch (`_BeginStep` begins the next)."""
+        if self.doctor is not None or not module.training or id(module) in self._tried:
+            return
+        self._tried.add(id(module))
+        optimizer = self._optimizer_of(module)
+        if optimizer is not None and self.framework is None and not self.gave_up:
+            self._attach(optimizer, model=module)
+            if self.doctor is not None:
+                self.doctor.step_begin(kwargs if kwargs else args)
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        doctor = self.doctor
-        if doctor is not None:
-            if self.optimizer is not None and optimizer is self.optimizer() and doctor.in_step:
-                tap = self.tap
-                doctor.step_end(tap.take_loss() if tap is not None else None)
-                if tap is not None and not tap.loss_seen and doctor.steps_done == LOSS_LOOK_STEPS:
-                    tap.stop_watching_loss()  # the loss is computed outside the model: a hook less a step
-            return
-        if self.framework is None and not self.gave_up and id(optimizer) not in self._not_ours:
+        """Any optimizer's step while no Doctor is attached: one made after its model's first forward attaches it."""
+        if (self.doctor is None and self.framework is None and not self.gave_up
+                and id(optimizer) not in self._not_ours):
             self._attach(optimizer)
 
     # -- attaching -----------------------------------------------------------------------
@@ -146,8 +144,18 @@ class Attacher:
             log.warning("ddpdoctor run: could not attach the Doctor: %s: %s", type(exc).__name__, exc)
             return
         self.optimizer, self.model = weakref.ref(optimizer), weakref.ref(model)
-        self.tap = ModelTap(model, self.doctor, batch=False)  # the batch comes with the step's begin (above)
+        self.tap = ModelTap(model, self.doctor, batch=False)  # the batch comes with the step's begin (_BeginStep)
         self.doctor.before_close(self._before_close)
+        # The lean hooks take over: the model's looking hook and the global optimizer hook are removed.
+        looking = self._looking.pop(id(model), None)
+        if looking is not None:
+            looking.remove()
+        if self._global_hook is not None:
+            self._global_hook.remove()
+            self._global_hook = None
+        self._step_hooks = [
+            model.register_forward_pre_hook(_BeginStep(self.doctor), prepend=True, with_kwargs=True),
+            optimizer.register_step_post_hook(_EndStep(self.doctor, self.tap))]
         self.settings.mark_attached(f"{type(model).__name__} on rank {self.doctor.rank}")
 
     def _optimizer_of(self, model: Any) -> Any:
@@ -174,6 +182,13 @@ class Attacher:
             if not tap.loss_seen and doctor.steps_done:
                 doctor.tell([unseen_loss(doctor.world_size, doctor.steps_done, seen_from="ddpdoctor run")])
             tap.close()
+        for handle in self._step_hooks:
+            handle.remove()
+        self._step_hooks = []
+        if self._global_hook is None:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._global_hook = register_optimizer_step_post_hook(self._after_optimizer_step)
         self.models = [ref for ref in self.models if ref() is not None and ref() is not model]
         self.tap = self.doctor = self.model = self.optimizer = None
         self._not_ours.clear()
@@ -183,6 +198,58 @@ class Attacher:
         self.gave_up = True  # nothing attaches after the script's end (an atexit step of someone else's)
         if self.doctor is not None:
             self.doctor.close()
+
+
+class _StepHook:
+    """A hook of the attached Doctor's, held strongly (no weak reference to follow each step: these two are
+    the whole per-step cost) but copied and pickled as one that does nothing, as WeakHook is
+    (callback/weak_hooks.py): an EMA's `deepcopy(model)` or a pickled optimizer drags nothing of ours along."""
+
+    __slots__ = ("doctor", "tap")
+
+    def __init__(self, doctor: Any = None, tap: Optional[ModelTap] = None) -> None:
+        self.doctor, self.tap = doctor, tap
+
+    def __deepcopy__(self, memo: dict) -> _StepHook:
+        return type(self)()
+
+    def __reduce__(self) -> tuple:
+        return (type(self), ())
+
+
+class _BeginStep(_StepHook):
+    """The watched model's forward pre-hook: its first training forward since the last step begins one, with
+    its inputs as the step's batch (gradient accumulation's next micro-batch is inside the same step)."""
+
+    __slots__ = ()
+
+    def __call__(self, module: Any, args: Any, kwargs: Any) -> None:
+        doctor = self.doctor
+        if doctor is not None and module.training and not doctor.in_step:
+            try:
+                doctor.step_begin(kwargs if kwargs else args)
+            except Exception:  # never into the user's forward
+                log.debug("ddpdoctor run: a step's begin failed", exc_info=True)
+
+
+class _EndStep(_StepHook):
+    """The watched optimizer's step post hook: the step ends, with the loss the model's forward returned.
+    A finding raised at its check (raise_on_finding) reaches the loop, as the explicit `doctor.step()` does."""
+
+    __slots__ = ()
+
+    def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        doctor, tap = self.doctor, self.tap
+        if doctor is None:
+            return
+        # No test of in_step here: step_end itself returns at once outside a step (a second optimizer.step()).
+        if tap is None:  # no loss to take (none seen in the first steps): the step's end alone
+            doctor.step_end()
+            return
+        doctor.step_end(tap.take_loss())
+        if not tap.loss_seen and doctor.steps_done == LOSS_LOOK_STEPS:
+            tap.stop_watching_loss()  # the loss is computed outside the model: a hook less a forward,
+            self.tap = None  # and three calls less a step here
 
 
 def _shares_parameters(model: Any, optimizer: Any) -> bool:

@@ -196,6 +196,31 @@ def test_ctrl_c_on_ddpdoctor_run_around_a_launcher_leaves_no_process_and_no_port
 
 
 @pytest.mark.adapters
+def test_ddpdoctor_run_around_accelerate_launch_names_slow_data_on_its_workers(tmp_path):
+    """`ddpdoctor run -- accelerate launch --multi_gpu --num_processes 2 train.py`: Accelerate's launcher (torch's
+    elastic agent under its own command; `--multi_gpu` is its multi-process mode, and starts CPU ranks too) runs
+    the unedited script's workers, which attach through sitecustomize. Named as inside torchrun: STR001 rank 1,
+    data loading; nothing left, the port free. No accelerate config of the host's is read (HF_HOME is the test's)."""
+    pytest.importorskip("accelerate")
+    port = free_port()
+    report = tmp_path / "run.json"
+    tag = uuid.uuid4().hex
+    launcher = (sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", str(port))
+    argv = [sys.executable, *RUN, "--json", str(report), "--", *launcher, str(SCRIPT),
+            "--case", "slowdata,noepoch", "--epochs", str(epochs_for(20.0))]
+    env = _env(tag, {**CLEAN, "RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "HF_HOME": str(tmp_path / "hf")})
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=tmp_path)
+    rc, out, err = finish(proc, tag, 180)
+    assert rc == 0, err[-3000:]
+    found = by_code(json.loads(report.read_text()))
+    assert found["STR001"]["ranks"] == [1] and found["STR001"]["evidence"]["cause"] == "data loading", found
+    assert found["DOC003"]["ranks"] == [0, 1] and port_is_free(port)
+
+
+@pytest.mark.adapters
 @pytest.mark.parametrize("framework, scenario, expect", [
     ("lightning", "slowdata", ("STR001", [1], "data loading")),
     ("hf", "nosampler", ("DOC001", [0, 1], None)),

@@ -166,3 +166,95 @@ def test_a_launcher_run_around_keeps_its_exit_status(tmp_path):
     out = ddpdoctor_run("--", sys.executable, "-c", "import sys, os; print(os.environ['DDPDOCTOR_RUN']); sys.exit(5)",
                         cwd=tmp_path)
     assert out.returncode == 5 and json.loads(out.stdout) == {}, out
+
+
+class _FakeDoctor:
+    """What the attachment calls on a Doctor, counted; a lock makes it unpicklable, as the real one is."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, model, optimizer=None, loader=None, **options) -> None:  # type: ignore[no-untyped-def]
+        import threading
+
+        self.lock, self.began, self.ended, self.closers = threading.Lock(), [], 0, []
+
+    @property
+    def in_step(self) -> bool:
+        return len(self.began) > self.ended
+
+    @property
+    def steps_done(self) -> int:
+        return self.ended
+
+    def step_begin(self, batch=None) -> None:  # type: ignore[no-untyped-def]
+        self.began.append(batch)
+
+    def step_end(self, loss=None) -> None:  # type: ignore[no-untyped-def]
+        self.ended += int(self.in_step)  # as the Doctor's: nothing outside a step
+
+    def before_close(self, fn) -> None:  # type: ignore[no-untyped-def]
+        self.closers.append(fn)
+
+    def tell(self, found) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
+def test_once_attached_two_lean_hooks_replace_the_looking_ones_and_copies_carry_nothing_of_ours(monkeypatch):
+    """The per-step cost of `run` is the explicit Doctor's plus torch's hook calls: once the Doctor attaches, the
+    model's looking hook and the global optimizer hook (called at every optimizer's step) are gone, a second
+    optimizer's step reaches nothing of ours, and an EMA's deepcopy or a pickle of the model holds no Doctor."""
+    import copy
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+    from torch.optim.optimizer import _global_optimizer_post_hooks, register_optimizer_step_post_hook
+
+    from ddpdoctor.attach.step_hooks import LOSS_LOOK_STEPS, Attacher
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    attacher = Attacher(RunSettings(options={}), _FakeDoctor)
+    attacher._global_hook = register_optimizer_step_post_hook(attacher._after_optimizer_step)
+    model, other = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+    opt, other_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(other.parameters(), lr=0.1)
+    try:
+        attacher.optimizer_built(opt)
+        attacher.built(model)
+        before = len(_global_optimizer_post_hooks)
+        x = torch.randn(3, 4)
+        model(x).sum().backward()  # the first training forward attaches, and begins the step
+        doctor = attacher.doctor
+        assert isinstance(doctor, _FakeDoctor) and len(doctor.began) == 1 and doctor.began[0][0] is x
+        assert len(_global_optimizer_post_hooks) == before - 1  # the global hook gave way
+        assert [type(h).__name__ for h in model._forward_pre_hooks.values()] == ["_BeginStep"]
+        model(x).sum().backward()  # gradient accumulation: a second forward, the same step
+        other_opt.step()  # another optimizer: nothing of ours runs
+        assert len(doctor.began) == 1 and doctor.ended == 0
+        opt.step()
+        assert doctor.ended == 1 and not doctor.in_step
+        opt.step()  # a second step with no forward before it ends nothing
+        assert doctor.ended == 1
+        model.eval()
+        model(x)  # evaluation's forward begins no step
+        assert len(doctor.began) == 1
+        model.train()
+
+        for _ in range(LOSS_LOOK_STEPS):  # a plain loop: the model returns no loss, its hook is let go
+            model(x).sum().backward()
+            opt.step()
+        assert doctor.ended == 1 + LOSS_LOOK_STEPS == len(doctor.began) and not model._forward_hooks
+        (end,) = opt._optimizer_step_post_hooks.values()
+        assert end.tap is None  # the step's end alone from here
+
+        ema = copy.deepcopy(model)
+        ema(x)  # the copy's hook is inert: no step begins
+        assert len(doctor.began) == 1 + LOSS_LOOK_STEPS
+        assert b"_FakeDoctor" not in pickle.dumps(model)  # torch.save(model) carries nothing of ours
+
+        for close in doctor.closers:
+            close()
+        assert attacher.doctor is None and len(_global_optimizer_post_hooks) == before  # looking again
+        assert not model._forward_pre_hooks and not opt._optimizer_step_post_hooks
+    finally:
+        if attacher._global_hook is not None:
+            attacher._global_hook.remove()
