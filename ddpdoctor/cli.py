@@ -658,8 +658,12 @@ def _quiet_torch_logs() -> None:
 
     Must run before torch is imported. A user who sets TORCH_CPP_LOG_LEVEL keeps theirs.
     """
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
+    from ddpdoctor.measure.host import set_for_ourselves
+
+    # Ours, not the user's: a crash's list of the settings the ranks ran with (RUN013) leaves them out.
+    set_for_ourselves({name: value for name, value in (("TORCH_CPP_LOG_LEVEL", "FATAL"),
+                                                       ("TORCH_SHOW_CPP_STACKTRACES", "0"))
+                       if name not in os.environ})
     # torch warns at import when numpy is missing; ddpdoctor needs no numpy, so the warning
     # would only put a second line under every one-line error (torch emits it as a UserWarning).
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)

@@ -685,6 +685,9 @@ _ENTRIES = (
                'job would fail or run these ranks on CPU.'),
           fix=('Check CUDA_VISIBLE_DEVICES and the GPU request (--gres=gpu:N, --gpus-per-task) for the nodes of these '
                'ranks, and that the driver works there (`nvidia-smi`).')),
+    _code("RUN013", _CRITICAL, "run",
+          per_case=("check ran the failing stage again without the behaviour-changing settings the ranks had "
+                    "(docs/runtime.md's table), then with each alone: the title names the one(s) it crashes with")),
     _code("SCL000", _OK, "scaling"),
     _code("SCL001", _WARN, "scaling",
           why=('With the same batch per rank, n ranks should process n times the samples per second; the table splits '

@@ -8,10 +8,13 @@ waiting inside a collective is a victim whenever some rank failed outside one.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddpdoctor.core.behaviour_env import said, setting_for
+from ddpdoctor.judge import crash_settings
 from ddpdoctor.judge.flight_recorder import DumpSet, Mismatch, compare, dump_from_entries, format_dtypes, format_shapes
 from ddpdoctor.core.grouping import group_ranks, minority
 from ddpdoctor.core.codes import finding
@@ -178,8 +181,7 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
     odd_sizes = _odd_world_sizes(record)
     found = [_injected_faults(record), _world_size_disagreement(run, odd_sizes), _ranks_without_gpu(run),
              _interrupted(run), _never_arrived(run)]
-    found += [_primary_finding(rank, fate, run.hosts[rank], {**run.victims, **run.stopped})
-              for rank, fate in sorted(run.primaries.items(), key=lambda kv: kv[1].t) if fate.kind != "missing"]
+    found += _primary_findings(run)
     if not run.primaries and not odd_sizes:  # a first cause, or a world-size disagreement, explains the waits
         found.append(_across_ranks(run))
     return [f for f in found if f is not None]
@@ -383,9 +385,100 @@ _OOM_FIX = ("Lower the per-rank batch or model size, or run fewer ranks per node
             "fragmentation; on the host check the job's memory limit (Slurm --mem, cgroup, `ulimit -v`).")
 
 
-def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, RankFate]) -> Finding:
+def _cause_key(fate: RankFate) -> tuple[Any, ...]:
+    """Two ranks' failures are one cause when they are of a kind, in a stage, by the same signal, exit code or
+    error (its numbers aside: a rank's own index or address in the message does not make another cause)."""
+    d = fate.detail
+    error = re.sub(r"\d+", "N", str(d.get("error") or ""))
+    return (fate.kind, fate.stage, d.get("signal"), d.get("exit_code"), bool(d.get("out_of_memory")),
+            bool(d.get("injected")), error, d.get("note"))
+
+
+def _primary_findings(run: _Outcome) -> list[Finding]:
+    """One finding per cause: the same crash, error or hang on several ranks is one finding naming them all,
+    in the order the first of each happened; a crash a setting makes is led by that setting."""
+    groups: dict[tuple[Any, ...], list[tuple[int, RankFate]]] = {}
+    for rank, fate in sorted(run.primaries.items(), key=lambda kv: kv[1].t):
+        if fate.kind != "missing":
+            groups.setdefault(_cause_key(fate), []).append((rank, fate))
+    victims = {**run.victims, **run.stopped}
+    settings = crash_settings.env_settings(run.record)
+    out = []
+    for members in groups.values():
+        ranks = tuple(sorted(r for r, _ in members))
+        first = members[0][1]  # the earliest: its output is the one shown
+        if crash_settings.is_crash(first.kind, first.detail) and settings:
+            retry = crash_settings.Retry.of(run.record, first.stage)
+            if retry is not None and retry.passed and retry.culprits:
+                out.append(_made_by_a_setting(ranks, first, run, victims, settings, retry))
+                continue
+            out.append(_with_settings(_primary_finding(ranks, first, run, victims), settings, retry))
+            continue
+        out.append(_primary_finding(ranks, first, run, victims))
+    return out
+
+
+def _where(ranks: tuple[int, ...], run: _Outcome) -> str:
+    hosts = run.nodes(ranks)
+    return f"rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)}" + (f" ({', '.join(hosts)})" if hosts else
+                                                                         " (?)")
+
+
+def _stage_words(fate: RankFate) -> str:
+    """What the crashed stage was doing, in the user's words: DDP's constructor where the stack shows it."""
+    stack = "\n".join(str(line) for line in fate.detail.get("log_tail") or []) + str(fate.detail.get("traceback", ""))
+    if "_ddp_init_helper" in stack or re.search(r"distributed\.py\S*\s*,?\s*line \d+,? in __init__", stack):
+        return "DDP construction (DistributedDataParallel(model))"
+    words = {"ddp": "The DDP training steps", "init": "init_process_group", "rendezvous": "The rendezvous",
+             "reach": "Dialling the other nodes"}
+    if fate.stage in words:
+        return words[fate.stage]
+    return f"The {fate.stage.removeprefix('probe:')} stage"
+
+
+def _made_by_a_setting(ranks: tuple[int, ...], fate: RankFate, run: _Outcome, victims: dict[int, RankFate],
+                       settings: dict[str, str], retry: crash_settings.Retry) -> Finding:
+    """RUN013: the stage crashed with these settings and ran cleanly without them, the culprits told apart."""
+    culprits = {n: settings[n] for n in retry.culprits if n in settings}
+    listed = said(culprits)
+    how = fate.detail.get("signal") or fate.detail.get("error") or f"exit code {fate.detail.get('exit_code')}"
+    one = len(culprits) == 1
+    entries = [setting_for(n) for n in culprits]
+    return finding(
+        "RUN013", PROBE,
+        title=f"{_stage_words(fate)} crashes with {listed} and passes without {'it' if one else 'them'}",
+        ranks=ranks, nodes=run.nodes(ranks),
+        evidence={"stage": fate.stage, "crash": how, "crashed_ranks": rank_ranges(ranks), "settings": settings,
+                  "what_they_change": crash_settings.described(culprits),
+                  "retried": {"without": list(retry.without), "passed": True, "culprits": list(retry.culprits),
+                              "seconds": retry.seconds},
+                  "last_output": fate.detail.get("log_tail", [])[-8:] or _tail(fate.detail.get("traceback", ""), 8),
+                  "affected_ranks": _victims_evidence(victims)},
+        why=(f"ddpdoctor ran the failing stage once more without {said(settings)}: it passed "
+             f"({retry.seconds:g} s); with {listed} alone it crashed again ({how}). "
+             + " ".join(f"{e.name} {e.changes}." for e in entries if e is not None)).strip(),
+        fix=(f"Unset {' and '.join(culprits)} for this job ({crash_settings.unset_command(culprits)} ..., or remove "
+             "the export from the job script and ~/.bashrc); it is a debugging or tuning switch, not needed to "
+             "train. If you need what it gives, try it on another torch version, or report the crash to the "
+             "project that reads it with this report attached."),
+    )
+
+
+def _with_settings(f: Finding, settings: dict[str, str], retry: Optional[crash_settings.Retry]) -> Finding:
+    """A crash finding with the behaviour-changing settings the ranks ran with, and what a try without showed."""
+    why, fix = crash_settings.crash_text(settings, retry)
+    evidence = {**f.evidence, "settings": settings, "what_they_change": crash_settings.described(settings)}
+    if retry is not None:
+        evidence["retried"] = {"without": list(retry.without), "passed": retry.passed,
+                               "culprits": list(retry.culprits), "seconds": retry.seconds}
+    return dataclasses.replace(f, evidence=evidence, why=f"{f.why} {why}".strip(),
+                               fix=f"{fix} {f.fix}".strip() if fix else f.fix)
+
+
+def _primary_finding(ranks: tuple[int, ...], fate: RankFate, run: _Outcome, victims: dict[int, RankFate]) -> Finding:
     affected = _victims_evidence(victims)
-    where = f"rank {rank} ({host})"
+    where = _where(ranks, run)
+    alike = {"same_on_ranks": rank_ranges(ranks)} if len(ranks) > 1 else {}
     if fate.kind == "crash":
         how = fate.detail.get("signal") or (f"exit code {fate.detail['exit_code']}"
                                             if fate.detail.get("exit_code") is not None else "process gone")
@@ -396,9 +489,9 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
             "RUN002", PROBE,
             title=f"{where} crashed in stage {fate.stage} ({how})" + (": out of memory" if oom else "")
                   + (" [injected]" if injected else ""),
-            ranks=(rank,), nodes=(host,) if host != "?" else (),
+            ranks=ranks, nodes=run.nodes(ranks),
             evidence={"stage": fate.stage, **{k: v for k, v in fate.detail.items() if k != "log_tail"},
-                      "last_output": fate.detail.get("log_tail", [])[-12:], "affected_ranks": affected},
+                      "last_output": fate.detail.get("log_tail", [])[-12:], "affected_ranks": affected, **alike},
             why=("The process died; its peers then failed or were stopped waiting for it. "
                  + ("SIGKILL without a Python error is most often the kernel's out-of-memory killer. " if killed_oom else "")
                  + ("This crash was injected on purpose (--inject or DDPDOCTOR_INJECT)." if injected else "")).strip(),
@@ -416,10 +509,10 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
             "RUN003", PROBE,
             title=f"{where} {'ran out of memory' if oom else 'failed'} in stage {fate.stage}: "
                   f"{fate.detail.get('error')}" + (" [injected]" if injected else ""),
-            ranks=(rank,), nodes=(host,) if host != "?" else (),
+            ranks=ranks, nodes=run.nodes(ranks),
             evidence={"stage": fate.stage, "error": fate.detail.get("error"),
                       **{k: True for k in ("out_of_memory", "injected") if fate.detail.get(k)},
-                      "traceback": _tail(fate.detail.get("traceback", ""), 6), "affected_ranks": affected},
+                      "traceback": _tail(fate.detail.get("traceback", ""), 6), "affected_ranks": affected, **alike},
             why=("An allocation failed on this rank (host memory or GPU memory), which ended its stage; the ranks "
                  "waiting for it could not go on." if oom else
                  "An exception ended this stage on this rank; the ranks waiting for it could not go on.")
@@ -432,16 +525,16 @@ def _primary_finding(rank: int, fate: RankFate, host: str, victims: dict[int, Ra
             "RUN004", PROBE,
             f"{where} hung in stage {fate.stage}, outside any collective"
             + ("; the others waited for it" if victims else ""),
-            ranks=(rank,), nodes=(host,) if host != "?" else (),
+            ranks=ranks, nodes=run.nodes(ranks),
             evidence={"stage": fate.stage, "deadline_s": fate.detail.get("deadline_s"),
-                      "python_stack": _tail(fate.detail.get("stack", ""), 16), "affected_ranks": affected},
+                      "python_stack": _tail(fate.detail.get("stack", ""), 16), "affected_ranks": affected, **alike},
         )
     # silent: frozen (no heartbeat) or stopped while running
     return finding(
         "RUN005", PROBE, f"{where} stopped answering in stage {fate.stage}",
-        ranks=(rank,), nodes=(host,) if host != "?" else (),
+        ranks=ranks, nodes=run.nodes(ranks),
         evidence={"stage": fate.stage, **{k: v for k, v in fate.detail.items() if k != "log_tail"},
-                  "last_output": fate.detail.get("log_tail", [])[-12:], "affected_ranks": affected},
+                  "last_output": fate.detail.get("log_tail", [])[-12:], "affected_ranks": affected, **alike},
     )
 
 

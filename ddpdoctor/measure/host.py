@@ -93,14 +93,19 @@ def set_for_ourselves(values: Mapping[str, str]) -> None:
         os.environ[name] = value
 
 
-def read_env() -> dict[str, str]:
+def users_environ() -> dict[str, str]:
+    """This process's environment as the user gave it: what ddpdoctor set for itself put back."""
     environ = dict(os.environ)
     for name, before in _OURS.items():
         if before is None:
             environ.pop(name, None)
         else:
             environ[name] = before
-    return relevant_env(environ)
+    return environ
+
+
+def read_env() -> dict[str, str]:
+    return relevant_env(users_environ())
 
 
 def read_torch_gpu(index: int) -> dict[str, Any]:

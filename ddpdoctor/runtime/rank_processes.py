@@ -22,8 +22,11 @@ class RankProcesses:
         self.procs: dict[int, subprocess.Popen] = {}
         self.stderrs: dict[int, str] = {}
 
-    def start(self, argv: list[str], envs: dict[int, dict[str, str]], log_root: str) -> None:
-        """Rank by rank; the caller holds this object first, so whatever started is stopped."""
+    def start(self, argv: list[str], envs: dict[int, dict[str, str]], log_root: str,
+              without: tuple[str, ...] = ()) -> None:
+        """Rank by rank; the caller holds this object first, so whatever started is stopped. `without`: variables
+        of this environment the ranks do not inherit (a crash tried again without a setting)."""
+        inherited = {k: v for k, v in os.environ.items() if k not in without}
         try:
             for rank, extra in sorted(envs.items()):
                 folder = os.path.join(log_root, str(rank))
@@ -31,7 +34,7 @@ class RankProcesses:
                 self.stderrs[rank] = os.path.join(folder, "stderr.log")
                 with open(os.path.join(folder, "stdout.log"), "wb") as out, open(self.stderrs[rank], "wb") as err:
                     self.procs[rank] = subprocess.Popen(
-                        [sys.executable, "-m", "ddpdoctor", *argv], env={**os.environ, **extra},
+                        [sys.executable, "-m", "ddpdoctor", *argv], env={**inherited, **extra},
                         stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
         except BaseException:
             self.close(grace_s=0.0)  # a rank that started must not outlive a failed start of the next

@@ -169,7 +169,10 @@ class _SignalsAfter:
 
 
 def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int:
-    from ddpdoctor.render.console import LiveView, make_console, render_report
+    from ddpdoctor.core.behaviour_env import behaviour_settings
+    from ddpdoctor.measure.host import users_environ
+    from ddpdoctor.render.console import make_console, render_report
+    from ddpdoctor.session import crash_retry
     from ddpdoctor.session.reporter import build_report, write_outputs
 
     nproc = cfg.nproc if cfg.nproc is not None else default_nproc()
@@ -179,6 +182,28 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
     unused = cpu_instead_of_gpus(cfg, nproc, device)
     if unused:
         settings["cpu_instead_of_gpus"] = unused
+    # What the ranks inherit from here that changes torch's, NCCL's, gloo's or CUDA's behaviour (a crash names it).
+    settings["env_settings"] = behaviour_settings(users_environ())
+    console = make_console()
+    record = _run_ranks(cfg, argv, nproc, backend, device, settings, console)
+    plan = crash_retry.plan(record, cfg)
+    if plan is not None:
+        console.print(f"ddpdoctor: stage {plan.stage} crashed with {', '.join(plan.names)} set: trying it once more "
+                      f"without {'it' if len(plan.names) == 1 else 'them'}", style="dim")
+        record.settings["retried"] = crash_retry.run(
+            plan, cfg, argv, lambda c, a, without: _run_ranks(c, a, nproc, backend, device, {}, console, without))
+    report = build_report(record, backend, device, command)
+    write_outputs(report, cfg)
+    render_report(report, console)
+    return report.exit_code
+
+
+def _run_ranks(cfg: CheckConfig, argv: list[str], nproc: int, backend: str, device: str, settings: dict[str, Any],
+               console: Any, without: tuple[str, ...] = ()) -> RunRecord:
+    """Spawn the ranks (`without`: variables of this environment they do not inherit), supervise them to the end,
+    and return what the store recorded; every rank is stopped and the port is free when this returns."""
+    from ddpdoctor.render.console import LiveView
+
     sock, port = _listen(cfg.port)  # bound and listening: ranks that connect early wait in its backlog
     run_id = uuid.uuid4().hex[:12]
     log_root = tempfile.mkdtemp(prefix="ddpdoctor-")
@@ -193,14 +218,13 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
             "TORCHELASTIC_RUN_ID": run_id,
         }
         env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(threads)))
-        if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        if backend == "gloo" and ("GLOO_SOCKET_IFNAME" not in os.environ or "GLOO_SOCKET_IFNAME" in without):
             env["GLOO_SOCKET_IFNAME"] = _loopback_ifname()
         envs[rank] = env
     record = RunRecord(world_size=nproc, mode="ddpdoctor", probes=cfg.probes, started=time.time(),
                        faults=tuple(f.describe() for f in cfg.inject), silent_after_s=cfg.silent_after_s,
                        settings=settings,
                        default_host=socket.gethostname())
-    console = make_console()
     ranks = RankProcesses()
     _signalled.clear()
     _deferred.clear()
@@ -210,7 +234,7 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
         try:
             for sig in STOP_SIGNALS:
                 signal.signal(sig, _raise_interrupted)
-            ranks.start(list(argv), envs, log_root)
+            ranks.start(list(argv), envs, log_root, without=without)
             with _SignalsAfter():
                 # While the ranks import torch, so does the launcher: the store it hosts needs it.
                 if backend == "gloo" and device == "cpu":
@@ -248,11 +272,8 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
         else:
             sock.close()
         shutil.rmtree(log_root, ignore_errors=True)
-    report = build_report(record, backend, device, command)
-    write_outputs(report, cfg)
-    render_report(report, console)
     del channel  # closes the store and frees the port
-    return report.exit_code
+    return record
 
 
 def _loopback_ifname() -> str:

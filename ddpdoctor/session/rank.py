@@ -19,7 +19,8 @@ from typing import Any, Mapping, Optional
 from ddpdoctor.core import keys
 from ddpdoctor.core.hello import Hello
 from ddpdoctor.runtime.channel import Channel
-from ddpdoctor.measure.host import machine_identity
+from ddpdoctor.core.behaviour_env import behaviour_settings
+from ddpdoctor.measure.host import machine_identity, users_environ
 from ddpdoctor.measure import fr_snapshot
 from ddpdoctor.runtime.config import CheckConfig
 from ddpdoctor.runtime.context import RankContext, StageFailed
@@ -101,7 +102,8 @@ def _hello(ctx: RankContext) -> dict[str, Any]:
             "local_rank": ctx.env.local_rank,
             "local_world_size": ctx.env.local_world_size, "world_size": ctx.world_size, "mode": ctx.env.mode,
             "cuda_devices": torch.cuda.device_count() if cuda else 0, "t": time.time(),
-            "torch": torch.__version__, **_node_placement(os.environ, ctx.rank), **_reach_endpoint(ctx)}
+            "torch": torch.__version__, "env_settings": behaviour_settings(users_environ()),
+            **_node_placement(os.environ, ctx.rank), **_reach_endpoint(ctx)}
 
 
 def _reach_endpoint(ctx: RankContext) -> dict[str, Any]:

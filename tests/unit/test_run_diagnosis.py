@@ -167,12 +167,40 @@ def test_two_crashes_are_listed_first_one_first():
     record = make_record(
         3,
         timelines={r: timeline("train", "running") for r in range(3)},
-        exits={0: ExitInfo(1, t=T0 + 9), 1: ExitInfo(1, t=T0 + 4), 2: ExitInfo(0, t=T0 + 12)},
+        exits={0: ExitInfo(-11, signal="SIGSEGV", t=T0 + 9), 1: ExitInfo(1, t=T0 + 4), 2: ExitInfo(0, t=T0 + 12)},
         done={2},
     )
     findings = diagnose_run(record)
     assert codes(findings) == ["RUN002", "RUN002"]
     assert [f.ranks for f in findings] == [(1,), (0,)]
+
+
+def test_the_same_crash_on_several_ranks_is_one_finding_naming_them_all():
+    """Issue 51: every rank's DDP constructor died of SIGSEGV, and the report said it once a rank."""
+    record = make_record(
+        3,
+        timelines={r: timeline("ddp", "running") for r in range(3)},
+        exits={r: ExitInfo(-11, signal="SIGSEGV", t=T0 + 4 + r, log_tail=[f"Fatal Python error on rank {r}"])
+               for r in range(3)},
+    )
+    crash, = critical(diagnose_run(record))
+    assert crash.code == "RUN002" and crash.ranks == (0, 1, 2) and crash.nodes == ("node-a", "node-b")
+    assert crash.title.startswith("ranks 0-2 (node-a, node-b) crashed in stage ddp (SIGSEGV)"), crash.title
+    assert crash.evidence["same_on_ranks"] == "0-2" and crash.evidence["last_output"] == ["Fatal Python error on rank 0"]
+
+
+def test_the_same_error_but_for_its_numbers_is_one_cause_another_error_is_another():
+    def error(message: str, t: float) -> dict[str, Any]:
+        return {"stage": "init", "t": t, "type": "RuntimeError", "message": message, "traceback": ""}
+
+    record = make_record(
+        3, timelines={r: timeline("init", "error") for r in range(3)},
+        errors={0: error("Connection reset by peer [127.0.0.1]:40011", T0 + 3),
+                1: error("Connection reset by peer [127.0.0.1]:40017", T0 + 4),
+                2: error("unsupported device type", T0 + 5)},
+        exits={r: ExitInfo(1, t=T0 + 6) for r in range(3)})
+    found = critical(diagnose_run(record))
+    assert [(f.code, f.ranks) for f in found] == [("RUN003", (0, 1)), ("RUN003", (2,))]
 
 
 def test_rank_found_dead_by_the_reporter_is_a_crash():

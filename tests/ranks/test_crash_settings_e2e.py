@@ -1,0 +1,53 @@
+"""A crash made by a setting, named by that setting (issue 51): real ranks, a real crash, no injection.
+
+On torch 2.13.0 (the CI's CPU wheel) `TORCH_DISTRIBUTED_DEBUG=DETAIL` makes every rank's
+`DistributedDataParallel(model)` die of SIGSEGV in `_ddp_init_helper`, as torch's issues report crashes under
+DETAIL. `ddpdoctor check`, which started the ranks, runs the failing probe again without the behaviour-changing
+settings, then with each alone, and leads with the one the stage crashes with. A second setting that changes
+nothing on CPU (NCCL_ALGO) is set beside it: it must be cleared, not blamed. Where another torch does not crash
+under DETAIL, the run must be healthy and quiet about settings (both branches assert).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .harness import assert_nothing_left, run_check
+
+pytestmark = pytest.mark.ranks
+
+
+def test_a_crash_made_by_a_setting_is_named_by_that_setting_and_the_innocent_one_is_cleared(tmp_path):
+    run = run_check(tmp_path, "--nproc", "2", "--device", "cpu", "--probes", "gpu-count",
+                    env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "NCCL_ALGO": "Ring"}, timeout_s=180)
+    assert run.report is not None, run.explain()
+    settings = run.report["settings"]
+    # The host's own (a GPU machine's NCCL_* exports) may be there too; ddpdoctor's own TORCH_CPP_LOG_LEVEL is not.
+    assert {"NCCL_ALGO": "Ring", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}.items() <= settings["env_settings"].items()
+    assert "TORCH_CPP_LOG_LEVEL" not in settings["env_settings"], settings
+    crashes = run.findings("RUN002") + run.findings("RUN003")
+    if "retried" not in settings:  # this torch does not crash under DETAIL: nothing to retry, nothing said
+        assert run.returncode == 0 and not crashes and not run.findings("RUN013"), run.explain()
+        assert_nothing_left(run)
+        return
+    first = run.report["findings"][0]
+    assert first["code"] == "RUN013" and first["ranks"] == [0, 1], run.explain()
+    assert first["title"].startswith("DDP construction") and "TORCH_DISTRIBUTED_DEBUG=DETAIL" in first["title"]
+    assert "NCCL_ALGO" not in first["title"] and first["evidence"]["crash"] == "SIGSEGV"
+    retried = settings["retried"]
+    assert retried["passed"] is True and retried["culprits"] == ["TORCH_DISTRIBUTED_DEBUG"], retried
+    assert "NCCL_ALGO" in retried["without"]  # tried without, then alone: cleared
+    assert retried["stage"] == "ddp" and retried["probe"] == "gpu-count" and retried["seconds"] < 90
+    assert not crashes, "one finding for the cause, not a crash per rank beside it"
+    assert run.returncode == 2 and run.report["verdict_line"].startswith("RUN013"), run.report["verdict_line"]
+    assert "trying it once more" in run.stdout + run.stderr
+    assert_nothing_left(run)
+
+
+def test_a_healthy_run_with_settings_is_never_retried(tmp_path):
+    run = run_check(tmp_path, "--nproc", "2", "--device", "cpu", "--probes", "gpu-count", env={"NCCL_ALGO": "Ring"},
+                    timeout_s=120)
+    assert run.returncode == 0 and run.report is not None, run.explain()
+    assert "retried" not in run.report["settings"] and not run.findings("RUN013")
+    assert "trying it once more" not in run.stdout + run.stderr
+    assert_nothing_left(run)
