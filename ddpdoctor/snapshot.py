@@ -268,9 +268,12 @@ def _tool_output(path: str, raw: bytes, folder_host: Optional[str]) -> Optional[
     read; one line for text that is neither."""
     from ddpdoctor.ingest.detect import detect
     from ddpdoctor.ingest.load import EXPECTED, read_tool_output
+    from ddpdoctor.ingest.paste import starts_with_prompt
 
     head = raw[:1 << 20]
-    if not head.strip() or head.lstrip()[:1] in (b"{", b"[") or b"\x00" in raw[:8192]:
+    # A paste may start with a bracket or a parenthesis: `[root@node2 ~]# ...`, `(venv) $ ...`.
+    pasted = starts_with_prompt(head[:4096].decode("utf-8", errors="replace"))
+    if not head.strip() or (head.lstrip()[:1] in (b"{", b"[") and not pasted) or b"\x00" in raw[:8192]:
         return None
     try:
         text = head.decode("utf-8")
@@ -278,8 +281,8 @@ def _tool_output(path: str, raw: bytes, folder_host: Optional[str]) -> Optional[
         return None  # "is not a text file", from the JSON reading
     kind = detect(text)
     if kind is None:
-        if text.lstrip()[:1] == "(" or _is_json(text):  # a protocol-0 pickle, or a JSON scalar: the
-            return None                                   # JSON reading says what it is instead
+        if not pasted and (text.lstrip()[:1] == "(" or _is_json(text)):  # a protocol-0 pickle, or a JSON
+            return None                                   # scalar: the JSON reading says what it is instead
         raise UsageError(f"{path} is not valid JSON nor an output ddpdoctor reads: expected {EXPECTED}")
     return read_tool_output(path, raw, folder_host, kind)
 

@@ -785,7 +785,8 @@ _ENTRIES = (
           fix='Nothing to repair; a newer platform or slot would double host-to-GPU bandwidth per generation.'),
     _code("TOP011", frozenset({Severity.WARN, Severity.INFO}), "topology",
           severity_rule=("WARN where as many GPUs of this node with no pair across the sockets exist (the job could "
-                         "use them), INFO where the job needs GPUs of both sockets"),
+                         "use them), and for a 2-GPU job whose one pair is SYS (its whole all-reduce is that hop, and "
+                         "two GPUs never need two sockets); INFO where the job needs GPUs of both sockets"),
           why=("`nvidia-smi topo -m` says SYS: the path crosses PCIe and the interconnect between the CPU sockets "
                "(QPI/UPI, Infinity Fabric). GPUs cannot reach each other peer to peer over it on most platforms, so "
                "NCCL copies each byte through host memory across the sockets, and every all-reduce of the job runs at "

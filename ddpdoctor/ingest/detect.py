@@ -3,13 +3,16 @@ and concatenate them, so the name says nothing.
 
 Each kind is known by lines only that tool prints (nvidia-smi's "==============NVSMI LOG",
 the `<nvidia_smi_log>` root, topo -m's legend, nccl-tests' "out-of-place" header, dcgmi's
-diagnostic table); the first match in KINDS order wins.
+diagnostic table); the first match in KINDS order wins. The text is cleaned first (paste.py): a
+terminal's colour escapes split the header words the signs look for.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Optional
+
+from ddpdoctor.ingest.paste import clean
 
 _SIGNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("nvidia-smi-q-xml", re.compile(r"<nvidia_smi_log\b")),
@@ -26,6 +29,7 @@ _SIGNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 def detect(text: str) -> Optional[str]:
     """The kind of output `text` is (one of model.KINDS), or None."""
+    text = clean(text)
     for kind, sign in _SIGNS:
         if sign.search(text):
             return kind

@@ -6,6 +6,10 @@ folder per node: `diagnose node07/ node08/`), else all unnamed outputs given tog
 node. A file that cannot be read costs one line naming it and what was expected; the other
 files are still read (snapshot.load_inputs collects those lines, the CLI exits 3 after the
 diagnosis of the rest).
+
+A file is read as a paste (paste.py): cleaned of colours and CR line ends, and cut at its prompt
+and command lines, so one file holding `topo -m` and then `nvlink -s` (or an nccl-tests run) is
+read part by part, each part by its own kind's reader and named by its lines in the result.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from ddpdoctor.core.errors import UsageError
 from ddpdoctor.core.facts import Facts
 from ddpdoctor.ingest.detect import detect
 from ddpdoctor.ingest.model import ToolOutput, merge_facts
+from ddpdoctor.ingest.paste import Part, clean, split
 
 UNNAMED_NODE = "node"
 
@@ -47,17 +52,50 @@ def _reader(kind: str) -> Callable[[str, str], ToolOutput]:
 def read_tool_output(path: str, raw: bytes, folder_host: Optional[str] = None,
                      kind: Optional[str] = None) -> ToolOutput:
     """One file, or a one-line UsageError naming it and what was expected. `kind`, where the
-    caller already detected it, is not detected again."""
+    caller already detected it on the whole file, is used for a file that is one output.
+
+    A file of several outputs gives one ToolOutput per part (the first, with the others in its
+    `more`), each named by the file and its lines: "paste.txt (lines 1-19)"."""
     if b"\x00" in raw[:8192]:
         raise UsageError(f"{path} is a binary file: expected {EXPECTED}")
-    text = raw.decode("utf-8", errors="replace")
-    kind = kind or detect(text)
-    if kind is None:
+    text = clean(raw.decode("utf-8", errors="replace"))
+    parts = _joined([(part, found) for part in split(text) if (found := detect(part.text)) is not None])
+    if len(parts) < 2:  # one output (perhaps with a prompt or a shell session around it): read whole
+        whole = Part(1, len(text.splitlines()), text, host=parts[0][0].host if parts else None)
+        found = kind or detect(text)
+        parts = [(whole, found)] if found is not None else []
+    if not parts:
         raise UsageError(f"{path} is not {EXPECTED}")
-    out = _reader(kind)(path, text)
+    outputs = []
+    for part, found in parts:
+        label = path if len(parts) == 1 else part.label(path)
+        outputs += _read_part(label, part, found, folder_host).parts()
+    first, *others = outputs
+    first.more = others
+    return first
+
+
+def _joined(parts: list[tuple[Part, str]]) -> list[tuple[Part, str]]:
+    """Next parts of one kind from one host read as one: `topo -m` then `topo -p2p r` is one reading
+    (the -p2p matrix fills the pairs of the matrix above it)."""
+    out: list[tuple[Part, str]] = []
+    for part, kind in parts:
+        if out and out[-1][1] == kind and out[-1][0].host in (None, part.host):
+            last = out[-1][0]
+            part = Part(last.first, part.last, last.text + part.text, last.command, last.host or part.host)
+            out.pop()
+        out.append((part, kind))
+    return out
+
+
+def _read_part(label: str, part: Part, kind: str, folder_host: Optional[str]) -> ToolOutput:
+    """One output of the file, read by its kind's reader; the host its prompt names kept as a hint."""
+    out = _reader(kind)(label, part.text)
     if not out.gpus and kind != "nccl-tests":
-        raise UsageError(f"{path} looks like {kind} output but names no GPU: was it cut short?")
-    out.host = out.host or folder_host
+        raise UsageError(f"{label} looks like {kind} output but names no GPU: was it cut short?")
+    for one in out.parts():
+        one.host = one.host or folder_host
+        one.prompt_host = part.host
     return out
 
 
@@ -77,9 +115,13 @@ def group_by_node(outputs: list[ToolOutput]) -> list[Node]:
     # Unnamed outputs given with files that name exactly one host (an nccl-tests run on one node
     # beside its topo -m) describe that host.
     named = {part.host for part in parts if part.host}
-    unnamed = named.pop() if len(named) == 1 else UNNAMED_NODE
+    # The host a prompt names (`root@test1:/# nvidia-smi topo -m`) places an unnamed output where
+    # another output names that host, or where the prompts name several hosts (one paste per node).
+    prompted = {part.prompt_host for part in parts if not part.host and part.prompt_host}
+    trusted = prompted if len(prompted) > 1 else prompted & named
+    unnamed = next(iter(named)) if len(named) == 1 else UNNAMED_NODE
     for out in parts:
-        host = out.host or unnamed
+        host = out.host or (out.prompt_host if out.prompt_host in trusted else None) or unnamed
         node = nodes.setdefault(host, Node(host))
         node.outputs.append(out)
         for index, probes in out.gpus.items():

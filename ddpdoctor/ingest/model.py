@@ -39,6 +39,9 @@ class ToolOutput:
     # The other nodes one file describes (nccl-tests across nodes names each rank's host): one
     # ToolOutput per further host, read as if each were its own file.
     more: list[ToolOutput] = field(default_factory=list)
+    # The host the shell prompt above this output names (`root@test1:/#`): a hint, used only where
+    # it matches a host another output names, or where one paste's prompts name several hosts.
+    prompt_host: Optional[str] = None
 
     def parts(self) -> list[ToolOutput]:
         """This output and the other nodes it describes, in the file's order."""

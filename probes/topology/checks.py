@@ -341,10 +341,24 @@ def p2p_findings(view: NodeView) -> list[Finding]:
 CROSSING = "SYS"  # PCIe and the interconnect between NUMA nodes (SOC in old drivers, read as SYS)
 
 
+def _gbps_by_generation(efficiency: float) -> dict[str, float]:
+    """What a hop of this efficiency allows at each PCIe generation, x16: the figure to expect where
+    the links were not read (a pasted `topo -m`)."""
+    return {f"Gen{gen} x16": round(float(pcie_gbps(gen, 16) or 0.0) * efficiency, 1) for gen in (3, 4, 5)}
+
+
 def _sys_gbps_by_generation() -> dict[str, float]:
-    """What a SYS hop allows at each PCIe generation, x16 (the link model's host-memory-across-sockets
-    efficiency): the figure to expect where the links were not read (a pasted `topo -m`)."""
-    return {f"Gen{gen} x16": round(float(pcie_gbps(gen, 16) or 0.0) * EFFICIENCY["sys"], 1) for gen in (3, 4, 5)}
+    """A SYS hop (the link model's host-memory-across-sockets efficiency), per PCIe generation."""
+    return _gbps_by_generation(EFFICIENCY["sys"])
+
+
+def _sys_cost() -> str:
+    """What a SYS hop costs the all-reduce against GPUs under one PCIe switch, in the model's figures."""
+    sys, switch = _sys_gbps_by_generation(), _gbps_by_generation(EFFICIENCY["p2p"])
+    return (f"about {EFFICIENCY['sys']:.0%} of the PCIe link ({sys['Gen3 x16']:g} GB/s busbw at Gen3 x16, "
+            f"{sys['Gen4 x16']:g} at Gen4, {sys['Gen5 x16']:g} at Gen5) against about {EFFICIENCY['p2p']:.0%} for GPUs "
+            f"under one PCIe switch ({switch['Gen3 x16']:g}, {switch['Gen4 x16']:g}, {switch['Gen5 x16']:g}) and "
+            "several times that over NVLink: DDP's gradient all-reduce moves the model's size every step at that rate")
 
 
 def _without_crossing(view: NodeView, size: int) -> Optional[list[int]]:
@@ -369,6 +383,12 @@ def _numa_groups(view: NodeView, gpus: list[int]) -> dict[str, list[int]]:
     return groups
 
 
+def _pair_names(pairs: list[tuple[int, int]]) -> str:
+    """The pairs as `nvidia-smi topo -m` names them (GPU0-GPU1), the first four."""
+    named = ", ".join(f"GPU{a}-GPU{b}" for a, b in pairs[:4])
+    return named + (f" and {len(pairs) - 4} more" if len(pairs) > 4 else "")
+
+
 def socket_findings(view: NodeView, named: list[Finding]) -> list[Finding]:
     """TOP011: the job's GPUs meet across the CPU sockets (SYS), where no single GPU is to blame
     (TOP003 names one placed worse than the others: that is the cause then, said once).
@@ -376,7 +396,10 @@ def socket_findings(view: NodeView, named: list[Finding]) -> list[Finding]:
     Nothing is broken: a 2-socket PCIe server is built so. What it costs is the all-reduce's
     bandwidth, which goes through host memory and the socket interconnect at a fraction of PCIe
     (issue 41: pasted machines with every pair SYS were judged healthy with no word of it). WARN
-    where the same number of GPUs on this node could avoid it (CUDA_VISIBLE_DEVICES), INFO where not."""
+    where the same number of GPUs on this node could avoid it (CUDA_VISIBLE_DEVICES), and for a
+    2-GPU job (issue 51): its all-reduce is that one pair, and two GPUs never need two sockets (a
+    socket of any GPU server holds two), so the placement, not the job's size, costs it. INFO where
+    the job needs GPUs of both sockets."""
     gpus = view.job_gpus
     if len(gpus) < 2 or any(f.code == "TOP003" and view.host in f.nodes for f in named):
         return []
@@ -390,22 +413,34 @@ def socket_findings(view: NodeView, named: list[Finding]) -> list[Finding]:
     evidence: dict[str, Any] = {
         "sys_pairs": [f"{a}-{b}" for a, b in crossing[:32]], "sys_pairs_total": len(crossing), "pairs_total": pairs,
         "gpus_by_numa_node": groups, "expected_busbw_gbps_per_sys_hop": _sys_gbps_by_generation(),
-        "gpus_without_crossing": instead}
+        "expected_busbw_gbps_under_one_pcie_switch": _gbps_by_generation(EFFICIENCY["p2p"]),
+        "cost": _sys_cost(), "gpus_without_crossing": instead}
     ring_sys = [h for h in ring_hops(view, {}, at_max=True) if h.level == CROSSING]
     if ring_sys and ring_sys[0].pcie_gbps is not None:
         evidence["expected_busbw_gbps_per_sys_hop"] = {"this node": hop_gbps(ring_sys[0])[0]}
-    severity = Severity.WARN if instead is not None else Severity.INFO
+    pair_job = len(gpus) == 2
+    severity = Severity.WARN if instead is not None or pair_job else Severity.INFO
     choose = (f"Choose GPUs that share a socket: `CUDA_VISIBLE_DEVICES={','.join(map(str, instead))}` gives this "
               f"job's {len(gpus)} GPUs with no pair across the sockets. " if instead is not None else "")
+    if pair_job and instead is None:
+        choose = ("Run the job on two GPUs under one socket: a machine or instance whose `nvidia-smi topo -m` shows "
+                  "NV#, PIX, PXB, PHB or NODE between them (or move one card to a slot of the other's socket). ")
+    pin = ("Until then, pin each rank to its GPU's NUMA node (`numactl --cpunodebind=N --membind=N` per rank; Slurm "
+           "`--cpu-bind=cores --gpu-bind=closest`) so its copies do not cross the sockets twice. " if pair_job else "")
+    title = (f"GPU{crossing[0][0]} and GPU{crossing[0][1]} on {view.host} meet only across the CPU sockets (SYS)"
+             f"{f': {where}' if where else ''}; the 2-GPU all-reduce gets about {EFFICIENCY['sys']:.0%} of the PCIe "
+             "link, half what GPUs under one PCIe switch get" if pair_job else
+             f"The all-reduce crosses the CPU sockets on {view.host}: {len(crossing)} of {pairs} GPU pairs meet only "
+             f"across them (SYS){f': {where}' if where else ''}")
     return [_finding(
-        "TOP011",
-        f"The all-reduce crosses the CPU sockets on {view.host}: {len(crossing)} of {pairs} GPU pairs meet only "
-        f"across them (SYS){f': {where}' if where else ''}",
+        "TOP011", title,
         [r for g in gpus for r in ranks_on(view, g)], [view.host], evidence, severity=severity,
-        fix=(f"{choose}Where the job needs GPUs of both sockets, expect this: measure it with `ddpdoctor "
+        fix=(f"{choose}{pin}{'Measure' if pair_job else 'Where the job needs GPUs of both sockets, expect this: measure'}"
+             " it with `ddpdoctor "
              "allreduce-bench` (NCCL_DEBUG=INFO shows these hops \"via SHM\" or \"via P2P\" with NCCL_P2P_LEVEL=SYS, "
-             "which some platforms allow and others corrupt or slow: test it before relying on it). GPUs joined by "
-             "NVLink (bridges, SXM boards) keep the all-reduce off the sockets."))]
+             "which some platforms allow and others corrupt or slow: test it before relying on it; a first all-reduce "
+             "that hangs \"via P2P/CUMEM\" across the sockets is fixed by NCCL_P2P_DISABLE=1). GPUs joined by NVLink "
+             f"(bridges, SXM boards) keep the all-reduce off the sockets. Pairs: {_pair_names(crossing)}."))]
 
 
 def _nic_path(nic: Nic, gpu: GpuNode) -> Optional[str]:
@@ -441,12 +476,16 @@ def nic_findings(view: NodeView, across_nodes: bool) -> list[Finding]:
     if not far:
         return []
     names = sorted({str(n.name) for n in nics if _nic_path(n, view.gpu(far[0])) is not None})
+    cost = ("no GPUDirect RDMA for these GPUs: NCCL stages their traffic to other nodes in host memory on the far "
+            f"socket, about {_sys_gbps_by_generation()['Gen4 x16']:g} GB/s at Gen4 x16 whatever the NIC's rate "
+            "(nccl-tests#293: 1.1 GB/s over a 200 Gb/s HDR NIC until NCCL_NET_GDR_LEVEL or the BIOS NUMA setting changed)")
     return [_finding(
         "TOP012",
         f"GPU {rank_ranges(far)} on {view.host} reach{'es' if len(far) == 1 else ''} the NICs ({', '.join(names)}) "
         "only across NUMA nodes (SYS)",
         [r for g in far for r in ranks_on(view, g)], [view.host],
-        {"gpus_far_from_every_nic": far, "nics_near_gpus": near, "job_across_nodes": across_nodes},
+        {"gpus_far_from_every_nic": far, "nics_near_gpus": near, "job_across_nodes": across_nodes,
+         "cost": cost if across_nodes else "none while the job stays on one node: " + cost},
         severity=Severity.WARN if across_nodes else Severity.INFO)]
 
 
@@ -613,6 +652,7 @@ def diagnose_topology(facts: RankFacts, run: RunView) -> list[Finding]:
         findings += p2p_findings(view)
         findings += affinity_findings(view, by_rank)
         findings += socket_findings(view, findings)
-        findings += nic_findings(view, across_nodes=len(views) > 1)
+        # Across nodes where any input names another host (an nccl-tests run pasted beside one node's topo -m).
+        findings += nic_findings(view, across_nodes=len(views) > 1 or len(set(run.hosts.values()) | {view.host}) > 1)
     findings += expectation_finding(views, by_rank)
     return findings
