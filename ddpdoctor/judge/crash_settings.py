@@ -36,6 +36,18 @@ def is_crash(kind: str, detail: Mapping[str, Any]) -> bool:
     return False
 
 
+def failed_alike(fates: Mapping[int, Any]) -> Optional[Any]:
+    """The first of the ranks, where every rank failed with the same error (its numbers aside) in the same stage:
+    what a setting read by every rank makes (GLOO_DEVICE_TRANSPORT=uv: "makeDeviceForInterface(): unsupported
+    gloo device" on each, inside init_process_group), and a failure no one rank is the cause of."""
+    failed = list(fates.values())
+    if not failed or any(f.kind != "error" or f.detail.get("injected") for f in failed):
+        return None
+    if len({(f.stage, re.sub(r"\d+", "N", str(f.detail.get("error")))) for f in failed}) != 1:
+        return None
+    return min(failed, key=lambda f: f.t)
+
+
 def env_settings(record: RunRecord) -> dict[str, str]:
     """The behaviour-changing variables the ranks ran with: the launcher's where it spawned them, else the
     union of what each rank said (a variable set on one node only is still set)."""

@@ -183,8 +183,22 @@ def diagnose_run(record: RunRecord) -> list[Finding]:
              _interrupted(run), _never_arrived(run)]
     found += _primary_findings(run)
     if not run.primaries and not odd_sizes:  # a first cause, or a world-size disagreement, explains the waits
-        found.append(_across_ranks(run))
+        found.append(_with_a_setting(_across_ranks(run), run))
     return [f for f in found if f is not None]
+
+
+def _with_a_setting(f: Optional[Finding], run: _Outcome) -> Optional[Finding]:
+    """Every rank failed alike inside one collective (RUN008): a setting every rank read is as likely a cause
+    as the network, so it is listed, and where `check` ran the stage again without it and it passed, the
+    setting leads (RUN013)."""
+    first = crash_settings.failed_alike(run.fates)
+    settings = crash_settings.env_settings(run.record)
+    if f is None or first is None or not settings:
+        return f
+    retry = crash_settings.Retry.of(run.record, first.stage)
+    if retry is not None and retry.passed and retry.culprits:
+        return _made_by_a_setting(tuple(sorted(run.fates)), first, run, {}, settings, retry)
+    return _with_settings(f, settings, retry)
 
 
 def _injected_faults(record: RunRecord) -> Optional[Finding]:
@@ -444,9 +458,10 @@ def _made_by_a_setting(ranks: tuple[int, ...], fate: RankFate, run: _Outcome, vi
     how = fate.detail.get("signal") or fate.detail.get("error") or f"exit code {fate.detail.get('exit_code')}"
     one = len(culprits) == 1
     entries = [setting_for(n) for n in culprits]
+    verb = "crashes" if fate.kind == "crash" else "fails"
     return finding(
         "RUN013", PROBE,
-        title=f"{_stage_words(fate)} crashes with {listed} and passes without {'it' if one else 'them'}",
+        title=f"{_stage_words(fate)} {verb} with {listed} and passes without {'it' if one else 'them'}",
         ranks=ranks, nodes=run.nodes(ranks),
         evidence={"stage": fate.stage, "crash": how, "crashed_ranks": rank_ranges(ranks), "settings": settings,
                   "what_they_change": crash_settings.described(culprits),
@@ -455,8 +470,9 @@ def _made_by_a_setting(ranks: tuple[int, ...], fate: RankFate, run: _Outcome, vi
                   "last_output": fate.detail.get("log_tail", [])[-8:] or _tail(fate.detail.get("traceback", ""), 8),
                   "affected_ranks": _victims_evidence(victims)},
         why=(f"ddpdoctor ran the failing stage once more without {said(settings)}: it passed "
-             f"({retry.seconds:g} s); with {listed} alone it crashed again ({how}). "
-             + " ".join(f"{e.name} {e.changes}." for e in entries if e is not None)).strip(),
+             f"({retry.seconds:g} s); with {listed} alone it {'crashed' if fate.kind == 'crash' else 'failed'} "
+             f"again ({how}). "
+             + " ".join(f"What {e.name} changes: {e.changes}." for e in entries if e is not None)).strip(),
         fix=(f"Unset {' and '.join(culprits)} for this job ({crash_settings.unset_command(culprits)} ..., or remove "
              "the export from the job script and ~/.bashrc); it is a debugging or tuning switch, not needed to "
              "train. If you need what it gives, try it on another torch version, or report the crash to the "

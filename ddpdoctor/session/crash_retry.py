@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ddpdoctor.core.run_record import RunRecord
-from ddpdoctor.judge.crash_settings import is_crash
+from ddpdoctor.judge.crash_settings import failed_alike, is_crash
 from ddpdoctor.judge.run_diagnosis import rank_fates
 from ddpdoctor.runtime.config import CheckConfig
 
@@ -43,10 +43,11 @@ def plan(record: RunRecord, cfg: CheckConfig) -> Optional[Plan]:
     settings = record.settings.get("env_settings") or {}
     if cfg.command != "check" or record.interrupted or record.faults or not settings or not cfg.probes:
         return None
-    crashed = [f for f in rank_fates(record).values() if is_crash(f.kind, f.detail)]
-    if not crashed:
+    fates = rank_fates(record)
+    crashed = [f for f in fates.values() if is_crash(f.kind, f.detail)]
+    first = min(crashed, key=lambda f: f.t) if crashed else failed_alike(fates)
+    if first is None:
         return None
-    first = min(crashed, key=lambda f: f.t)
     return Plan(first.stage, _probe_of(record, first.rank, cfg.probes), tuple(settings))
 
 
@@ -61,7 +62,11 @@ def _probe_of(record: RunRecord, rank: int, probes: tuple[str, ...]) -> str:
 
 
 def _crashed_in(record: RunRecord, stage: str) -> bool:
-    return any(is_crash(f.kind, f.detail) and f.stage == stage for f in rank_fates(record).values())
+    """The stage crashed again, or every rank failed in it alike again."""
+    fates = rank_fates(record)
+    alike = failed_alike(fates)
+    return any(is_crash(f.kind, f.detail) and f.stage == stage for f in fates.values()) or (
+        alike is not None and alike.stage == stage)
 
 
 def _passed(record: RunRecord) -> bool:

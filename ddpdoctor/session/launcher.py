@@ -188,7 +188,7 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
     record = _run_ranks(cfg, argv, nproc, backend, device, settings, console)
     plan = crash_retry.plan(record, cfg)
     if plan is not None:
-        console.print(f"ddpdoctor: stage {plan.stage} crashed with {', '.join(plan.names)} set: trying it once more "
+        console.print(f"ddpdoctor: stage {plan.stage} failed with {', '.join(plan.names)} set: trying it once more "
                       f"without {'it' if len(plan.names) == 1 else 'them'}", style="dim")
         record.settings["retried"] = crash_retry.run(
             plan, cfg, argv, lambda c, a, without: _run_ranks(c, a, nproc, backend, device, {}, console, without))

@@ -44,6 +44,25 @@ def test_a_crash_made_by_a_setting_is_named_by_that_setting_and_the_innocent_one
     assert_nothing_left(run)
 
 
+def test_every_rank_failing_alike_in_init_under_a_setting_is_named_by_it(tmp_path):
+    """Made another way: GLOO_DEVICE_TRANSPORT=uv on a torch built without libuv fails every rank inside
+    init_process_group with "makeDeviceForInterface(): unsupported gloo device" (not a crash: no one rank is the
+    cause, RUN008). Tried again without it, init passes: the setting leads."""
+    run = run_check(tmp_path, "--nproc", "2", "--device", "cpu", "--probes", "gpu-count",
+                    env={"GLOO_DEVICE_TRANSPORT": "uv"}, timeout_s=180)
+    assert run.report is not None, run.explain()
+    if "retried" not in run.report["settings"]:  # a torch built with libuv takes it: a healthy run
+        assert run.returncode == 0 and not run.findings("RUN013") and not run.findings("RUN008"), run.explain()
+        assert_nothing_left(run)
+        return
+    first = run.report["findings"][0]
+    assert first["code"] == "RUN013" and first["ranks"] == [0, 1], run.explain()
+    assert first["title"] == "init_process_group fails with GLOO_DEVICE_TRANSPORT=uv and passes without it"
+    assert "unsupported gloo device" in first["why"] and not run.findings("RUN008")
+    assert run.returncode == 2
+    assert_nothing_left(run)
+
+
 def test_a_healthy_run_with_settings_is_never_retried(tmp_path):
     run = run_check(tmp_path, "--nproc", "2", "--device", "cpu", "--probes", "gpu-count", env={"NCCL_ALGO": "Ring"},
                     timeout_s=120)

@@ -103,3 +103,25 @@ def test_the_tries_drop_them_all_then_keep_each_alone_and_name_the_one_it_crashe
     out = crash_retry.run(plan, CheckConfig(probes=("gpu-count",), timeout_s=60), ["check"], launch)
     assert tried == [tuple(DETAIL), ("NCCL_ALGO",), ("TORCH_DISTRIBUTED_DEBUG",)]
     assert out["passed"] is True and out["culprits"] == ["TORCH_DISTRIBUTED_DEBUG"] and "note" not in out
+
+
+def test_every_rank_failing_alike_is_listed_with_the_settings_and_a_different_error_is_not():
+    def error(message: str, t: float) -> dict[str, Any]:
+        return {"stage": "init", "t": t, "type": "RuntimeError", "message": message, "traceback": "",
+                "collective": {"op": "init_process_group", "seq": 2}}
+
+    alike = make_record(2, timelines={r: timeline("init", "error") for r in range(2)},
+                        errors={r: error("makeDeviceForInterface(): unsupported gloo device", T0 + 3 + r)
+                                for r in range(2)}, exits={r: ExitInfo(1, t=T0 + 6) for r in range(2)})
+    alike.settings = {"env_settings": {"GLOO_DEVICE_TRANSPORT": "uv"}}
+    found, = critical(diagnose_run(alike))
+    assert found.code == "RUN008" and found.evidence["settings"] == {"GLOO_DEVICE_TRANSPORT": "uv"}
+    assert crash_retry.plan(alike, CheckConfig(probes=("gpu-count",))) == crash_retry.Plan(
+        "init", "gpu-count", ("GLOO_DEVICE_TRANSPORT",))
+    alike.settings["retried"] = {"stage": "init", "without": ["GLOO_DEVICE_TRANSPORT"], "passed": True,
+                                 "culprits": ["GLOO_DEVICE_TRANSPORT"], "seconds": 5.0}
+    lead, = critical(diagnose_run(alike))
+    assert lead.code == "RUN013" and lead.title == (
+        "init_process_group fails with GLOO_DEVICE_TRANSPORT=uv and passes without it")
+    alike.errors[1] = error("Connection reset by peer", T0 + 4)  # not alike: no one setting is suspected
+    assert crash_retry.plan(alike, CheckConfig(probes=("gpu-count",))) is None
