@@ -16,8 +16,19 @@ from ddpdoctor.core.findings import Finding, rank_ranges
 from ddpdoctor.explain.scan import Event
 
 PROBE = "explain"
-# Generic errors that carry a specific one printed with them (NCCL's `Last error:` under ncclSystemError).
-CARRIERS = ("python_exception", "nccl_system_error")
+# Generic errors that carry a specific one printed with them (NCCL's `Last error:` under ncclSystemError,
+# the WARN under torch's `unhandled cuda error`).
+CARRIERS = ("python_exception", "nccl_system_error", "nccl_unhandled_cuda")
+# The specific NCCL and CUDA causes a generic NCCL error is explained by.
+_SPECIFIC = ("cuda_oom", "cuda_fatal", "cuda_runtime_error", "invalid_device_ordinal", "driver_too_old",
+             "driver_mismatch", "ptx_toolchain", "no_gpu", "duplicate_gpu", "same_gpu_partition")
+# Causes that are only a symptom when anything else failed: NCCL's socket to a peer that died first.
+WEAK = ("nccl_socket_failed",)
+# Timeouts whose message names the rank that never came: the finding names that rank, not the one that waited.
+KEY_OWNERS = ("ncclid_timeout", "store_key_rank_timeout")
+# The rank counts of a store that waited for every rank: the ranks missing are named when the log tells.
+JOIN_COUNTS = ("clients_joined", "store_barrier_timeout")
+_NCCL_WRAPPER = re.compile(r"NCCL error|NCCL Error|^nccl\w+Error$|DistBackendError")
 # Causes that are the node's environment, not a rank's: every rank there fails alike; the node is named.
 NODE_LEVEL = ("nccl_shm_error",)
 
@@ -36,7 +47,8 @@ def _first_own(evs: list[Event]) -> Event:
     the generic exception line that carries it (`DistBackendError: NCCL error ... invalid usage`
     then `Duplicate GPU detected`); among summaries, the one that says the most (torchrun's block)."""
     own = [e for e in evs if e.sig not in EXIT_RECORDS]
-    known = [e for e in own if e.sig not in CARRIERS] or [e for e in own if e.sig != "python_exception"]
+    known = [e for e in own if e.sig not in CARRIERS and e.sig not in WEAK] \
+        or [e for e in own if e.sig not in CARRIERS] or [e for e in own if e.sig != "python_exception"]
     if known or own:
         return known[0] if known else own[0]
     return _best_exit(evs)
@@ -54,8 +66,7 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
     firsts = [_first_own(evs) for evs in causes.values()]
     seen = {e.sig for e in firsts}
     firsts += [e for e in unattributed if e.sig not in seen and e.sig not in EXIT_RECORDS]
-    if any(e.sig.startswith("nccl_") and e.sig not in CARRIERS for e in firsts):
-        firsts = [e for e in firsts if e.sig != "nccl_system_error"]  # NCCL said what its system error was
+    firsts = _drop_explained(firsts, causes)
     if not firsts and unattributed:
         # Only launchers' summaries that name no rank (the DeepSpeed launcher, pdsh, subprocess):
         # the worker's end is still the cause, on whichever rank or node it was.
@@ -83,9 +94,12 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
         if first.sig == "srun_task" and "code" in fields:
             fields.setdefault("exitcode", fields["code"])  # srun says `Exited with exit code N`
         evidence: dict[str, Any] = {"first_error": {str(e.rank if e.rank is not None else "?"): cite(e) for e in group}}
-        if first.sig == "clients_joined":
+        if first.sig in JOIN_COUNTS:
             ranks, title_extra = _never_joined(first, events)
             evidence["ranks_seen_in_log"] = rank_ranges({e.rank for e in events if e.rank is not None}) or "none"
+        elif first.sig in KEY_OWNERS:
+            evidence["waiting_ranks"] = where
+            ranks, title_extra = sorted({int(e.fields["missing"]) for e in group}), ""
         else:
             title_extra = ""
         if first.sig == "nccl_ib_error":
@@ -129,6 +143,9 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
             if found:
                 fields["driver"] = f"its driver supports up to {cuda_version.words(found)}"
         title = fill(text.title, where=where, on=on, text=first.text[:160], **fields)
+        if first.sig == "store_barrier_timeout" and int(fields["joined"]) >= int(fields["expected"]):
+            title = (f"init_process_group's store-based barrier counted {fields['joined']} workers for "
+                     f"{fields['expected']} ranks: the store holds another run's keys")
         if not (title.startswith(where) and any(e.host == where for e in events)):  # a host keeps its case
             title = title[0].upper() + title[1:]
         title += title_extra
@@ -160,10 +177,45 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
             why=text.why, fix=text.fix))
     return findings
 
+def _drop_explained(firsts: list[Event], causes: dict[int, list[Event]]) -> list[Event]:
+    """The most specific line wins over a generic one: a generic NCCL error (ncclSystemError, torch's
+    `unhandled cuda error`, a `DistBackendError: NCCL error ...` or an exception whose message is on the
+    lines below it) is dropped where a specific NCCL or CUDA cause was printed on its rank or by no rank;
+    NCCL's lost socket where anything else failed; a wait for a rank's key where that rank has its own error."""
+    specific = [e for e in firsts if _is_specific(e)]
+    out = [e for e in firsts if not (_is_generic(e) and any(_same_scope(e, x) for x in specific))]
+    if any(e.sig not in WEAK for e in out):
+        out = [e for e in out if e.sig not in WEAK]
+    if any(e.sig in JOIN_COUNTS for e in out):
+        # A rank that never joined stalls everyone's keys (rank 0, the store's host, waits for it there).
+        return [e for e in out if e.sig not in KEY_OWNERS]
+    own = {r for r, evs in causes.items() if any(e.sig not in KEY_OWNERS and e.sig not in EXIT_RECORDS for e in evs)}
+    kept = [e for e in out if not (e.sig in KEY_OWNERS and int(e.fields["missing"]) in own)]
+    return kept or out
+
+
+def _is_specific(e: Event) -> bool:
+    return e.sig in _SPECIFIC or (e.sig.startswith("nccl_") and e.sig not in CARRIERS and e.sig not in WEAK)
+
+
+def _is_generic(e: Event) -> bool:
+    if e.sig in ("nccl_system_error", "nccl_unhandled_cuda"):
+        return True
+    if e.sig != "python_exception":
+        return False
+    kind, msg = str(e.fields.get("type", "")).rsplit(".", 1)[-1], str(e.fields.get("msg") or "").strip()
+    return not msg or bool(_NCCL_WRAPPER.search(kind) or _NCCL_WRAPPER.search(msg))
+
+
+def _same_scope(generic: Event, specific: Event) -> bool:
+    """The specific error explains the generic one: printed by the same rank, or one of them by no rank."""
+    return generic.rank is None or specific.rank is None or generic.rank == specific.rank
+
+
 def _where_it_hit(first: Event, group: list[Event], events: list[Event]) -> list[Event]:
     """The lines whose hosts the finding names: a cancelled job is every node srun reports
     (slurmstepd prints the cancel on one of them), a missing rank none of those that came."""
-    if first.sig == "clients_joined":
+    if first.sig in JOIN_COUNTS or first.sig in KEY_OWNERS:
         return []
     if first.sig == "slurm_cancelled":
         return group + [e for e in events if e.sig == "srun_task"]

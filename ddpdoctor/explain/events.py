@@ -20,7 +20,7 @@ from ddpdoctor.explain.signatures import CAUSE, WAIT
 _WAIT_WORDS = re.compile(r"[Tt]imed out|timeout|[Aa]borted|closed by peer|reset by peer|Broken pipe|"
                          r"Socket Timeout|communicator was aborted|remote process exited")
 # Printed by C++ code right before std::terminate aborts the process, without a launcher prefix.
-_ABORT_MESSAGES = ("gloo_size_mismatch", "cuda_fatal")
+_ABORT_MESSAGES = ("gloo_size_mismatch", "cuda_fatal", "nccl_unhandled_cuda")
 _SRUN_KILLS = ("Killed", "Out Of Memory", "Segmentation fault", "Aborted", "Bus error")
 
 _SELF_INFLICTED = ("SIGKILL", "SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")

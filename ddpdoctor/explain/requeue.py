@@ -79,6 +79,10 @@ RULES: tuple[Rule, ...] = (
          sig="nccl_system_error", when=r"NCCL_SOCKET_IFNAME on"),
     Rule("LOG009", RETRY, "an uncorrectable ECC error is a faulty GPU: requeue away from that node and drain it",
          when=r"ECC"),
+    Rule("LOG009", NO_RETRY, "peer-to-peer access between these GPUs is not supported: the node fails the same way "
+         "again (set NCCL_P2P_DISABLE=1 first)", sig="nccl_ipc_failure"),
+    Rule("LOG009", UNKNOWN, "NCCL's unhandled cuda error does not say which CUDA call failed: a bug, a full GPU or "
+         "a bad one", sig="nccl_unhandled_cuda"),
     Rule("LOG009", NO_RETRY, "an illegal memory access or device-side assert is a bug in a kernel or its indices"),
     Rule("RUN002", NO_RETRY, "the kernel's out-of-memory killer ended a rank: the same host memory use is killed again",
          sig="slurm_oom"),

@@ -25,6 +25,8 @@ _DIGITS = re.compile(r"\d+")
 _VOLATILE = ("ran_ms", "pid", "port", "peer", "pids", "seconds", "ms")  # differ between repeats of one fact
 _FREE_TEXT = ("msg", "err", "what", "other", "names")  # messages whose numbers (pids, addresses) vary
 _ELASTIC_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
+# Messages that say which rank printed them ("... on rank: 3, for key ..."): the rank when no prefix says it.
+SELF_NAMED = ("store_barrier_timeout",)
 _SIGNAL_TRACE = re.compile(r"Signal \d+ \((SIG\w+)\) received")
 _EXITCODE = re.compile(r"(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)(?:\s*\((?P<signal>SIG\w+)\))?")
 
@@ -128,6 +130,8 @@ class _Scanner:
             origin = Origin(origin.rank, origin.local_rank, fields.get("host"), origin.pid, origin.task)
         else:
             origin = self._launcher_origin(sig.id, fields, chunk, end, origin)
+        if sig.id in SELF_NAMED and origin.rank is None and fields.get("on_rank"):
+            origin = Origin(int(fields["on_rank"]), origin.local_rank, origin.host, origin.pid, origin.task)
         if origin.rank is None and log.rank_hint is not None and origin.local_rank is None \
                 and sig.id not in LAUNCHER_LINES:  # a launcher's line in a rank's file is not that rank's
             origin = Origin(log.rank_hint, None, origin.host, origin.pid, origin.task)

@@ -81,17 +81,22 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("gloo_timeout", WAIT, ("ms for recv operation", "ms for send operation", "Timed out waiting"),
          r"Timed out waiting (?P<timeout_ms>\d+)ms for (?P<what>recv|send) operation to complete",
          "gloo timeout waiting for a peer ({what})", "gloo"),
+    # A rank waited for NCCL's id, which the group's rank R publishes in the store at its first collective, and
+    # it never came (a timeout, not a lost connection): rank R never got there. torch 1.12-2.0 spell it
+    # "retreiving" and say `Socket Timeout` or `Timeout waiting for key`; 2.4+ `wait timeout after Nms, keys: K`.
+    _sig("ncclid_timeout", CAUSE, ("via c10d key-value store",),
+         r"retr(?:ie|ei)ving ncclUniqueId from \[(?P<missing>\d+)\] via c10d key-value store by key '(?P<key>[^']*)', "
+         r"but store->get\('[^']*'\) got error: (?P<err>(?:wait timeout after|Socket Timeout|Timeout waiting for key)"
+         r"[^\n]*?)\.?$",
+         "waited for NCCL's id from rank {missing}, which never came", "ProcessGroupNCCL"),
     # torch >= 2.1: a rank fetching NCCL's id from rank 0 through the store lost the store.
     _sig("store_get_error", CAUSE, ("via c10d key-value store",),
-         r"retrieving ncclUniqueId from \[(?P<from_rank>\d+)\] via c10d key-value store by key '(?P<key>[^']*)', "
+         r"retr(?:ie|ei)ving ncclUniqueId from \[(?P<from_rank>\d+)\] via c10d key-value store by key '(?P<key>[^']*)', "
          r"but store->get\('[^']*'\) got error: (?P<err>[^.]+)",
          "lost the store while fetching NCCL's id from rank {from_rank}: {err}", "ProcessGroupNCCL"),
     _sig("gloo_peer_closed", WAIT, ("Connection closed by peer", "Connection reset by peer"),
          r"(?:Connection closed by peer|Connection reset by peer)(?: \[(?P<peer>[^\]]+)\](?::(?P<port>\d+))?)?",
          "connection closed by peer ({peer})", "gloo"),
-    _sig("nccl_remote_error", WAIT, ("remote process exited or there was a network error", "ncclRemoteError"),
-         r"(?:remote process exited or there was a network error|ncclRemoteError)",
-         "NCCL: remote process exited or network error", "NCCL"),
     # Horovod stops every rank once one rank raised or finished early: the ranks still in a collective say this.
     _sig("horovod_shutdown", WAIT, ("Horovod has been shut down",),
          r"Horovod has been shut down\. This was caused by an exception on one of the ranks",
@@ -127,9 +132,26 @@ SIGNATURES: tuple[Signature, ...] = (
                            "Found no NVIDIA driver"),
          r"(?P<what>No CUDA GPUs are available|CUDA driver initialization failed|Found no NVIDIA driver)",
          "CUDA unusable: {what}", "torch"),
-    _sig("cuda_fatal", CAUSE, ("CUDA error: ", "unhandled cuda error"),
-         r"(?:CUDA error: (?P<what>[^.\n]+)|(?P<nccl>unhandled cuda error))",
-         "CUDA error: {what}", "CUDA"),
+    # cudaErrorSystemDriverMismatch (803): the kernel module and the user-space driver library differ (a driver
+    # updated without a reboot, a container's compat libcuda): torch's warning at CUDA init, or the error.
+    _sig("driver_mismatch", CAUSE, ("unsupported display driver / cuda driver combination",),
+         r"(?:Error 803: )?system has unsupported display driver / cuda driver combination",
+         "NVIDIA kernel driver and CUDA driver library differ (error 803)", "CUDA driver"),
+    # NCCL's own WARN naming the CUDA call that failed, printed below torch's generic `unhandled cuda error`.
+    _sig("nccl_cuda_oom", CAUSE, ("Cuda failure",),
+         r"Cuda failure(?: \d+)? 'out of memory'", "CUDA out of memory (NCCL's buffers)", "NCCL"),
+    _sig("nccl_ipc_failure", CAUSE, ("failed to open CUDA IPC handle",),
+         r"failed to open CUDA IPC handle ?: ?(?:\d+ )?(?P<what>.+)", "NCCL P2P: {what}", "NCCL"),
+    _sig("nccl_cuda_failure", CAUSE, ("Cuda failure",),
+         r"Cuda failure(?: \d+)? '(?P<what>[^']+)'", "NCCL: CUDA error {what}", "NCCL"),
+    _sig("cuda_fatal", CAUSE, ("CUDA error: ",),
+         r"CUDA error: (?P<what>[^.\n]+)", "CUDA error: {what}", "CUDA"),
+    # torch <= 1.x (THC): `cuda runtime error (39) : uncorrectable ECC error encountered at FILE:LINE`.
+    _sig("cuda_runtime_error", CAUSE, ("cuda runtime error (",),
+         r"cuda runtime error \((?P<code>\d+)\) : (?P<what>.+?)(?: at \S+)?$", "CUDA error: {what}", "CUDA"),
+    # torch's generic wrapper of a failed CUDA call inside NCCL (ncclUnhandledCudaError): the WARN above names it.
+    _sig("nccl_unhandled_cuda", CAUSE, ("unhandled cuda error", "ncclUnhandledCudaError"),
+         r"(?:unhandled cuda error|ncclUnhandledCudaError)", "NCCL: unhandled cuda error", "NCCL"),
     # -- NCCL transport ----------------------------------------------------------------------
     _sig("nccl_no_interface", CAUSE, ("no socket interface found", "No usable listening interface found"),
          r"(?P<what>[Nn]o socket interface found|No usable listening interface found)",
@@ -137,6 +159,14 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("nccl_socket_connect", CONTEXT, ("socketStartConnect", "Connect to"),
          r"NCCL WARN .*?Connect to (?P<addr>\S+?) failed ?: (?P<err>.*)",
          "NCCL could not connect to {addr}: {err}", "NCCL"),
+    # `Net : Call to recv from ADDR failed : Broken pipe`, `socketProgressOpt: Call to recv from ...`: NCCL lost a peer
+    # socket; weak (causes.py): a peer's own error, where the log has one, is the cause.
+    _sig("nccl_socket_failed", CAUSE, ("Call to recv from", "Call to send to"),
+         r"Call to (?:recv from|send to) (?P<addr>\S+?) failed ?: (?P<err>.+)",
+         "NCCL socket to {addr}: {err}", "NCCL"),
+    _sig("nccl_ib_verbs", CAUSE, ("Call to ibv_",),
+         r"Call to (?P<call>ibv_\w+) failed(?: with error)? ?:? ?(?P<err>.+)",
+         "InfiniBand verbs: {call} failed: {err}", "NCCL"),
     # NCCL <= 2.20 says `with error 12, opcode 0, len 0, vendor err 129`; later ones `with status=12 opcode=1 ...`.
     _sig("nccl_ib_error", CAUSE, ("Got completion from peer",),
          r"[Gg]ot completion from peer (?P<peer>\S+) with (?:status=|error )(?P<code>\d+)",
@@ -148,6 +178,11 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("nccl_system_error", CAUSE, ("unhandled system error", "ncclSystemError"),
          r"(?:unhandled system error|ncclSystemError)(?:.*?NCCL version (?P<nccl_version>[\d.]+\S*))?",
          "NCCL unhandled system error", "NCCL"),
+    # After the transport errors: torch prints NCCL's `Last error:` on the same line in some versions, and that
+    # error (an InfiniBand completion, a socket) is the specific one.
+    _sig("nccl_remote_error", WAIT, ("remote process exited or there was a network error", "ncclRemoteError"),
+         r"(?:remote process exited or there was a network error|ncclRemoteError)",
+         "NCCL: remote process exited or network error", "NCCL"),
     _sig("nccl_interface", CONTEXT, ("NCCL INFO NET/Socket", "NCCL INFO Bootstrap", "NCCL INFO NET/IB : Using"),
          r"NCCL INFO (?:NET/Socket|NET/IB|Bootstrap) ?: Using (?P<ifaces>.*)", "NCCL uses {ifaces}", "NCCL"),
     _sig("nccl_env_setting", CONTEXT, ("set by environment to",),
@@ -162,6 +197,16 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("clients_joined", CAUSE, ("clients joined",),
          r"Timed out after (?P<seconds>\d+) seconds waiting for clients\. (?P<joined>\d+)/(?P<expected>\d+) clients joined",
          "{joined} of {expected} ranks joined", "c10d TCPStore"),
+    # torch 1.8-2.0's store-based barrier at the end of init_process_group (and new_group).
+    _sig("store_barrier_timeout", CAUSE, ("in store based barrier on rank",),
+         r"Timed out initializing process group in store based barrier on rank:? (?P<on_rank>\d+), for key: (?P<key>\S+) "
+         r"\(world_size=(?P<expected>\d+), worker_count=(?P<joined>\d+)",
+         "store-based barrier: {joined} of {expected} ranks", "torch.distributed"),
+    # torch >= 2.4's store timeout names the keys; gloo's full mesh publishes one per rank (`.../cpu//0/2`), and
+    # programs name theirs `rank_N`: the rank in the key never published it.
+    _sig("store_key_rank_timeout", CAUSE, ("keys: ",),
+         r"wait timeout after (?P<ms>\d+) ?ms, keys: (?P<key>\S*?(?:rank_|/cpu//\d+/)(?P<missing>\d+))$",
+         "waited for rank {missing}'s store key {key}", "c10d TCPStore"),
     _sig("address_in_use", CAUSE, ("EADDRINUSE", "ddress already in use"),
          r"(?:port: (?P<port>\d+).*?)?(?:EADDRINUSE|[Aa]ddress already in use)",
          "port {port} already in use", "c10d TCPStore"),

@@ -74,6 +74,24 @@ CAUSES: dict[str, CauseText] = {
         "Check `nvidia-smi` and CUDA_VISIBLE_DEVICES on that node, and the job's GPU request (--gres=gpu:N, "
         "--gpus-per-task)."),
     "cuda_fatal": _catalogued("LOG009", "CUDA error{on}: {what}"),
+    "cuda_runtime_error": _catalogued("LOG009", "CUDA error{on}: {what} (cuda runtime error {code})"),
+    # NCCL's WARN under torch's generic `unhandled cuda error`: the CUDA call's own error, in NCCL's words.
+    "nccl_cuda_oom": _catalogued("LOG001", "CUDA out of memory{on} (NCCL WARN Cuda failure 'out of memory': NCCL "
+                                           "could not allocate its buffers)"),
+    "nccl_cuda_failure": _catalogued("LOG009", "CUDA error{on}: {what} (NCCL WARN Cuda failure)"),
+    "nccl_ipc_failure": _catalogued("LOG009", "CUDA error{on}: {what} (NCCL's P2P transport could not open a peer "
+                                              "GPU's memory; NCCL_P2P_DISABLE=1 avoids it)"),
+    "nccl_unhandled_cuda": _catalogued("LOG009", "CUDA error{on}: NCCL's unhandled cuda error (NCCL_DEBUG=WARN "
+                                                 "prints which CUDA call failed)"),
+    "driver_mismatch": _worded(
+        "GPU008", "The NVIDIA kernel driver and the CUDA driver library do not match{on} (CUDA error 803)",
+        "\"system has unsupported display driver / cuda driver combination\" (cudaErrorSystemDriverMismatch, 803): "
+        "the loaded kernel module and the user-space libcuda are different versions: a driver updated without a "
+        "reboot, or a container that brings its own libcuda (a CUDA forward-compatibility package) on a GPU or "
+        "driver that does not support it.",
+        "Compare `cat /proc/driver/nvidia/version` with the libcuda.so the process loads (`nvidia-smi` fails with "
+        "\"Driver/library version mismatch\" in the same state); reboot the node after a driver update, or remove "
+        "the container's cuda-compat libraries."),
     "duplicate_gpu": _worded(
         "GPU003", "Ranks share one GPU{on} (NCCL: Duplicate GPU detected, bus id {busid})",
         "NCCL refuses two ranks of one communicator on one GPU (\"Duplicate GPU detected\", ncclInvalidUsage). "
@@ -100,6 +118,22 @@ CAUSES: dict[str, CauseText] = {
         "container's) setting, so every rank there fails the same way.",
         "Give the container a larger /dev/shm (docker --shm-size=16g or --ipc=host; on Kubernetes an emptyDir "
         "with medium: Memory mounted at /dev/shm), free it (`df -h /dev/shm`), or set NCCL_SHM_DISABLE=1."),
+    "nccl_socket_failed": _worded(
+        "LOG007", "NCCL lost its socket to {addr}{on}: {err}",
+        "NCCL's socket transport or bootstrap failed a send or receive: the peer process at that address died (its "
+        "own first error, in its log, is then the cause) or the network between the two hosts dropped the "
+        "connection.",
+        "Read the log of the rank at that address for an error before this one; if it has none, check the link "
+        "between the two hosts, the firewall, and that NCCL_SOCKET_IFNAME names an interface that routes between "
+        "the nodes."),
+    "nccl_ib_verbs": _worded(
+        "LOG007", "An InfiniBand verbs call failed{on}: {call}: {err}",
+        "NCCL's IB transport could not set up a queue pair to its peer. \"Network is unreachable\" from "
+        "ibv_modify_qp is usually the wrong RoCE GID (NCCL_IB_GID_INDEX) or an HCA port without a route to the "
+        "peer's subnet; a port that is down fails the same way.",
+        "Check `ibstat`/`ibv_devinfo` (port state Active) and `show_gids` on both hosts; on RoCE set "
+        "NCCL_IB_GID_INDEX to the RoCE v2 GID with an address on the peers' subnet; restrict NCCL_IB_HCA to ports "
+        "that are cabled."),
     "nccl_no_interface": _worded(
         "LOG007", "NCCL found no usable network interface{on}",
         "NCCL_SOCKET_IFNAME names an interface the node does not have, or every interface was excluded.",
@@ -123,6 +157,18 @@ CAUSES: dict[str, CauseText] = {
         "torchrun's c10d rendezvous waits for --nnodes agents; some never connected to --rdzv-endpoint in time.",
         "Start torchrun on every node with the same --rdzv-id, --rdzv-endpoint and --nnodes; check that the "
         "endpoint host and port are reachable from every node; raise --rdzv-conf join_timeout if nodes start late."),
+    "store_barrier_timeout": _worded(
+        "RUN001", "Only {joined} of {expected} ranks reached init_process_group's store-based barrier",
+        "init_process_group ends with a barrier in the store (torch 1.8-2.0): every rank adds itself to a counter "
+        "and waits for world_size. The count stayed short: some ranks were not launched, crashed before init, are "
+        "still loading, or use another MASTER_ADDR/MASTER_PORT (or another group's key).",
+        "Check that every rank was started (WORLD_SIZE = nodes x processes per node) and reached "
+        "init_process_group/new_group; read the missing ranks' logs for an earlier error. A count above world_size "
+        "means another job's keys share this store: give each job its own MASTER_PORT."),
+    "ncclid_timeout": _catalogued("RUN004", "Rank {missing} never set up its NCCL communicator: {where} timed out "
+                                            "waiting for the id it publishes in the store"),
+    "store_key_rank_timeout": _catalogued("RUN004", "Rank {missing} never published its store key {key}: {where} "
+                                                    "timed out waiting for it"),
     "address_in_use": _catalogued("LOG005", "The rendezvous port {port} is already in use{on}"),
     "connect_timeout": _worded(
         "LOG006", "{where} could not reach the rendezvous store at {addr}:{port}",

@@ -119,7 +119,8 @@ def test_no_title_has_a_placeholder_left_in_it() -> None:
 @pytest.mark.parametrize("line, title", [
     ("[rank1]: RuntimeError: Address already in use", "The rendezvous port is already in use on rank 1"),
     ("[rank1]: torch.distributed.DistBackendError: NCCL error in: /pt/ProcessGroupNCCL.cpp:1970, unhandled cuda "
-     "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5", "CUDA error on rank 1"),
+     "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5",
+     "CUDA error on rank 1: NCCL's unhandled cuda error (NCCL_DEBUG=WARN prints which CUDA call failed)"),
 ])
 def test_a_message_that_leaves_a_value_out_gives_a_title_without_a_hole(tmp_path: Path, line: str,
                                                                           title: str) -> None:
