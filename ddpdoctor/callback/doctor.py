@@ -244,6 +244,9 @@ class Doctor:
         self._last_end = 0.0
         self._first_end = 0.0
         self._batch: Any = None
+        # Its first dimension, read as the step begins (the loop has just touched the batch: its tensor is in
+        # cache; after backward it is not, and the same read cost 10 µs); -1: read at the step's end instead.
+        self._batch_n = -1.0
         self._epoch0 = getattr(self.sampler, "epoch", None)
         self._next_check = 1 if self.distributed else NEVER
         self._first_row_step = 0  # the steps_done of the first row judged (the setup check's)
@@ -338,6 +341,7 @@ class Doctor:
         self._data_ms.append(gap - between)
         self._between_ms.append(between)
         self._batch = batch
+        self._batch_n = batch_len(batch) if batch is not None else -1.0
         self._between_pending = 0.0
         if slow:
             self._slow = "step marked slow"
@@ -373,6 +377,7 @@ class Doctor:
         first one given in a step counts, as `step_begin(batch)` would have taken it."""
         if self._batch is None:
             self._batch = batch
+            self._batch_n = -1.0
 
     def step_end(self, loss: Any = None) -> None:
         """The step is over (after optimizer.step()). `loss`: the step's loss (a tensor or a number), watched
@@ -395,7 +400,8 @@ class Doctor:
             self._replicas.recorded_from = None
         self._step_ms.append((now - began) * 1e3)
         # 0: not known (no batch given, or a scalar): DOC010 is then not said rather than guessed.
-        self._samples.append(batch_len(self._batch))
+        n = self._batch_n
+        self._samples.append(n if n >= 0.0 else batch_len(self._batch))
         try:
             if steps == self._next_check:
                 self._check()  # still inside the step for the watchdog: a stuck gather is a stuck step

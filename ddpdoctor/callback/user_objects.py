@@ -25,18 +25,29 @@ def fingerprint(batch: Any) -> int:
     return _digest([_sample(t).cpu() for t in tensors(batch)[:4]]) or 0
 
 
+_TENSOR: Any = None  # torch.Tensor, once the step path first asks (this module imports no torch)
+
+
 def batch_len(batch: Any) -> float:
     """The batch's first dimension, as the step path reads it each step (0.0: not known).
 
     The common shapes (a tensor, a tuple or list starting with one, a dict whose first value is
-    one) are read without a walk; anything else through `first_tensor`."""
-    import torch
+    one) are read without a walk; anything else through `first_tensor`. Its cost is the step's: right
+    after a step's compute every cache is cold, and an `import torch` statement, a lookup in torch's
+    module took 9 µs there (0.9 µs in a hot loop); the class is kept here instead. (`len(tensor)` is no
+    cheaper: Tensor.__len__ is Python.)"""
+    global _TENSOR
+    tensor = _TENSOR
+    if tensor is None:
+        import torch
 
-    if type(batch) in (tuple, list) and batch:
+        tensor = _TENSOR = torch.Tensor
+    kind = type(batch)
+    if (kind is tuple or kind is list) and batch:
         batch = batch[0]
-    elif type(batch) is dict and batch:
+    elif kind is dict and batch:
         batch = next(iter(batch.values()))
-    if not isinstance(batch, torch.Tensor):
+    if not isinstance(batch, tensor):
         batch = first_tensor(batch)
         if batch is None:
             return 0.0
