@@ -89,6 +89,22 @@ def described(settings: Mapping[str, str]) -> list[str]:
     return out
 
 
+_WHY_UNSET = {
+    "debug": "a debugging switch, not needed to train.",
+    "blocking": "a debugging switch that makes waits blocking, not needed to train.",
+    "error handling": "the default handling is what the project tests.",
+    "transport": "without it the library picks its transport for this machine itself.",
+    "algorithm": "without it the library picks its algorithms for each size itself.",
+    "allocator": "the default allocator is what the project tests.",
+}
+
+
+def why_unset(entries: Any) -> str:
+    """Why unsetting is safe, by the kind of each setting (a debugging switch, a transport forced, ...)."""
+    kinds = [e.kind for e in entries if e is not None]
+    return " ".join(dict.fromkeys(_WHY_UNSET.get(k, "") for k in kinds)).strip() or "it is not needed to train."
+
+
 def unset_command(names: Any) -> str:
     return "env " + " ".join(f"-u {n}" for n in names)
 

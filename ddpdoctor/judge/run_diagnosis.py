@@ -474,9 +474,9 @@ def _made_by_a_setting(ranks: tuple[int, ...], fate: RankFate, run: _Outcome, vi
              f"again ({how}). "
              + " ".join(f"What {e.name} changes: {e.changes}." for e in entries if e is not None)).strip(),
         fix=(f"Unset {' and '.join(culprits)} for this job ({crash_settings.unset_command(culprits)} ..., or remove "
-             "the export from the job script and ~/.bashrc); it is a debugging or tuning switch, not needed to "
-             "train. If you need what it gives, try it on another torch version, or report the crash to the "
-             "project that reads it with this report attached."),
+             f"the export from the job script and ~/.bashrc): {crash_settings.why_unset(entries)} If you need what "
+             f"it gives, try it on another {'/'.join(sorted({e.project for e in entries if e is not None}))} "
+             "version, or report the crash to that project with this report attached."),
     )
 
 
