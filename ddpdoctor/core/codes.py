@@ -625,10 +625,15 @@ _ENTRIES = (
                'memory-map the dataset instead of loading it in every rank.')),
     _code("LOG013", _CRITICAL, "explain",
           why=('The rank died of a segmentation fault (signal 11, exit code -11 or 139): native code (a CUDA or NCCL '
-               'library, a compiled extension, a mismatched build) touched memory it must not.'),
-          fix=('Rerun that rank with `python -X faulthandler` (or PYTHONFAULTHANDLER=1) to get the Python stack at the '
-               'crash; check that torch, CUDA, NCCL and compiled extensions come from matching builds; a core dump '
-               "(`ulimit -c unlimited`) and `gdb python core` show the native frame.")),
+               'library, a compiled extension, a mismatched build) touched memory it must not. A debugging or '
+               'tuning switch the job exports can make it: torch 2.13 crashes every rank in DistributedDataParallel('
+               'model) under TORCH_DISTRIBUTED_DEBUG=DETAIL.'),
+          fix=('Run `ddpdoctor check` with the job\'s environment: where a stage crashes, it runs it again without '
+               'the switches that change torch\'s, NCCL\'s or CUDA\'s behaviour (TORCH_DISTRIBUTED_DEBUG, '
+               'CUDA_LAUNCH_BLOCKING, NCCL_ALGO, PYTORCH_CUDA_ALLOC_CONF, ...) and names the one that makes it '
+               '(RUN013). Otherwise rerun that rank with `python -X faulthandler` (or PYTHONFAULTHANDLER=1) to get '
+               'the Python stack at the crash; check that torch, CUDA, NCCL and compiled extensions come from '
+               "matching builds; a core dump (`ulimit -c unlimited`) and `gdb python core` show the native frame.")),
     _code("LOG014", _CRITICAL, "explain",
           why=('The rank aborted (SIGABRT, exit code -6 or 134): a C++ exception nobody caught (`terminate called '
                "after throwing an instance of 'c10::Error'`), a failed internal assertion, or NCCL's watchdog "
