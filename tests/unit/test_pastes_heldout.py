@@ -7,12 +7,14 @@ where it was found wrong the right answer is a strict xfail naming what is wrong
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from ddpdoctor import cli
 
 HELDOUT = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "pastes" / "heldout"
 A100_NODE = "sysuest_smi_then_topo_2xa100pcie_node_mlx5.txt"
@@ -25,11 +27,14 @@ ALL = (A100_NODE, V100_HYBRID, GDR_TWO_HOSTS, TRP64, PHB_5090, NCCL_667)
 
 
 def diagnose(name: str, tmp_path: pathlib.Path) -> tuple[int, str, dict]:
-    """`python -m ddpdoctor diagnose FILE --json OUT`, as a user runs it: exit code, stderr, diagnosis."""
+    """`ddpdoctor diagnose FILE --json OUT` through the CLI's own entry point, in this process (a subprocess a
+    file cost a second each; the subprocess path is tests/unit/test_pastes.py's): exit code, stderr, diagnosis.
+    A traceback would fail the test as the exception itself."""
     out = tmp_path / "diagnosis.json"
-    run = subprocess.run([sys.executable, "-m", "ddpdoctor", "diagnose", str(HELDOUT / name), "--json", str(out)],
-                         capture_output=True, text=True, timeout=120)
-    return run.returncode, run.stderr, json.loads(out.read_text()) if out.exists() else {}
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(["diagnose", str(HELDOUT / name), "--json", str(out)])
+    return code, err.getvalue(), json.loads(out.read_text()) if out.exists() else {}
 
 
 def found(diagnosis: dict, code: str) -> list[dict]:
