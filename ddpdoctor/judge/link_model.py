@@ -41,7 +41,10 @@ def pcie_gbps(gen: Any, width: Any) -> Optional[float]:
 
 
 def nvlink_label(code: Any) -> str:
-    return f"NVLink {NVLINK_VERSIONS[code][0]}" if code in NVLINK_VERSIONS else f"NVLink (NVML version code {code})"
+    """`NVLink 4.0`; a pasted `topo -m` shows no version (`NV2` counts links only): then said so, never `None`."""
+    if code in NVLINK_VERSIONS:
+        return f"NVLink {NVLINK_VERSIONS[code][0]}"
+    return "NVLink (version not shown)" if code is None else f"NVLink (NVML version code {code})"
 
 
 def nvlink_gbps(code: Any, links: int) -> Optional[float]:
