@@ -52,7 +52,6 @@ class Attacher:
         self.loader: Optional[weakref.ref] = None  # the DataLoader iterated last
         self.doctor: Any = None
         self.model: Optional[weakref.ref] = None  # the one the Doctor watches
-        self.optimizer: Optional[weakref.ref] = None
         self.tap: Optional[ModelTap] = None
         self.framework: Optional[str] = None  # a Trainer's adapter runs the Doctor in this process
         self.gave_up = False  # attaching failed once: not tried again at every step
@@ -143,7 +142,7 @@ class Attacher:
             self.gave_up = True
             log.warning("ddpdoctor run: could not attach the Doctor: %s: %s", type(exc).__name__, exc)
             return
-        self.optimizer, self.model = weakref.ref(optimizer), weakref.ref(model)
+        self.model = weakref.ref(model)
         self.tap = ModelTap(model, self.doctor, batch=False)  # the batch comes with the step's begin (_BeginStep)
         self.doctor.before_close(self._before_close)
         # The lean hooks take over: the model's looking hook and the global optimizer hook are removed.
@@ -160,19 +159,11 @@ class Attacher:
 
     def _optimizer_of(self, model: Any) -> Any:
         """The newest optimizer built here that holds this model's parameters, or None (made later)."""
-        for ref in reversed(self.optimizers):
-            optimizer = ref()
-            if optimizer is not None and _shares_parameters(model, optimizer):
-                return optimizer
-        return None
+        return _newest(self.optimizers, lambda optimizer: _shares_parameters(model, optimizer))
 
     def _model_of(self, optimizer: Any) -> Any:
         """The newest built model whose parameters this optimizer steps (a GAN's two: each its own)."""
-        for ref in reversed(self.models):
-            model = ref()
-            if model is not None and _shares_parameters(model, optimizer):
-                return model
-        return None
+        return _newest(self.models, lambda model: _shares_parameters(model, optimizer))
 
     def _before_close(self) -> None:
         """What could not be seen without code, said once (the loss, where the model's forward returned none);
@@ -190,7 +181,7 @@ class Attacher:
 
             self._global_hook = register_optimizer_step_post_hook(self._after_optimizer_step)
         self.models = [ref for ref in self.models if ref() is not None and ref() is not model]
-        self.tap = self.doctor = self.model = self.optimizer = None
+        self.tap = self.doctor = self.model = None
         self._not_ours.clear()
 
     def close(self) -> None:
@@ -250,6 +241,15 @@ class _EndStep(_StepHook):
         if not tap.loss_seen and doctor.steps_done == LOSS_LOOK_STEPS:
             tap.stop_watching_loss()  # the loss is computed outside the model: a hook less a forward,
             self.tap = None  # and three calls less a step here
+
+
+def _newest(refs: list[weakref.ref], fits: Callable[[Any], bool]) -> Any:
+    """The newest of the objects still alive that `fits`, or None."""
+    for ref in reversed(refs):
+        obj = ref()
+        if obj is not None and fits(obj):
+            return obj
+    return None
 
 
 def _shares_parameters(model: Any, optimizer: Any) -> bool:

@@ -36,6 +36,12 @@ def is_crash(kind: str, detail: Mapping[str, Any]) -> bool:
     return False
 
 
+def error_shape(detail: Mapping[str, Any]) -> str:
+    """A rank's error with its numbers aside: a rank's own index, port or address in the message does not make
+    another cause (run_diagnosis groups by it; `failed_alike` compares by it)."""
+    return re.sub(r"\d+", "N", str(detail.get("error") or ""))
+
+
 def failed_alike(fates: Mapping[int, Any]) -> Optional[Any]:
     """The first of the ranks, where every rank failed with the same error (its numbers aside) in the same stage:
     what a setting read by every rank makes (GLOO_DEVICE_TRANSPORT=uv: "makeDeviceForInterface(): unsupported
@@ -43,7 +49,7 @@ def failed_alike(fates: Mapping[int, Any]) -> Optional[Any]:
     failed = list(fates.values())
     if not failed or any(f.kind != "error" or f.detail.get("injected") for f in failed):
         return None
-    if len({(f.stage, re.sub(r"\d+", "N", str(f.detail.get("error")))) for f in failed}) != 1:
+    if len({(f.stage, error_shape(f.detail)) for f in failed}) != 1:
         return None
     return min(failed, key=lambda f: f.t)
 
@@ -78,6 +84,15 @@ class Retry:
             return None  # no try, or one cut short: nothing learned
         return cls(stage, tuple(raw.get("without") or ()), bool(raw.get("passed")), tuple(raw.get("culprits") or ()),
                    float(raw.get("seconds") or 0.0), str(raw.get("note") or ""))
+
+    @property
+    def cleared(self) -> bool:
+        """The stage passed without the settings and the ones it crashes with alone are known: they lead."""
+        return self.passed and bool(self.culprits)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"without": list(self.without), "passed": self.passed, "culprits": list(self.culprits),
+                "seconds": self.seconds}
 
 
 def described(settings: Mapping[str, str]) -> list[str]:
@@ -122,7 +137,8 @@ def crash_text(settings: Mapping[str, str], retry: Optional[Retry]) -> tuple[str
                 "")
     if retry is not None and retry.passed:  # passed without them all, but no single one crashes it alone
         return (f"The ranks ran with {listed}; without them all the stage passed ({retry.seconds:g} s), and no one "
-                "of them alone made it crash again: a combination of them does.",
+                "of them alone made it crash again: a combination of them does."
+                f"{' ' + retry.note if retry.note else ''}",
                 f"Run without {listed} ({unset_command(settings)} ...).")
     return (f"The ranks ran with settings that change how torch, NCCL, gloo or CUDA behave: {listed}.",
             f"Try the job once without them ({unset_command(settings)} ...); if the crash goes away, one of them "

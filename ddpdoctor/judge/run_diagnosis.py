@@ -195,9 +195,16 @@ def _with_a_setting(f: Optional[Finding], run: _Outcome) -> Optional[Finding]:
     settings = crash_settings.env_settings(run.record)
     if f is None or first is None or not settings:
         return f
+    return _settings_said(f, tuple(sorted(run.fates)), first, run, {}, settings)
+
+
+def _settings_said(f: Finding, ranks: tuple[int, ...], first: RankFate, run: _Outcome, victims: dict[int, RankFate],
+                   settings: dict[str, str]) -> Finding:
+    """A failure the settings may have made: led by the setting where `check`'s try without it passed (RUN013),
+    else `f` with the settings and what the try showed, or how to make it."""
     retry = crash_settings.Retry.of(run.record, first.stage)
-    if retry is not None and retry.passed and retry.culprits:
-        return _made_by_a_setting(tuple(sorted(run.fates)), first, run, {}, settings, retry)
+    if retry is not None and retry.cleared:
+        return _made_by_a_setting(ranks, first, run, victims, settings, retry)
     return _with_settings(f, settings, retry)
 
 
@@ -403,9 +410,8 @@ def _cause_key(fate: RankFate) -> tuple[Any, ...]:
     """Two ranks' failures are one cause when they are of a kind, in a stage, by the same signal, exit code or
     error (its numbers aside: a rank's own index or address in the message does not make another cause)."""
     d = fate.detail
-    error = re.sub(r"\d+", "N", str(d.get("error") or ""))
     return (fate.kind, fate.stage, d.get("signal"), d.get("exit_code"), bool(d.get("out_of_memory")),
-            bool(d.get("injected")), error, d.get("note"))
+            bool(d.get("injected")), crash_settings.error_shape(d), d.get("note"))
 
 
 def _primary_findings(run: _Outcome) -> list[Finding]:
@@ -421,14 +427,9 @@ def _primary_findings(run: _Outcome) -> list[Finding]:
     for members in groups.values():
         ranks = tuple(sorted(r for r, _ in members))
         first = members[0][1]  # the earliest: its output is the one shown
-        if crash_settings.is_crash(first.kind, first.detail) and settings:
-            retry = crash_settings.Retry.of(run.record, first.stage)
-            if retry is not None and retry.passed and retry.culprits:
-                out.append(_made_by_a_setting(ranks, first, run, victims, settings, retry))
-                continue
-            out.append(_with_settings(_primary_finding(ranks, first, run, victims), settings, retry))
-            continue
-        out.append(_primary_finding(ranks, first, run, victims))
+        f = _primary_finding(ranks, first, run, victims)
+        out.append(_settings_said(f, ranks, first, run, victims, settings)
+                   if settings and crash_settings.is_crash(first.kind, first.detail) else f)
     return out
 
 
@@ -465,8 +466,7 @@ def _made_by_a_setting(ranks: tuple[int, ...], fate: RankFate, run: _Outcome, vi
         ranks=ranks, nodes=run.nodes(ranks),
         evidence={"stage": fate.stage, "crash": how, "crashed_ranks": rank_ranges(ranks), "settings": settings,
                   "what_they_change": crash_settings.described(culprits),
-                  "retried": {"without": list(retry.without), "passed": True, "culprits": list(retry.culprits),
-                              "seconds": retry.seconds},
+                  "retried": retry.evidence(),
                   "last_output": fate.detail.get("log_tail", [])[-8:] or _tail(fate.detail.get("traceback", ""), 8),
                   "affected_ranks": _victims_evidence(victims)},
         why=(f"ddpdoctor ran the failing stage once more without {said(settings)}: it passed "
@@ -485,8 +485,7 @@ def _with_settings(f: Finding, settings: dict[str, str], retry: Optional[crash_s
     why, fix = crash_settings.crash_text(settings, retry)
     evidence = {**f.evidence, "settings": settings, "what_they_change": crash_settings.described(settings)}
     if retry is not None:
-        evidence["retried"] = {"without": list(retry.without), "passed": retry.passed,
-                               "culprits": list(retry.culprits), "seconds": retry.seconds}
+        evidence["retried"] = retry.evidence()
     return dataclasses.replace(f, evidence=evidence, why=f"{f.why} {why}".strip(),
                                fix=f"{fix} {f.fix}".strip() if fix else f.fix)
 
