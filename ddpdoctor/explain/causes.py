@@ -177,6 +177,7 @@ def cause_findings(causes: dict[int, list[Event]], unattributed: list[Event], wa
             why=text.why, fix=text.fix))
     return findings
 
+
 def _drop_explained(firsts: list[Event], causes: dict[int, list[Event]]) -> list[Event]:
     """The most specific line wins over a generic one: a generic NCCL error (ncclSystemError, torch's
     `unhandled cuda error`, a `DistBackendError: NCCL error ...` or an exception whose message is on the
