@@ -22,11 +22,11 @@ of wall time: they run through both kinds of block alike, so the pairs cannot se
     python benchmarks/callback_overhead.py --via run                # the Doctor attached as `ddpdoctor run` does
 
 --via run: the watched model's Doctor is attached by `ddpdoctor run`'s hooks (attach/step_hooks.py: the DDP
-constructor, then the watched model's forward pre-hook and its optimizer's step post hook, and the loss hook
-while it looks), not called by the loop; the bare model is built before the attachment is installed, so it is
-never watched. "Inside the Doctor" is then the time in those hooks' calls (the Doctor's step_end included); what
-torch's own hook dispatch costs (a module with a hook leaves `Module.__call__`'s fast path) is in the pairs' wall
-time and thread CPU, not there.
+constructor, then the step's begin called from DDP's own `_pre_forward`, its optimizer's step post hook, and the
+loss hook while it looks), not called by the loop; the bare model is built before the attachment is installed,
+so it is never watched. "Inside the Doctor" is then the time in those hooks' calls (the Doctor's step_end
+included); what torch's own hook dispatch costs (the optimizer's step hook loop; the loss hook, while it looks,
+takes the forward off `Module.__call__`'s fast path) is in the pairs' wall time and thread CPU, not there.
 """
 
 from __future__ import annotations
@@ -127,8 +127,11 @@ class _HookMeter:
     def __init__(self, attacher, model, optimizer) -> None:  # type: ignore[no-untyped-def]
         self.total = 0.0
         _time_calls(attacher.tap, "_after", self._add)  # the loss hook, while it looks (a WeakHook calls it)
-        # The attached Doctor's own hooks (_BeginStep, _EndStep: slotted callables), each timed where it is kept.
-        for hooks in (model._forward_pre_hooks, optimizer._optimizer_step_post_hooks):
+        # The attached Doctor's own hooks (_BeginStep, _EndStep: slotted callables), each timed where it is kept:
+        # a DDP model's _BeginStep in the table DDP's wrapped _pre_forward reads, a forward pre-hook otherwise.
+        from ddpdoctor.attach.step_hooks import _BEGINS
+
+        for hooks in (_BEGINS, model._forward_pre_hooks, optimizer._optimizer_step_post_hooks):
             for key in list(hooks):
                 if type(hooks[key]).__name__ in ("_BeginStep", "_EndStep"):
                     holder = {"call": hooks[key]}

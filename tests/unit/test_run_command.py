@@ -258,3 +258,60 @@ def test_once_attached_two_lean_hooks_replace_the_looking_ones_and_copies_carry_
     finally:
         if attacher._global_hook is not None:
             attacher._global_hook.remove()
+
+
+def test_a_watched_ddp_model_keeps_modules_fast_path_its_step_begun_from_ddps_own_pre_forward(tmp_path):
+    """A DDP model's step begins from DDP's `_pre_forward` (wrapped once at the class), not from a forward
+    pre-hook that would take each forward off `Module.__call__`'s fast path: once attached the watched model
+    has no hook of ours, another DDP model's forward begins nothing, a deepcopy or a pickle carries nothing of
+    ours, and at the close nothing is left to call."""
+    import copy
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from ddpdoctor.attach import step_hooks
+    from ddpdoctor.attach.step_hooks import LOSS_LOOK_STEPS, Attacher
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    attacher = Attacher(RunSettings(options={}), _FakeDoctor)
+    attacher._global_hook = register_optimizer_step_post_hook(attacher._after_optimizer_step)
+    attacher._pre_forward = step_hooks._wrap_pre_forward(DistributedDataParallel)
+    try:
+        assert attacher._pre_forward is not None and DistributedDataParallel._pre_forward is attacher._pre_forward
+        model = DistributedDataParallel(torch.nn.Linear(4, 2))
+        other = DistributedDataParallel(torch.nn.Linear(4, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        attacher.optimizer_built(opt)
+        attacher.built(model)
+        x = torch.randn(3, 4)
+        for _ in range(LOSS_LOOK_STEPS + 1):  # the first attaches; the loss hook looks, then is let go
+            model(x).sum().backward()
+            opt.step()
+        doctor = attacher.doctor
+        assert isinstance(doctor, _FakeDoctor) and doctor.ended == len(doctor.began) == LOSS_LOOK_STEPS + 1
+        assert doctor.began[-1][0] is x  # the forward's inputs are the step's batch
+        assert not model._forward_pre_hooks and not model._forward_hooks  # Module.__call__'s fast path
+        other(x)  # another DDP model: nothing begins
+        model.eval()
+        model(x)  # evaluation begins no step
+        model.train()
+        assert len(doctor.began) == LOSS_LOOK_STEPS + 1
+        clone = copy.deepcopy(model)
+        clone(x)
+        assert len(doctor.began) == LOSS_LOOK_STEPS + 1 and b"ddpdoctor" not in pickle.dumps(model.module)
+        for close in doctor.closers:
+            close()
+        assert not step_hooks._BEGINS  # the close took the entry
+        model(x)
+        assert len(doctor.began) == LOSS_LOOK_STEPS + 1
+    finally:
+        if attacher._global_hook is not None:
+            attacher._global_hook.remove()
+        step_hooks._BEGINS.clear()
+        if attacher._pre_forward is not None:  # the class as it was, for the tests after this one
+            DistributedDataParallel._pre_forward = attacher._pre_forward.__wrapped__
+        dist.destroy_process_group()
