@@ -7,6 +7,7 @@ Exit codes follow the Nagios plugin convention: 0 OK, 1 warning, 2 critical,
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import stat
 import sys
@@ -106,7 +107,14 @@ def _add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=_port, default=None,
                         help="standalone: loopback port for the rendezvous store (default: a free one)")
     parser.add_argument("--no-live", action="store_true", help="no live view of the ranks while they run")
+    _add_trace_arg(parser)
     _add_force_arg(parser)
+
+
+def _add_trace_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", dest="trace_path", metavar="PATH",
+                        help="also write a timeline of the ranks (Chrome trace-event JSON: open it in ui.perfetto.dev "
+                             "or chrome://tracing; see docs/pictures.md)")
 
 
 def _add_force_arg(parser: argparse.ArgumentParser, top_level: bool = False) -> None:
@@ -243,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--json", dest="json_path", metavar="PATH", help="also write the diagnosis as JSON to PATH")
     diag.add_argument("--slow-threshold", type=_percent, default=None, metavar="PCT",
                       help="flag a rank this many percent slower than its peers (default 10 on GPUs, 20 on CPU)")
+    diag.add_argument("--trace", dest="trace_path", metavar="PATH",
+                      help="also draw the one `check --json` report given as a timeline (Chrome trace-event JSON for "
+                           "ui.perfetto.dev): its ranks' stages, measured steps and findings")
     _add_force_arg(diag)
     expl = sub.add_parser("explain", help="explain a failed job from its logs and Flight Recorder dumps",
                           description="Read the output of a failed job (files, folders, - for stdin; plain or "
@@ -279,6 +290,9 @@ def _run_options() -> _Parser:
     p.add_argument("--json", dest="json_path", metavar="PATH",
                    help="rank 0's report (findings and the run summary) as JSON; other ranks write PATH.rank<N> "
                         "where they have findings")
+    p.add_argument("--trace", dest="trace_path", metavar="PATH",
+                   help="rank 0's timeline of the run (Chrome trace-event JSON for ui.perfetto.dev): every rank's kept "
+                        "steps as data, compute and waiting for peers, the findings, a hang's stuck rank")
     p.add_argument("--every", type=_positive_int, metavar="N", help="steps between two checks at least (default 50)")
     p.add_argument("--check-every-s", type=_bounded(float, "a number of seconds", 0, 3600), metavar="S",
                    help="seconds of training between two checks at least (default 2; 0: by --every alone)")
@@ -400,7 +414,7 @@ def _config(args: argparse.Namespace):
     common = dict(nproc=args.nproc, backend=args.backend, device=args.device,
                   timeout_s=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
                   json_path=args.json_path, force=args.force, inject=parse_faults(spec), port=args.port,
-                  live=not args.no_live, prom_path=getattr(args, "prom_path", None))
+                  live=not args.no_live, prom_path=getattr(args, "prom_path", None), trace_path=args.trace_path)
     if args.command == "allreduce-bench":
         # topology first: it is quick, and its links give the bandwidth the sweep is measured against.
         return CheckConfig(probes=("topology", "allreduce"), command="allreduce-bench", bench=_bench_config(args),
@@ -479,7 +493,7 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     from ddpdoctor.runtime import launch_env
 
     outputs = [("--json", args.json_path), ("--csv", getattr(args, "csv_path", None)),
-               ("--plot", getattr(args, "plot_path", None))]
+               ("--plot", getattr(args, "plot_path", None)), ("--trace", args.trace_path)]
     for flag, path in outputs + [("--prom", getattr(args, "prom_path", None))]:  # --prom is rewritten each run
         _check_output_path(flag, path)
     if launch_env.LAUNCHER_PID_VAR not in os.environ:
@@ -570,19 +584,43 @@ def _record_snapshot(snapshot: dict[str, Any], store: Optional[str]) -> int:
     return 0
 
 
+def _one_check_report(files: list[str]) -> dict[str, Any]:
+    """--trace on diagnose: the one `check --json` report among the files (its ranks' stages are what is drawn)."""
+    reports = []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue  # said below as the diagnosis reads it
+        if isinstance(data, dict) and isinstance(data.get("ranks"), list) and "started_at" in data:
+            reports.append(data)
+    if len(reports) != 1:
+        raise UsageError(f"--trace draws one `ddpdoctor check --json` report; {len(reports)} given among the files: "
+                         "give exactly one")
+    return reports[0]
+
+
 def _diagnose(args: argparse.Namespace) -> int:
     from ddpdoctor.render.console import make_console, render_diagnosis
     from ddpdoctor.core.files import atomic_write_json
     from ddpdoctor.snapshot import diagnose_inputs, read_inputs
 
-    _check_output_path("--json", args.json_path)
-    _refuse_existing([("--json", args.json_path)], args.force)
+    outputs = [("--json", args.json_path), ("--trace", args.trace_path)]
+    for flag, path in outputs:
+        _check_output_path(flag, path)
+    _refuse_existing(outputs, args.force)
+    report = _one_check_report(args.files) if args.trace_path else None
     inputs = read_inputs(args.files)
     if args.slow_threshold is not None:
         inputs.settings["slow_threshold_pct"] = args.slow_threshold
     diagnosis = diagnose_inputs(inputs)
     if args.json_path:
         atomic_write_json(diagnosis.to_json(), args.json_path, overwrite=args.force)
+    if report is not None:
+        from ddpdoctor.render.trace_check import from_report
+
+        atomic_write_json(from_report(report).to_json(), args.trace_path, overwrite=args.force)
     for line in inputs.unreadable:  # the other files are judged below; these could not be
         sys.stderr.write(f"ddpdoctor: error: {one_line(line)}\n")
     render_diagnosis(diagnosis, make_console())

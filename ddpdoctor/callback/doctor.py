@@ -61,6 +61,7 @@ from ddpdoctor.callback.row import GatheredRow, contention_fields, pack, unpack
 from ddpdoctor.callback.run_summary import RunLedger, summary
 from ddpdoctor.callback.schedule import NEVER, next_check, slowest_step_s
 from ddpdoctor.callback.step_clock import StepClock
+from ddpdoctor.callback.trace_keep import HANG_CODES, TraceKeep
 from ddpdoctor.callback.user_objects import (batch_len, default_store, gather_device, is_wrapped, learning_rates,
                                              safely, unsharded_sampler)
 from ddpdoctor.core import codes
@@ -168,7 +169,7 @@ class Doctor:
                  raise_on_finding: bool = False, on_hang: str = "report", measure_comm: bool = True,
                  batch_size: Optional[int] = None, history: Optional[str] = None,
                  on_metrics: Optional[Callable[[dict[str, Any]], Any]] = None, tensorboard: Any = None,
-                 summary: bool = True) -> None:
+                 summary: bool = True, trace_path: Optional[str] = None) -> None:
         import torch
         import torch.distributed as dist
 
@@ -178,7 +179,7 @@ class Doctor:
         opts = DoctorOptions(every=every, check_every_s=check_every_s, step_deadline_s=step_deadline_s,
                              json_path=json_path, on_finding=on_finding, raise_on_finding=raise_on_finding,
                              on_hang=on_hang, measure_comm=measure_comm, batch_size=batch_size, history=history,
-                             on_metrics=on_metrics, tensorboard=tensorboard, summary=summary)
+                             on_metrics=on_metrics, tensorboard=tensorboard, summary=summary, trace_path=trace_path)
         _check_objects(model, optimizer)
         self.options = opts
         # The step deadline is learned from the job's own steps; step_deadline_s is its ceiling. The
@@ -198,6 +199,8 @@ class Doctor:
         # --history's store (or DDPDOCTOR_HISTORY): rank 0 appends the run at close (docs/fleet.md).
         self.history = store_file("DDPDOCTOR_HISTORY", recording.store_path(opts.history, os.environ))
         self._started_at = time.time()
+        self._epoch_less_perf = self._started_at - time.perf_counter()  # a perf_counter reading as wall clock
+        self._gather_left = 0.0  # when this rank left the last check's gather (perf_counter)
         self.loader = loader
         self.optimizer = optimizer
         self.batch_size = opts.batch_size
@@ -205,6 +208,8 @@ class Doctor:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
+        self.trace_path = opts.trace_path
+        self._trace = TraceKeep(self.world_size) if self.trace_path and self.rank == 0 else None
         self.host = os.uname().nodename
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.findings: list[Finding] = []
@@ -480,6 +485,7 @@ class Doctor:
             log.warning("ddpdoctor: the end-of-run check failed on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
         self._cpu.close()
         self._batch = None
+        self._write_trace()
         if self.rank == 0 and self.history:
             recording.record_callback(self.history, self._history.windows, self.findings,
                                       world_size=self.world_size, started_at=self._started_at)
@@ -647,6 +653,8 @@ class Doctor:
         if self.rank != 0 or not rows:
             return
         self._ledger.add(rows, {r: w.host for r, w in windows.items()})
+        if self._trace is not None:
+            self._trace.add(rows, {r: w.host for r, w in windows.items()})
         if min(len(w.step_ms) for w in windows.values()) > 1:
             self._run.add(windows, slowest_window_s(rows))
 
@@ -658,6 +666,7 @@ class Doctor:
         every rank at the same step, and every rank computes the same next check; only rank 0 reports."""
         row = self._take_window()
         gathered = self._gather.exchange(pack(row, WINDOW_CAP))
+        self._gather_left = time.perf_counter()
         rows = self._rows(gathered) if gathered is not None else {}  # None: a GPU's first check, read at the next
         step_s = slowest_step_s((r.window_steps, r.window_s) for r in rows.values())
         self._next_check = next_check(self._steps, self.every, self.check_every_s, step_s)
@@ -784,8 +793,19 @@ class Doctor:
                            step_ms=[step + b for step, b in zip(steps, between)], data_ms=data,
                            wait_ms=[share * step + b for step, b in zip(steps, between)],
                            samples=list(self._samples)[-len(steps):] if steps else [],
+                           last_end_s=self._ended_s(),
+                           gather_left_s=self._gather_left + self._epoch_less_perf if self._gather_left else 0.0,
                            **contention_fields(self._cpu.take(wait_s=(wait_ms * len(steps) + sum(between) + sum(data))
                                                               / 1e3)))
+
+    def _ended_s(self) -> float:
+        """When this rank's last step ended, as wall clock (0: none yet). A check runs inside its step, before
+        `_last_end` is set: that step ended where its length, just appended, says."""
+        if self._began and self._step_ms:
+            ended = self._began + self._step_ms[-1] / 1e3
+        else:
+            ended = self._last_end
+        return ended + self._epoch_less_perf if ended else 0.0
 
     def _take_new(self, found: list[Finding], may_raise: bool = True) -> None:
         """Findings not seen before: rank 0 reports them, the others only remember them; then
@@ -953,11 +973,27 @@ class Doctor:
                     ",".join(map(str, finding.ranks)))
         if self.json_path:
             self._write_json(self.json_path)
+        if self._trace is not None:
+            self._trace.finding(finding, time.time())
+            if finding.code in HANG_CODES:  # the process may end next (on_hang="exit"): the timeline now
+                self._write_trace()
         if self.on_finding is not None:
             try:
                 self.on_finding(finding)
             except Exception:  # a broken hook must not break training
                 log.exception("ddpdoctor: on_finding raised")
+
+    def _write_trace(self) -> None:
+        """trace_path: rank 0's kept windows, findings and any hang as a timeline (callback/trace_keep.py)."""
+        if self._trace is None or not self.trace_path:
+            return
+        from ddpdoctor.core.files import atomic_write_json
+
+        try:
+            timeline = self._trace.timeline(time.time(), {"steps_done": self._steps})
+            atomic_write_json(timeline.to_json(), self.trace_path)
+        except Exception as exc:  # a full disk or a bug of ours must not fail the job
+            log.error("ddpdoctor: cannot write the timeline %s: %s: %s", self.trace_path, type(exc).__name__, exc)
 
     def _write_json(self, json_path: str) -> None:
         from ddpdoctor.core.files import atomic_write_json

@@ -50,6 +50,17 @@ def _write_prom(report: Report, path: str) -> None:
         sys.stderr.write(f"ddpdoctor: could not write --prom {path}: {type(exc).__name__}: {exc}\n")
 
 
+def _write_trace(report: Report, path: str, overwrite: bool) -> None:
+    """--trace: the ranks' stages, the measured steps and the findings as a timeline (render/trace_check.py)."""
+    from ddpdoctor.core.files import atomic_write_json
+    from ddpdoctor.render.trace_check import from_report
+
+    try:
+        atomic_write_json(from_report(report.to_json()).to_json(), path, overwrite=overwrite)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"ddpdoctor: could not write --trace {path}: {type(exc).__name__}: {exc}\n")
+
+
 def write_outputs(report: Report, cfg: Any) -> None:
     """The report's JSON, then what the probes write besides (the bench's CSV and plot).
 
@@ -62,6 +73,8 @@ def write_outputs(report: Report, cfg: Any) -> None:
         write_json(report, cfg.json_path, overwrite=bool(getattr(cfg, "force", False)))
     if getattr(cfg, "prom_path", None):
         _write_prom(report, cfg.prom_path)
+    if getattr(cfg, "trace_path", None):
+        _write_trace(report, cfg.trace_path, overwrite=bool(getattr(cfg, "force", False)))
     for section in report.probes:
         extra = getattr(get_probe(section.name), "write_outputs", None)
         if extra is None or not section.facts:

@@ -35,6 +35,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--case", required=True, choices=("own", "dead", "frozen", "desync", "uneven"))
     parser.add_argument("--json", required=True)
     parser.add_argument("--deadline", type=float, default=3.0)
+    parser.add_argument("--trace", default=None, help="the Doctor's trace_path (rank 0's timeline)")
     parser.add_argument("--spawn", type=int, default=0, help="start this many ranks with mp.spawn")
     parser.add_argument("--port", type=int, default=0, help="the MASTER_PORT an mp.spawn job hard-codes")
     return parser.parse_args()
@@ -73,7 +74,7 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
     model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     doctor = ddpdoctor.Doctor(model, optimizer, every=5, json_path=args.json, step_deadline_s=args.deadline,
-                              on_hang="exit")
+                              on_hang="exit", trace_path=args.trace)
     steps = STEP - 1 if args.case == "uneven" and rank == 1 else STEPS
     g = torch.Generator().manual_seed(rank)
     for step in range(1, steps + 1):

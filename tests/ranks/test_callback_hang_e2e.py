@@ -26,6 +26,8 @@ from typing import Any, Optional
 import psutil
 import pytest
 
+from tests.trace_format import check_rules, spans_of
+
 from .harness import _env, free_port, tagged_processes
 
 pytestmark = pytest.mark.ranks
@@ -36,7 +38,8 @@ ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?ra
 
 
 def _commands(how: str, report: Path, case: str, port: int) -> list[tuple[list[str], dict[str, Optional[str]]]]:
-    args = [str(LOOP), "--case", case, "--json", str(report), "--deadline", str(DEADLINE_S)]
+    args = [str(LOOP), "--case", case, "--json", str(report), "--deadline", str(DEADLINE_S),
+            "--trace", f"{report}.trace.json"]
     if how == "torchrun":
         return [([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
                   *args], {})]
@@ -145,6 +148,15 @@ def test_a_rank_stuck_in_its_own_code_is_named_and_leaves_first(tmp_path, how):
     first = assert_verdict(result, "own code")
     assert re.search(r"hang_loop\.py:\d+ in misbehave", first["evidence"]["user_frame_by_rank"]["1"])
     assert "lock.acquire()" in "\n".join(first["evidence"]["python_stack_rank_1"])
+    # The timeline rank 0 wrote as the verdict came: rank 1's step the bar that does not end, with its stack,
+    # and rank 0 waiting beside it.
+    doc = json.loads((tmp_path / f"{how}-own.json.trace.json").read_text())
+    check_rules(doc)
+    [stuck] = [e for e in spans_of(doc, 1, "hang")]
+    assert stuck["name"].endswith(" (stuck)") and "lock.acquire()" in stuck["args"]["stack"], stuck
+    [waiting] = [e for e in spans_of(doc, 0, "hang")]
+    assert waiting["name"].startswith("waiting in DDP's gradient all-reduce"), waiting
+    assert spans_of(doc, 1, "step") and spans_of(doc, 0, "step")  # the steps kept before it
     if how == "torchrun":
         assert result["root_cause"] == 1 and result["exit"] == [1], result["stderr"][-3000:]
         # The culprit's own code; the victim left after it with 123, or torchrun stopped it first (SIGTERM).

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from .harness import assert_nothing_left, free_port, run_command, run_hand_set_ranks, tagged_processes, TAG_VAR
+from tests.trace_format import check_rules, spans_of
 
 pytestmark = pytest.mark.ranks
 
@@ -298,15 +299,17 @@ def test_rank_zero_cannot_host_on_a_busy_port(tmp_path):
 
 
 def test_frozen_rank_is_named_as_stopped_answering(tmp_path):
-    """SIGSTOP freezes a rank whole (no watchdog, no heartbeat): only the launcher can tell."""
+    """SIGSTOP freezes a rank whole (no watchdog, no heartbeat): only the launcher can tell; `--trace` draws it."""
     import json
 
     tag = "frozen-" + str(time.time())
     report = tmp_path / "frozen.json"
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", **{TAG_VAR: tag})
+    timeline = tmp_path / "frozen.trace.json"
     proc = subprocess.Popen([sys.executable, "-m", "ddpdoctor", "check", "--no-live", "--timeout", "10",
-                             "--steps", "400", "--port", str(port), "--json", str(report)], env=env,
+                             "--steps", "400", "--port", str(port), "--json", str(report), "--trace", str(timeline)],
+                            env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = None
     deadline = time.monotonic() + 40
@@ -330,6 +333,11 @@ def test_frozen_rank_is_named_as_stopped_answering(tmp_path):
     assert frozen and frozen[0]["ranks"] == [1], out
     assert "no heartbeat" in frozen[0]["evidence"]["reason"]
     assert not tagged_processes(tag)
+    # The timeline shows it at a glance: rank 1's stage is the bar that does not end, named by RUN005.
+    doc = json.loads(timeline.read_text())
+    check_rules(doc)
+    stuck = [e for e in spans_of(doc, 1) if e["name"].endswith(" (stuck)")]
+    assert stuck and any(e["args"].get("finding", "").startswith("RUN005") for e in stuck), spans_of(doc, 1)
 
 
 def test_rank_zero_hosting_the_store_dies_and_the_others_say_so(tmp_path):

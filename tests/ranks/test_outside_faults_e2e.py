@@ -25,6 +25,8 @@ import pytest
 
 from ddpdoctor.runtime import outside_faults
 
+from tests.trace_format import check_rules, spans_of
+
 from .harness import (_env, assert_nothing_left, probe_section, run_check, run_hand_set_ranks,
                       tagged_processes)
 
@@ -207,7 +209,7 @@ def _loop(tmp_path: Path, fault: str | None, epochs: int = 70) -> tuple[dict, li
     out = tmp_path / "loop.json"
     tag = os.urandom(8).hex()
     procs = [subprocess.Popen(["taskset", "-c", str(r), sys.executable, str(LOOP), "--case", "healthy", "--json",
-                               str(out), "--epochs", str(epochs),
+                               str(out), "--epochs", str(epochs), "--trace", str(tmp_path / "loop.trace.json"),
                                "--floor-ms", str(FLOOR_MS if fault == "preempt" else 0.0)],
                               env=_env(tag, {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}),
@@ -243,6 +245,13 @@ def test_the_callback_names_the_rank_slowed_from_outside(tmp_path, fault, cause)
     assert [rc for rc, _ in results] == [0, 0], results[0][1][-2000:]
     named = [f for f in report["findings"] if f["code"] == "STR001"]
     assert [f["ranks"] for f in named] == [[1]] and named[0]["evidence"]["cause"] == cause, report["findings"]
+    # The timeline shows it at a glance: rank 1's steps take longest, and rank 0 waits for it.
+    doc = json.loads((tmp_path / "loop.trace.json").read_text())
+    check_rules(doc)
+    steps = {r: sorted(e["dur"] for e in spans_of(doc, r, "step")) for r in (0, 1)}
+    assert len(steps[0]) >= 16 and len(steps[1]) >= 16, steps
+    waits = {r: sum(e["dur"] for e in spans_of(doc, r, "phase") if e["name"] == "wait for peers") for r in (0, 1)}
+    assert waits[0] > waits[1], waits
 
 
 @pytest.mark.slow

@@ -8,7 +8,12 @@ run decides; how small a slowdown is named reliably is the benchmark's question
 
 from __future__ import annotations
 
+import json
+import statistics
+
 import pytest
+
+from tests.trace_format import check_rules, spans_of
 
 from .harness import assert_nothing_left, probe_section, run_check
 
@@ -20,8 +25,9 @@ def _codes(report, code):
 
 
 def test_slow_compute_and_slow_data_are_each_named_with_their_cause(tmp_path):
+    timeline = tmp_path / "trace.json"
     run = run_check(tmp_path, "--nproc", "4", "--probes", "stragglers", "--straggler-seconds", "2",
-                    "--inject", "slow:rank=1:factor=2,slowdata:rank=2:ms=6")
+                    "--inject", "slow:rank=1:factor=2,slowdata:rank=2:ms=6", "--trace", str(timeline))
     assert run.returncode == 1, run.explain()
     named = {f["ranks"][0]: f for f in _codes(run.report, "STR001")}
     assert sorted(named) == [1, 2], run.explain()
@@ -36,6 +42,17 @@ def test_slow_compute_and_slow_data_are_each_named_with_their_cause(tmp_path):
     assert sampled["samples"] >= 5 and sampled["host_cpu_pct"]["median"] > 0 and sampled["cpu_affinity"]
     assert "comm wait" in run.stdout and "stragglers" in run.stdout
     assert_nothing_left(run)
+    # The timeline shows it at a glance: the slow rank computes longest, the healthy ones wait for it, and the
+    # stalled rank's data bars are its longest.
+    doc = json.loads(timeline.read_text())
+    check_rules(doc)
+
+    def median_us(rank: int, name: str) -> float:
+        return statistics.median(e["dur"] for e in spans_of(doc, rank, "phase") if e["name"] == name)
+
+    assert median_us(1, "compute") > max(median_us(r, "compute") for r in (0, 3))
+    assert median_us(0, "wait for peers") > median_us(1, "wait for peers")
+    assert median_us(2, "data") > max(median_us(r, "data") for r in (0, 1, 3))
 
 
 @pytest.mark.slow
