@@ -75,7 +75,7 @@ def check_rules(doc: Any) -> None:
 
 
 def spans_of(doc: dict, rank: int, cat: str | None = None) -> list[dict]:
-    """The complete events on a rank's tracks (its own thread, and its others: render/trace.py's SUB_TRACK_TID)."""
+    """The complete events on a rank's tracks (its own thread, and its others: core/timeline.py's SUB_TRACK_TID)."""
     names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     tids = {tid for tid, name in names.items() if name == f"rank {rank}" or name.startswith(f"rank {rank} ")}
     return [e for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] in tids and (cat is None or e["cat"] == cat)]

@@ -1,4 +1,4 @@
-"""Rank 0's kept windows of the run, for the timeline `Doctor(trace_path=...)` writes (render/trace.py).
+"""Rank 0's kept windows of the run, for the timeline `Doctor(trace_path=...)` writes (core/timeline.py).
 
 Why the gathered rows: at each check every rank's last WINDOW_CAP steps reach rank 0 anyway (callback/row.py),
 each step's length, its data time before it and its share of waiting for peers. Laying them on a clock costs
@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 
 from ddpdoctor.callback.row import GatheredRow
 from ddpdoctor.core.findings import Finding
-from ddpdoctor.render.trace import Mark, Span, Timeline
+from ddpdoctor.core.timeline import Mark, Span, Timeline
 
 FIRST = 1
 LAST = 4

@@ -121,7 +121,8 @@ def render_findings(findings: list[Finding], console: Console, keep_order: bool 
             console.print(Text(f"  fix: {f.fix}", style="bold"))
 
 
-def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
+def render_diagnosis(diagnosis: Diagnosis, console: Console, charts: bool = True) -> None:
+    """`charts`: False keeps the probes' charts out even on a terminal (a quiet run)."""
     code = diagnosis.exit_code
     nodes = diagnosis.nodes()
     files = len(diagnosis.inputs.files)
@@ -133,6 +134,7 @@ def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
     console.print(head)
     for name, facts in diagnosis.inputs.facts.items():
         _details(name, facts, console)
+        _chart(name, facts, diagnosis.findings, console, charts)
     render_findings(diagnosis.findings, console)
     console.print(Text(f"exit {code} ({_VERDICT[code]})", style="dim"))
 
@@ -149,9 +151,22 @@ def _details(name: str, facts: Mapping[Any, Any], console: Console) -> None:
             console.print(Text(f"({name}: details could not be shown: {type(exc).__name__}: {exc})"))
 
 
-def _probe_details(report: Report, console: Console) -> None:
+def _chart(name: str, facts: Mapping[Any, Any], findings: list[Finding], console: Console, enabled: bool) -> None:
+    """Under the allreduce table, its busbw against message size, with the expectation its verdict was judged
+    by; only on a terminal (render/charts.py)."""
+    if name != "allreduce" or not facts:
+        return
+    from ddpdoctor.render import charts
+
+    expected = charts.expected_busbw(findings)
+    charts.show(console, lambda width, color: charts.busbw_chart(facts, width, expected_gbps=expected, color=color),
+                enabled)
+
+
+def _probe_details(report: Report, console: Console, charts: bool = True) -> None:
     for section in report.probes:
         _details(section.name, section.facts, console)
+        _chart(section.name, section.facts, report.findings, console, charts)
 
 
 # Past this many nodes only the ones with findings are listed, and a count of the rest.
@@ -174,7 +189,8 @@ def _by_node(report: Report, console: Console) -> None:
     console.print(line)
 
 
-def render_report(report: Report, console: Console) -> None:
+def render_report(report: Report, console: Console, charts: bool = True) -> None:
+    """`charts`: False keeps the probes' charts out even on a terminal (`--no-live`)."""
     data_nodes = report.nodes()
     rec = report.record
     code = report.exit_code
@@ -191,7 +207,7 @@ def render_report(report: Report, console: Console) -> None:
     console.print(head)
     console.print(Text("verdict: " + causal_order.verdict_line(report.findings), style=_STYLE[report.verdict]))
 
-    _probe_details(report, console)
+    _probe_details(report, console, charts)
     render_findings(report.findings, console)
     if len(data_nodes) > 1:
         _by_node(report, console)

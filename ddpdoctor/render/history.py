@@ -17,6 +17,8 @@ from ddpdoctor.core.errors import UsageError
 from ddpdoctor.core.files import atomic_write_bytes
 from ddpdoctor.core.findings import Severity
 from ddpdoctor.history.verdicts import GpuSummary, NodeSummary, Verdicts
+from ddpdoctor.render.charts import history_chart
+from ddpdoctor.render.charts import show as show_chart
 from ddpdoctor.render.console import _STYLE, render_findings
 
 _VERDICT = {0: "OK", 1: "WARNING", 2: "CRITICAL"}
@@ -35,8 +37,9 @@ def _trend(summary: NodeSummary | GpuSummary) -> str:
     return "-" if summary.trend_pct is None else f"{summary.trend_pct:+.0f}%"
 
 
-def render_history(verdicts: Verdicts, console: Console) -> None:
-    """The nodes' table, worst first, then every verdict with its evidence and fix."""
+def render_history(verdicts: Verdicts, console: Console, charts: bool = True) -> None:
+    """The nodes' table, worst first, the named nodes' speed over their runs (on a terminal, unless `charts`
+    is False: render/charts.py), then every verdict with its evidence and fix."""
     worst = max((f.severity for f in verdicts.findings), default=Severity.OK)
     head = Text()
     head.append("ddpdoctor history  ", style="bold")
@@ -56,6 +59,7 @@ def render_history(verdicts: Verdicts, console: Console) -> None:
                               Text(_trend(g)), Text(""),
                               Text(", ".join(f.code for f in g.findings), style=_STYLE[g.worst]))
     console.print(table)
+    show_chart(console, lambda width, color: history_chart(verdicts, width, color=color), charts)
     if verdicts.findings:
         console.print()
         render_findings(verdicts.findings, console)

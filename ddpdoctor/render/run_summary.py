@@ -2,17 +2,21 @@
 
 Rendering decides nothing: the summary dict (callback/run_summary.py, as in the JSON) and the findings
 (already in causal order) say it all; this only lays them out. At most SHOWN_RANKS rows of ranks: the ranks
-the findings name, the slowest and the fastest; the JSON has every rank.
+the findings name, the slowest and the fastest; the JSON has every rank. On a terminal, under them, the same
+ranks' median step as bars cut by phase (render/charts.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.core.findings import Finding, Severity, rank_ranges
+from ddpdoctor.render.charts import show as show_chart
+from ddpdoctor.render.charts import step_phases_chart
 from ddpdoctor.render.console import _STYLE, make_console
 
 SHOWN_RANKS = 8
@@ -61,8 +65,11 @@ def job_line(s: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def print_summary(s: Mapping[str, Any], findings: Sequence[Finding], json_path: Optional[str] = None) -> None:
-    console = make_console(stderr=True)
+def print_summary(s: Mapping[str, Any], findings: Sequence[Finding], json_path: Optional[str] = None,
+                  console: Optional[Console] = None, charts: bool = True) -> None:
+    """On rank 0's stderr (`console` for tests). `charts`: False keeps the step-phases chart out even on a
+    terminal; off a terminal it never shows (render/charts.py)."""
+    console = console if console is not None else make_console(stderr=True)
     severity = Severity[s["severity"].upper()] if s["severity"].upper() in Severity.__members__ else Severity.OK
     head = Text("ddpdoctor end of run: ", style="bold")
     head.append(s["verdict"], style=_STYLE[severity])
@@ -78,7 +85,8 @@ def print_summary(s: Mapping[str, Any], findings: Sequence[Finding], json_path: 
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for col in ("rank", "node", "steps", "step ms p50", "p90", "data", "compute", "wait", "samples/s"):
         table.add_column(col, justify="left" if col in ("rank", "node") else "right")
-    for r in shown_ranks(s["ranks"], named):
+    shown = shown_ranks(s["ranks"], named)
+    for r in shown:
         style = "bold yellow" if r["rank"] in named else ""
         if not r.get("arrived", True):
             table.add_row(Text(str(r["rank"]), style="bold red"), r.get("node") or "-", str(r["steps"]),
@@ -91,6 +99,7 @@ def print_summary(s: Mapping[str, Any], findings: Sequence[Finding], json_path: 
     console.print(table)
     if len(s["ranks"]) > SHOWN_RANKS:
         console.print(Text(f"  ({len(s['ranks']) - SHOWN_RANKS} more ranks in the JSON)", style="dim"))
+    show_chart(console, lambda width, color: step_phases_chart(shown, width, color=color), charts)
     for f in findings[:6]:
         line = Text(f"  {f.severity.label:8s} ", style=_STYLE[f.severity])
         line.append(f"{f.code}  {'└ ' if f.explained_by else ''}{f.title}")

@@ -1,4 +1,4 @@
-"""`check`'s report as a timeline (render/trace.py): each rank's stages, the stragglers probe's steps, the findings.
+"""`check`'s report as a timeline (core/timeline.py): each rank's stages, the stragglers probe's steps, the findings.
 
 Why from the report, not from the live run: the report already holds every rank's stages with their wall-clock
 begin and end (`ranks[].timeline`), the stragglers probe's per-step phases with each host's clock offset to
@@ -11,6 +11,10 @@ draw the same picture of the same run, and an old report can still be drawn.
   from each step's arrival at the all-reduce (rank 0's clock; the first gradient bucket's hook, soon after
   backward begins): a straggler's peers wait where it computes.
   At most STEPS_KEPT steps a rank (the last ones): the file stays small whatever the probe measured.
+- The allreduce probe's timed calls (allreduce-bench's sweep, and where it localised, its ring pairs and node
+  pairs), each size's or pair's calls as one span of their summed time with the bandwidth they make, laid end
+  to end from the probe's start on a track of their own (their lengths are measured; where each call began
+  is not recorded): a slow link's pair is the long bar on both its ranks.
 - Findings: one instant event each, at the report's end, on the ranks they name.
 Clocks: a host's stages are moved by the offset the stragglers probe measured for it (none measured: as
 read, and said in `otherData`).
@@ -20,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ddpdoctor.render.trace import Mark, Span, Timeline
+from ddpdoctor.judge.busbw import busbw_gbps
+from ddpdoctor.core.timeline import Mark, Span, Timeline
 
 STEPS_KEPT = 200  # per rank, the probe's last steps
 STACK_LINES = 24
@@ -46,6 +51,7 @@ def from_report(report: Mapping[str, Any]) -> Timeline:
                 ended = max(ended, span.start_s)
     timeline.ended_s = ended
     timeline.spans += _probe_steps(report)
+    timeline.spans += _collectives(report, {r["rank"]: r.get("timeline") or [] for r in ranks}, offsets)
     for f in findings:
         timeline.marks.append(Mark(name=f"{f.get('code')} {f.get('severity', '')}: {f.get('title', '')}"[:200],
                                    at_s=ended, ranks=tuple(x for x in f.get("ranks") or [] if x in hosts),
@@ -139,3 +145,65 @@ def _probe_steps(report: Mapping[str, Any]) -> list[Span]:
             spans.append(Span(rank, "compute", began + data, computed, "phase", track="steps"))
             spans.append(Span(rank, "wait for peers", computed, waited, "phase", track="steps"))
     return spans
+
+
+def _collectives(report: Mapping[str, Any], stages: Mapping[int, list[Any]], offsets: Mapping[int, float]) -> list[Span]:
+    """The allreduce probe's measured calls per rank, laid end to end from its stage's start."""
+    spans: list[Span] = []
+    for key, fact in _probe_facts(report, "allreduce").items():
+        if not isinstance(fact, Mapping):
+            continue
+        rank = int(key)
+        start = next((float(s["started"]) - offsets.get(rank, 0.0) for s in stages.get(rank, [])
+                      if isinstance(s, Mapping) and s.get("name") == "probe:allreduce"
+                      and isinstance(s.get("started"), (int, float))), None)
+        if start is None:
+            continue
+        op, n = str(fact.get("op") or "all_reduce"), int(fact.get("world_size") or 1)
+        cursor = start
+        for size_bytes, label, times in _timed_calls(fact):
+            total = sum(times)
+            if total <= 0:
+                continue
+            best = min(times)
+            args: dict[str, Any] = {"size_bytes": size_bytes, "calls": len(times),
+                                    "median_ms": round(1e3 * sorted(times)[len(times) // 2], 4)}
+            if label.startswith(op):
+                args["busbw_gbps_best"] = round(busbw_gbps(op, n, size_bytes, best), 3)
+            else:  # a pair's or a node's: two ranks, the data once each way (algbw)
+                args["algbw_gbps_best"] = round(size_bytes / best / 1e9, 3)
+            spans.append(Span(rank, label, cursor, cursor + total, "collective", args, track="collectives"))
+            cursor += total
+    return spans
+
+
+def _timed_calls(fact: Mapping[str, Any]) -> list[tuple[int, str, list[float]]]:
+    """(size, label, the call times) of the sweep, then the ring pairs, then the node and node-leader pairs."""
+    out: list[tuple[int, str, list[float]]] = []
+    op = str(fact.get("op") or "all_reduce")
+    for result in fact.get("results") or []:
+        if isinstance(result, Mapping) and isinstance(result.get("times_s"), list):
+            size = int(result.get("size_bytes") or 0)
+            out.append((size, f"{op} {_size(size)}", [float(t) for t in result["times_s"]]))
+    found = fact.get("pairs")
+    pairs: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    for pair, times in sorted((pairs.get("times_s") or {}).items()):
+        size = int(pairs.get("size_bytes") or 0)
+        out.append((size, f"pair {pair} {_size(size)}", [float(t) for t in times]))
+    found = fact.get("nodes")
+    nodes: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    for host, times in sorted((nodes.get("intra_times_s") or {}).items()):
+        out.append((int(nodes.get("size_bytes") or 0), f"inside node {host}", [float(t) for t in times]))
+    node_of = nodes.get("node_of_rank") or []
+    for pair, times in sorted((nodes.get("leader_times_s") or {}).items()):
+        a, _, b = str(pair).partition("-")
+        named = " - ".join(str(node_of[int(r)]) if r.isdigit() and int(r) < len(node_of) else r for r in (a, b))
+        out.append((int(nodes.get("size_bytes") or 0), f"nodes {named}", [float(t) for t in times]))
+    return out
+
+
+def _size(size_bytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size_bytes >= scale:
+            return f"{size_bytes / scale:g} {unit}"
+    return f"{size_bytes} B"

@@ -58,7 +58,7 @@ class CheckConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     json_path: Optional[str] = None
     prom_path: Optional[str] = None  # --prom: the verdict and measurements for node_exporter, rewritten each run
-    trace_path: Optional[str] = None  # --trace: the ranks' timeline, Chrome trace-event JSON (render/trace.py)
+    trace_path: Optional[str] = None  # --trace: the ranks' timeline, Chrome trace-event JSON (core/timeline.py)
     # --force: replace existing output files (--json, --csv, --plot). Without it the CLI
     # refuses them before any rank starts, and a file that appears during the run is not
     # replaced: the report goes to a free sibling name (report.1.json).

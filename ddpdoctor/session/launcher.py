@@ -194,7 +194,7 @@ def run_standalone(cfg: CheckConfig, argv: list[str], command: list[str]) -> int
             plan, cfg, argv, lambda c, a, without: _run_ranks(c, a, nproc, backend, device, {}, console, without))
     report = build_report(record, backend, device, command)
     write_outputs(report, cfg)
-    render_report(report, console)
+    render_report(report, console, charts=cfg.live)
     return report.exit_code
 
 

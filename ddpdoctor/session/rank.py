@@ -363,7 +363,7 @@ def _write_report(ctx: RankContext, record: RunRecord, channel: Channel, command
     read_record(channel, record)
     report = build_report(record, ctx.backend, str(ctx.device.type if ctx.device is not None else ""), command)
     write_outputs(report, ctx.cfg)
-    render_report(report, make_console())
+    render_report(report, make_console(), charts=ctx.cfg.live)
     return report.exit_code
 
 

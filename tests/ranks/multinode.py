@@ -372,12 +372,15 @@ def node_pair_figures(run: NodesRun) -> tuple[list[dict[tuple[str, str], float]]
             intra_node_busbw(facts, hosts, int(part.size_bytes)))
 
 
-def one_run(tmp: Path, nodes_n: int, per_node: int, case: str, timeout_s: float = 240) -> Outcome:
-    """One allreduce-bench over `nodes_n` namespace nodes of `per_node` ranks, the last node slowed by `case`."""
+def one_run(tmp: Path, nodes_n: int, per_node: int, case: str, timeout_s: float = 240,
+            extra: tuple[str, ...] = ()) -> Outcome:
+    """One allreduce-bench over `nodes_n` namespace nodes of `per_node` ranks, the last node slowed by `case`
+    (`extra`: more of allreduce-bench's arguments)."""
     with namespace_nodes(nodes_n) as nodes:
         shape = CASES[case]
         if shape is not None:
             slow_link(nodes[0], nodes[-1], **shape)
-        run = run_nodes(tmp, nodes, SLOW_BENCH_ARGS, nproc=per_node, subcommand="allreduce-bench", timeout_s=timeout_s)
+        run = run_nodes(tmp, nodes, [*SLOW_BENCH_ARGS, *extra], nproc=per_node, subcommand="allreduce-bench",
+                        timeout_s=timeout_s)
         verdict, named = judge(run, [n.host for n in nodes], case)
     return Outcome(verdict, named, run.wall_s, run)

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import statistics
 import xml.etree.ElementTree as ET
 
 import pytest
+
+from tests.trace_format import check_rules, spans_of
 
 from .harness import assert_nothing_left, probe_section, run_check, run_command, run_hand_set_ranks, tagged_processes
 
@@ -189,9 +192,10 @@ def test_across_nodes_a_slow_node_and_a_slow_path_are_named(tmp_path):
     # (issue 40) when the fastest node ran slower. A throttled node sits near 0.1 or below.
     env = {r: {"LOCAL_RANK": str(r % 2), "LOCAL_WORLD_SIZE": "2", "DDPDOCTOR_NODE_NAME": f"n{r // 2 + 1}"}
            for r in range(6)}
+    timeline = tmp_path / "bench.trace.json"
     procs, report, tag = run_hand_set_ranks(
         tmp_path, 6, env, *SMALL, "--timeout", "30", "--inject", "slowlink:ranks=4,5:mbps=500,slowlink:ranks=2,4",
-        command="allreduce-bench", timeout_s=150)
+        "--trace", str(timeline), command="allreduce-bench", timeout_s=150)
     assert report is not None, procs[0].stdout + procs[0].stderr
     codes = {f["code"]: f for f in report["findings"]}
     assert report["nodes"] == ["n1", "n2", "n3"]
@@ -201,3 +205,13 @@ def test_across_nodes_a_slow_node_and_a_slow_path_are_named(tmp_path):
     assert list(codes["BW005"]["evidence"]["leader_pair_busbw_gbps"]) == ["n1-n2", "n2-n3", "n3-n1"]
     assert procs[0].returncode == 1
     assert not tagged_processes(tag)
+    # The timeline shows it at a glance: the slow node's own pair and the slow leader pair are the long bars.
+    doc = json.loads(timeline.read_text())
+    check_rules(doc)
+
+    def bar_us(rank: int, name: str) -> int:
+        [bar] = [e["dur"] for e in spans_of(doc, rank, "collective") if e["name"] == name]
+        return bar
+
+    assert bar_us(4, "inside node n3") > 2 * max(bar_us(0, "inside node n1"), bar_us(2, "inside node n2"))
+    assert bar_us(4, "nodes n2 - n3") > 2 * bar_us(0, "nodes n1 - n2")

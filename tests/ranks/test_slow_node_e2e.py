@@ -13,7 +13,11 @@ healthy, is also slow. benchmarks/slow_node_matrix.py counts it over many runs (
 
 from __future__ import annotations
 
+import json
+
 import pytest
+
+from tests.trace_format import check_rules
 
 from .multinode import CASES, SLOW_CODES, one_run, skip_without_tc, slowed_ceiling_gbps
 
@@ -27,7 +31,8 @@ def _pair_size(report: dict) -> int:
 
 
 def _check(tmp_path, nodes: int, per_node: int, case: str) -> None:
-    out = one_run(tmp_path, nodes, per_node, case)
+    timeline = tmp_path / "bench.trace.json"
+    out = one_run(tmp_path, nodes, per_node, case, extra=("--trace", str(timeline)))
     run = out.run
     assert run.report is not None, run.explain()
     slow = [f for f in run.report["findings"] if f["code"] in SLOW_CODES]
@@ -55,6 +60,13 @@ def _check(tmp_path, nodes: int, per_node: int, case: str) -> None:
         assert finding["nodes"] == hosts and finding["title"].endswith("one pair of nodes cannot tell which end is slow")
     assert "GLOO_SOCKET_IFNAME" in finding["fix"], finding["fix"]
     assert run.codes[0] == 1, run.explain()  # BW005 is a warning: exit 1
+    # The timeline shows it at a glance: the node pairs with the throttled node are the long bars.
+    doc = json.loads(timeline.read_text())
+    check_rules(doc)
+    bars = {e["name"]: e["dur"] for e in doc["traceEvents"] if e["ph"] == "X" and e["name"].startswith("nodes ")}
+    slowed = [d for name, d in bars.items() if hosts[-1] in name]
+    others = [d for name, d in bars.items() if hosts[-1] not in name]
+    assert slowed and (not others or min(slowed) > max(others)), bars
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The timeline files (render/trace.py): check's report drawn (render/trace_check.py) and the callback's kept
+"""The timeline files (core/timeline.py): check's report drawn (render/trace_check.py) and the callback's kept
 windows (callback/trace_keep.py), each held to the trace-event format's rules (tests/trace_format.py).
 
 The reports drawn here are real: ddpdoctor's own run on an H100 (tests/fixtures/gpu_runs) and a CPU check
@@ -15,7 +15,8 @@ import pytest
 from ddpdoctor.callback.row import GatheredRow
 from ddpdoctor.callback.trace_keep import FIRST, LAST, TraceKeep
 from ddpdoctor.core import codes
-from ddpdoctor.render import trace, trace_check
+from ddpdoctor.core import timeline as trace
+from ddpdoctor.render import trace_check
 from tests.trace_format import check_rules, spans_of
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

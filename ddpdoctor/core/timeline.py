@@ -17,7 +17,8 @@ trust. The JSON Object Format is written ({"traceEvents": [...], "displayTimeUni
 
 Every span's time is rank 0's clock: the producers (render/trace_check.py, callback/trace_keep.py)
 correct each host's by the offset they measured. This module only lays the timeline out: it measures
-nothing, and it writes the same file for the same timeline.
+nothing, and it writes the same file for the same timeline. In core, as the report's JSON is: the callback
+(which writes a timeline at its close) and the renderers both use it.
 """
 
 from __future__ import annotations
