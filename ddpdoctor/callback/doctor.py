@@ -201,6 +201,7 @@ class Doctor:
         self._started_at = time.time()
         self._epoch_less_perf = self._started_at - time.perf_counter()  # a perf_counter reading as wall clock
         self._gather_left = 0.0  # when this rank left the last check's gather (perf_counter)
+        self._check_began = 0.0  # and when that check began
         self.loader = loader
         self.optimizer = optimizer
         self.batch_size = opts.batch_size
@@ -664,9 +665,10 @@ class Doctor:
 
         Every rank judges the same table the same way, so a raise (when asked for) happens on
         every rank at the same step, and every rank computes the same next check; only rank 0 reports."""
+        began = time.perf_counter()
         row = self._take_window()
         gathered = self._gather.exchange(pack(row, WINDOW_CAP))
-        self._gather_left = time.perf_counter()
+        self._gather_left, self._check_began = time.perf_counter(), began
         rows = self._rows(gathered) if gathered is not None else {}  # None: a GPU's first check, read at the next
         step_s = slowest_step_s((r.window_steps, r.window_s) for r in rows.values())
         self._next_check = next_check(self._steps, self.every, self.check_every_s, step_s)
@@ -795,6 +797,7 @@ class Doctor:
                            samples=list(self._samples)[-len(steps):] if steps else [],
                            last_end_s=self._ended_s(),
                            gather_left_s=self._gather_left + self._epoch_less_perf if self._gather_left else 0.0,
+                           check_began_s=self._check_began + self._epoch_less_perf if self._check_began else 0.0,
                            **contention_fields(self._cpu.take(wait_s=(wait_ms * len(steps) + sum(between) + sum(data))
                                                               / 1e3)))
 

@@ -59,10 +59,11 @@ class GatheredRow:
     cpu_quota: Optional[float] = None
     corunner_pid: Optional[int] = None  # the busiest other process on its CPUs, when it lost time
     corunner_cpu_pct: Optional[float] = None
-    # For the timeline (callback/trace_keep.py), this host's wall clock: when its last step ended, and when it left
-    # the previous check's gather (0: none). Read at the check, never on the step path.
+    # For the timeline (callback/trace_keep.py), this host's wall clock: when its last step ended, and when the
+    # previous check began and this rank left its gather (0: none). Read at the check, never on the step path.
     last_end_s: float = 0.0
     gather_left_s: float = 0.0
+    check_began_s: float = 0.0
     # Per step of the window, oldest first; every column has one entry per step.
     step_ms: list[float] = field(default_factory=list)  # step begin to end
     data_ms: list[float] = field(default_factory=list)  # end of the previous step to begin (the loader)

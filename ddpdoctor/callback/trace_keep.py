@@ -2,8 +2,8 @@
 
 Why the gathered rows: at each check every rank's last WINDOW_CAP steps reach rank 0 anyway (callback/row.py),
 each step's length, its data time before it and its share of waiting for peers. Laying them on a clock costs
-two numbers more a row, read at the check (never on the step path): the wall time its last step ended, and
-when it left the previous check's gather. Every rank leaves a gather together (within the collective's own
+three numbers more a row, read at the check (never on the step path): the wall time its last step ended, and
+when the previous check began and the rank left its gather (the check is drawn too). Every rank leaves a gather together (within the collective's own
 latency), so the difference between a rank's leaving time and rank 0's is its host's clock against rank 0's:
 ranks on one clock without a clock measurement of their own.
 
@@ -82,7 +82,7 @@ class TraceKeep:
         for window in self.first + list(self.last):
             for rank, row in window.rows.items():
                 spans, end = self._steps(rank, row, floor=last_end.get(rank, float("-inf")))
-                timeline.spans += spans
+                timeline.spans += spans + self._check(rank, row, floor=last_end.get(rank, float("-inf")))
                 if end is not None:
                     last_end[rank] = max(end, last_end.get(rank, end))
         for finding, at_s in self.hangs:
@@ -90,6 +90,17 @@ class TraceKeep:
         timeline.marks += self.marks
         timeline.ended_s = max([ended_s] + [s.start_s for s in timeline.spans])
         return timeline
+
+    def _check(self, rank: int, row: GatheredRow, floor: float) -> list[Span]:
+        """The check before this window on this rank: from its begin (the rank's row made) to the rank's leaving
+        its gather. A rank that came late waits least in it; the others wait for it there."""
+        if row.check_began_s <= 0 or row.gather_left_s <= 0:
+            return []
+        shift = self.offsets.get(rank, 0.0)
+        began, left = row.check_began_s - shift, row.gather_left_s - shift
+        if began < floor or left < began:
+            return []
+        return [Span(rank, "ddpdoctor check", began, left, "check", {"ms": round((left - began) * 1e3, 3)})]
 
     def _steps(self, rank: int, row: GatheredRow, floor: float) -> tuple[list[Span], Optional[float]]:
         """The row's steps laid back from its last step's end: each step's period is its data time then the

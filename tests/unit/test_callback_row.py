@@ -37,7 +37,7 @@ def test_an_unknown_scalar_travels_as_nan_and_a_known_zero_does_not():
 
 def test_the_layout_is_the_fields_scalars_then_count_then_padded_columns():
     assert COLUMNS == ["step_ms", "data_ms", "wait_ms", "samples"]
-    assert HEADER == len(SCALARS) + 1 == 31
+    assert HEADER == len(SCALARS) + 1 == 32
     values = pack(FULL, 5)
     assert values[:2] == [3.0, 150.0] and values[HEADER - 1] == 3.0  # rank, steps done, ..., count
     assert values[HEADER:HEADER + 5] == [12.5, 13.25, 11.0, 0.0, 0.0]  # a column padded to the width

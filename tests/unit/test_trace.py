@@ -65,7 +65,7 @@ def _row(rank: int, steps_done: int, last_end: float, left: float, step_ms: floa
          wait_ms: float = 0.0, n: int = 5) -> GatheredRow:
     return GatheredRow(rank=rank, steps_done=steps_done, window_steps=n, step_ms=[step_ms] * n,
                        data_ms=[data_ms] * n, wait_ms=[wait_ms] * n, samples=[0.0] * n, last_end_s=last_end,
-                       gather_left_s=left)
+                       gather_left_s=left, check_began_s=left - 0.25 if rank else left - 0.01)
 
 
 def test_the_callbacks_windows_are_laid_back_from_each_ranks_last_step_on_rank_0s_clock():
@@ -86,6 +86,10 @@ def test_the_callbacks_windows_are_laid_back_from_each_ranks_last_step_on_rank_0
     assert len(waits) == 5 and waits[-1]["dur"] == pytest.approx(4_000, abs=0.01)
     nodes = sorted(e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name")
     assert nodes == ["node a", "node b"]
+    # The check before the window: rank 1 came early and waited 250 ms in it for rank 0; both left it together.
+    [check0], [check1] = spans_of(doc, 0, "check"), spans_of(doc, 1, "check")
+    assert check0["dur"] == 10_000 and check1["dur"] == 250_000
+    assert check0["ts"] + check0["dur"] == check1["ts"] + check1["dur"]
 
 
 def test_a_long_run_keeps_its_first_and_last_windows_only():
