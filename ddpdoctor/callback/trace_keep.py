@@ -3,9 +3,9 @@
 Why the gathered rows: at each check every rank's last WINDOW_CAP steps reach rank 0 anyway (callback/row.py),
 each step's length, its data time before it and its share of waiting for peers. Laying them on a clock costs
 three numbers more a row, read at the check (never on the step path): the wall time its last step ended, and
-when the previous check began and the rank left its gather (the check is drawn too). Every rank leaves a gather together (within the collective's own
-latency), so the difference between a rank's leaving time and rank 0's is its host's clock against rank 0's:
-ranks on one clock without a clock measurement of their own.
+when the previous check began and the rank left its gather (the check is drawn too). Every rank leaves a
+gather together (within the collective's own latency), so the difference between a rank's leaving time and
+rank 0's is its host's clock against rank 0's: ranks on one clock without a clock measurement of their own.
 
 Bounded whatever the run's length: the first FIRST windows (the run's start: compile, warm-up) and the last
 LAST ones, each at most `steps_cap` steps a rank (smaller for bigger jobs: about MAX_STEP_SPANS steps in all).
