@@ -22,6 +22,8 @@ import pytest
 
 from ddpdoctor.attach.settings import DIR_VAR, RUN_VAR
 
+from tests.trace_format import check_rules, spans_of
+
 from .harness import _env, free_port, port_is_free, run_script_ranks, tagged_processes
 from .test_launch_styles_e2e import nobody_listens
 from .test_run_end_e2e import epochs_for
@@ -68,10 +70,10 @@ def test_an_unedited_script_under_ddpdoctor_run_inside_the_launcher_names_slow_d
     """Each rank started as torchrun or a job's env does, `python -m ddpdoctor run train.py`: rank 1 sleeps 20 ms
     before each step, set_epoch is never called. As the explicit Doctor's end names it: STR001 rank 1, data."""
     port = free_port()
-    report = tmp_path / "run.json"
+    report, timeline = tmp_path / "run.json", tmp_path / "run.trace.json"
     results = run_script_ranks(SCRIPT, ["--case", "slowdata,noepoch", "--epochs", str(epochs_for(20.0))],
                                {0: port, 1: port}, timeout_s=120, extra_env=CLEAN,
-                               python_args=(*RUN, "--json", str(report)))
+                               python_args=(*RUN, "--json", str(report), "--trace", str(timeline)))
     assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:]
     found = by_code(json.loads(report.read_text()))
     assert found["STR001"]["ranks"] == [1] and found["STR001"]["evidence"]["cause"] == "data loading", found
@@ -79,6 +81,11 @@ def test_an_unedited_script_under_ddpdoctor_run_inside_the_launcher_names_slow_d
     summary = json.loads(report.read_text())["summary"]
     assert summary["code"] == "STR001" and summary["final_check"]["missing"] == []
     assert "ddpdoctor end of run: STR001 (rank 1)" in results[0][1]
+    # `--trace`: rank 1's data bars are its long ones (its sleep is before each step), rank 0 waits for it.
+    doc = json.loads(timeline.read_text())
+    check_rules(doc)
+    data = {r: sum(e["dur"] for e in spans_of(doc, r, "phase") if e["name"] == "data") for r in (0, 1)}
+    assert data[1] > 3 * data[0], data
 
 
 def test_srun_tasks_under_ddpdoctor_run_name_an_unsharded_loader_and_count_optimizer_steps(tmp_path):
