@@ -159,3 +159,26 @@ def test_diagnose_draws_one_check_report_and_refuses_two_with_one_line(tmp_path,
                      str(tmp_path / "two.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 3 and len(err) == 1 and "give exactly one" in err[0] and not (tmp_path / "two.json").exists()
+
+
+def test_a_straggler_stopped_from_outside_shows_as_its_peer_waiting_in_the_recorded_check():
+    report = _report("trace/check_preempt_rank1.json")
+    assert [f["ranks"] for f in report["findings"] if f["code"] == "STR001"] == [[1]]
+    doc = trace_check.from_report(report).to_json()
+    check_rules(doc)
+
+    def total(rank: int, name: str) -> int:
+        return sum(e["dur"] for e in spans_of(doc, rank, "phase") if e["name"] == name)
+
+    assert total(0, "wait for peers") > 1.2 * total(1, "wait for peers")
+
+
+def test_a_node_throttled_by_tc_is_the_long_bar_of_every_node_pair_it_is_in():
+    report = _report("trace/bench_tbf_node3.json")
+    slow = report["nodes"][-1]
+    doc = trace_check.from_report(report).to_json()
+    check_rules(doc)
+    bars = [(e["name"], e["dur"]) for e in doc["traceEvents"] if e["ph"] == "X" and e["name"].startswith("nodes ")]
+    with_slow = [d for name, d in bars if slow in name]
+    without = [d for name, d in bars if slow not in name]
+    assert with_slow and without and min(with_slow) > 10 * max(without), bars

@@ -34,7 +34,8 @@ def _read(path: Path) -> dict:
 
 
 @pytest.mark.parametrize("report", ["gpu_runs/h100x1_check_all.json", "trace/check_frozen_rank1.json",
-                                    "allreduce/bench-2rank-gloo-pairs.json"])
+                                    "allreduce/bench-2rank-gloo-pairs.json", "trace/bench_tbf_node3.json",
+                                    "trace/check_preempt_rank1.json"])
 def test_devtools_reads_our_nodes_ranks_and_every_span_as_we_wrote_them(tmp_path, report):
     doc = trace_check.from_report(json.loads((FIXTURES / report).read_text())).to_json()
     path = tmp_path / "t.json"
