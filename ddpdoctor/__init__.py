@@ -4,6 +4,8 @@ Importing the package must stay cheap: the CLI imports torch only where a
 command needs it, so `ddpdoctor --help` and bad-argument errors are instant.
 """
 
+from typing import Optional
+
 __version__ = "0.1.0"
 
 
@@ -28,4 +30,13 @@ def _doctor_module():
 
     if doctor.SUMMARY_PRINTER is None:
         doctor.SUMMARY_PRINTER = print_summary
+    if doctor.HTML_WRITER is None:
+        doctor.HTML_WRITER = _write_page
     return doctor
+
+
+def _write_page(path: str, data: dict, timeline: Optional[dict]) -> str:
+    """The Doctor's `html_path` page (render/html_report.py), imported only when one is written."""
+    from ddpdoctor.render import html_report
+
+    return html_report.write(path, "doctor", data, timeline)

@@ -108,7 +108,14 @@ def _add_run_args(parser: argparse.ArgumentParser) -> None:
                         help="standalone: loopback port for the rendezvous store (default: a free one)")
     parser.add_argument("--no-live", action="store_true", help="no live view of the ranks while they run")
     _add_trace_arg(parser)
+    _add_html_arg(parser)
     _add_force_arg(parser)
+
+
+def _add_html_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--html", dest="html_path", metavar="PATH",
+                        help="also write the report as one self-contained HTML page: verdict, findings, charts, the "
+                             "ranks' timeline (charts: pip install 'ddpdoctor[html]'; docs/pictures_html.md)")
 
 
 def _add_trace_arg(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +129,7 @@ def _add_force_arg(parser: argparse.ArgumentParser, top_level: bool = False) -> 
     cannot reset a top-level `ddpdoctor --force check` to False (argparse copies every
     default of the subparser over the namespace)."""
     parser.add_argument("--force", action="store_true", default=False if top_level else argparse.SUPPRESS,
-                        help="overwrite existing output files (--json, --csv, --plot, --out); without it an "
+                        help="overwrite existing output files (--json, --csv, --plot, --out, --trace, --html); without it an "
                              "existing file is an error, checked before anything runs")
 
 
@@ -254,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--trace", dest="trace_path", metavar="PATH",
                       help="also draw the one `check --json` report given as a timeline (Chrome trace-event JSON for "
                            "ui.perfetto.dev): its ranks' stages, measured steps and findings")
+    _add_html_arg(diag)
     _add_force_arg(diag)
     expl = sub.add_parser("explain", help="explain a failed job from its logs and Flight Recorder dumps",
                           description="Read the output of a failed job (files, folders, - for stdin; plain or "
@@ -261,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "which rank failed first, why, which ranks it dragged down, and the fix.")
     expl.add_argument("logs", nargs="+", metavar="LOG", help="log files, folders of them, or - for standard input")
     expl.add_argument("--json", dest="json_path", metavar="PATH", help="also write the explanation as JSON to PATH")
+    _add_html_arg(expl)
     expl.add_argument("--world-size", type=_positive_int, default=None, metavar="N",
                       help="the job's number of ranks, when its logs do not say (ranks that printed nothing count)")
     expl.add_argument("--all", action="store_true", help="every rank and every timeline entry, not the first few")
@@ -293,6 +302,9 @@ def _run_options() -> _Parser:
     p.add_argument("--trace", dest="trace_path", metavar="PATH",
                    help="rank 0's timeline of the run (Chrome trace-event JSON for ui.perfetto.dev): every rank's kept "
                         "steps as data, compute and waiting for peers, the findings, a hang's stuck rank")
+    p.add_argument("--html", dest="html_path", metavar="PATH",
+                   help="rank 0's report at the end as one self-contained HTML page (findings, the summary's chart, "
+                        "the timeline; charts: pip install 'ddpdoctor[html]')")
     p.add_argument("--every", type=_positive_int, metavar="N", help="steps between two checks at least (default 50)")
     p.add_argument("--check-every-s", type=_bounded(float, "a number of seconds", 0, 3600), metavar="S",
                    help="seconds of training between two checks at least (default 2; 0: by --every alone)")
@@ -414,7 +426,8 @@ def _config(args: argparse.Namespace):
     common = dict(nproc=args.nproc, backend=args.backend, device=args.device,
                   timeout_s=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
                   json_path=args.json_path, force=args.force, inject=parse_faults(spec), port=args.port,
-                  live=not args.no_live, prom_path=getattr(args, "prom_path", None), trace_path=args.trace_path)
+                  live=not args.no_live, prom_path=getattr(args, "prom_path", None), trace_path=args.trace_path,
+                  html_path=args.html_path)
     if args.command == "allreduce-bench":
         # topology first: it is quick, and its links give the bandwidth the sweep is measured against.
         return CheckConfig(probes=("topology", "allreduce"), command="allreduce-bench", bench=_bench_config(args),
@@ -493,7 +506,7 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     from ddpdoctor.runtime import launch_env
 
     outputs = [("--json", args.json_path), ("--csv", getattr(args, "csv_path", None)),
-               ("--plot", getattr(args, "plot_path", None)), ("--trace", args.trace_path)]
+               ("--plot", getattr(args, "plot_path", None)), ("--trace", args.trace_path), ("--html", args.html_path)]
     for flag, path in outputs + [("--prom", getattr(args, "prom_path", None))]:  # --prom is rewritten each run
         _check_output_path(flag, path)
     if launch_env.LAUNCHER_PID_VAR not in os.environ:
@@ -584,8 +597,8 @@ def _record_snapshot(snapshot: dict[str, Any], store: Optional[str]) -> int:
     return 0
 
 
-def _one_check_report(files: list[str]) -> dict[str, Any]:
-    """--trace on diagnose: the one `check --json` report among the files (its ranks' stages are what is drawn)."""
+def _check_reports(files: list[str]) -> list[dict[str, Any]]:
+    """The `check --json` reports among diagnose's files (what their ranks ran is what is drawn)."""
     reports = []
     for path in files:
         try:
@@ -595,6 +608,12 @@ def _one_check_report(files: list[str]) -> dict[str, Any]:
             continue  # said below as the diagnosis reads it
         if isinstance(data, dict) and isinstance(data.get("ranks"), list) and "started_at" in data:
             reports.append(data)
+    return reports
+
+
+def _one_check_report(files: list[str]) -> dict[str, Any]:
+    """--trace on diagnose: the one `check --json` report among the files (its ranks' stages are what is drawn)."""
+    reports = _check_reports(files)
     if len(reports) != 1:
         raise UsageError(f"--trace draws one `ddpdoctor check --json` report; {len(reports)} given among the files: "
                          "give exactly one")
@@ -606,11 +625,12 @@ def _diagnose(args: argparse.Namespace) -> int:
     from ddpdoctor.core.files import atomic_write_json
     from ddpdoctor.snapshot import diagnose_inputs, read_inputs
 
-    outputs = [("--json", args.json_path), ("--trace", args.trace_path)]
+    outputs = [("--json", args.json_path), ("--trace", args.trace_path), ("--html", args.html_path)]
     for flag, path in outputs:
         _check_output_path(flag, path)
     _refuse_existing(outputs, args.force)
     report = _one_check_report(args.files) if args.trace_path else None
+    reports = _check_reports(args.files) if args.html_path else []
     inputs = read_inputs(args.files)
     if args.slow_threshold is not None:
         inputs.settings["slow_threshold_pct"] = args.slow_threshold
@@ -621,6 +641,10 @@ def _diagnose(args: argparse.Namespace) -> int:
         from ddpdoctor.render.trace_check import from_report
 
         atomic_write_json(from_report(report).to_json(), args.trace_path, overwrite=args.force)
+    if args.html_path:
+        from ddpdoctor.render import html_report
+
+        html_report.write(args.html_path, "diagnose", diagnosis.to_json(), reports=reports, overwrite=args.force)
     for line in inputs.unreadable:  # the other files are judged below; these could not be
         sys.stderr.write(f"ddpdoctor: error: {one_line(line)}\n")
     render_diagnosis(diagnosis, make_console())
@@ -633,11 +657,17 @@ def _explain(args: argparse.Namespace) -> int:
     from ddpdoctor.render.explain import render_explanation
     from ddpdoctor.core.files import atomic_write_json
 
-    _check_output_path("--json", args.json_path)
-    _refuse_existing([("--json", args.json_path)], args.force)
+    outputs = [("--json", args.json_path), ("--html", args.html_path)]
+    for flag, path in outputs:
+        _check_output_path(flag, path)
+    _refuse_existing(outputs, args.force)
     run = explain(args.logs, world_size=args.world_size)
     if args.json_path:
         atomic_write_json(run.to_json(), args.json_path, overwrite=args.force)
+    if args.html_path:
+        from ddpdoctor.render import html_report
+
+        html_report.write(args.html_path, "explain", run.to_json(), overwrite=args.force)
     requeue = args.exit_code_mode == "requeue"
     render_explanation(run, make_console(), full=args.all, requeue_exit=requeue)
     return run.requeue.exit_code if requeue else run.exit_code

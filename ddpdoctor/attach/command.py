@@ -65,7 +65,7 @@ def split(tokens: Sequence[str], takes_value: set[str]) -> Split:
 def absolute(options: dict[str, Any]) -> dict[str, Any]:
     """Paths made absolute: the ranks a launcher starts may run from another folder."""
     out = dict(options)
-    for key in ("json_path", "history", "tensorboard", "trace_path"):
+    for key in ("json_path", "history", "tensorboard", "trace_path", "html_path"):
         if isinstance(out.get(key), str):
             out[key] = os.path.abspath(out[key])
     return out

@@ -102,6 +102,9 @@ _OPEN: "weakref.WeakSet[Doctor]" = weakref.WeakSet()
 # How rank 0 prints the run summary: set from above this room (`ddpdoctor.Doctor`, the adapters) to
 # render/run_summary.py's screen, since rendering sits above the callback; unset, the log line and JSON have it.
 SUMMARY_PRINTER: Optional[Callable[[dict[str, Any], list[Finding], Optional[str]], None]] = None
+# The page `html_path` asks for (render/html_report.py, a room above this one; ddpdoctor/__init__.py plugs it in):
+# (path, this rank's JSON as `_write_json` writes it, the timeline's trace-event document or None).
+HTML_WRITER: Optional[Callable[[str, dict[str, Any], Optional[dict[str, Any]]], Any]] = None
 
 
 class FindingRaised(RuntimeError):
@@ -169,7 +172,7 @@ class Doctor:
                  raise_on_finding: bool = False, on_hang: str = "report", measure_comm: bool = True,
                  batch_size: Optional[int] = None, history: Optional[str] = None,
                  on_metrics: Optional[Callable[[dict[str, Any]], Any]] = None, tensorboard: Any = None,
-                 summary: bool = True, trace_path: Optional[str] = None) -> None:
+                 summary: bool = True, trace_path: Optional[str] = None, html_path: Optional[str] = None) -> None:
         import torch
         import torch.distributed as dist
 
@@ -179,7 +182,8 @@ class Doctor:
         opts = DoctorOptions(every=every, check_every_s=check_every_s, step_deadline_s=step_deadline_s,
                              json_path=json_path, on_finding=on_finding, raise_on_finding=raise_on_finding,
                              on_hang=on_hang, measure_comm=measure_comm, batch_size=batch_size, history=history,
-                             on_metrics=on_metrics, tensorboard=tensorboard, summary=summary, trace_path=trace_path)
+                             on_metrics=on_metrics, tensorboard=tensorboard, summary=summary, trace_path=trace_path,
+                             html_path=html_path)
         _check_objects(model, optimizer)
         self.options = opts
         # The step deadline is learned from the job's own steps; step_deadline_s is its ceiling. The
@@ -210,7 +214,9 @@ class Doctor:
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.trace_path = opts.trace_path
-        self._trace = TraceKeep(self.world_size) if self.trace_path and self.rank == 0 else None
+        self.html_path = opts.html_path
+        # Rank 0 keeps the windows for a timeline: a trace file's, or the page's.
+        self._trace = TraceKeep(self.world_size) if (self.trace_path or self.html_path) and self.rank == 0 else None
         self.host = os.uname().nodename
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.findings: list[Finding] = []
@@ -492,6 +498,8 @@ class Doctor:
                                       world_size=self.world_size, started_at=self._started_at)
         if self.json_path and (self.rank == 0 or self.findings):
             self._write_json(self.json_path)  # the last word: the steps done, every finding, the summary
+        if self.rank == 0 and self.html_path:
+            self._write_html(self.html_path)
         if self.rank != 0 and not self.findings:
             return
         found = self.report()
@@ -986,26 +994,46 @@ class Doctor:
             except Exception:  # a broken hook must not break training
                 log.exception("ddpdoctor: on_finding raised")
 
+    def _timeline(self) -> Optional[dict[str, Any]]:
+        """Rank 0's kept windows, findings and any hang as a trace-event document (callback/trace_keep.py)."""
+        if self._trace is None:
+            return None
+        return self._trace.timeline(time.time(), {"steps_done": self._steps}).to_json()
+
     def _write_trace(self) -> None:
-        """trace_path: rank 0's kept windows, findings and any hang as a timeline (callback/trace_keep.py)."""
+        """trace_path: the timeline, written (at the end, and at a hang)."""
         if self._trace is None or not self.trace_path:
             return
         from ddpdoctor.core.files import atomic_write_json
 
         try:
-            timeline = self._trace.timeline(time.time(), {"steps_done": self._steps})
-            atomic_write_json(timeline.to_json(), self.trace_path)
+            atomic_write_json(self._timeline(), self.trace_path)
         except Exception as exc:  # a full disk or a bug of ours must not fail the job
             log.error("ddpdoctor: cannot write the timeline %s: %s: %s", self.trace_path, type(exc).__name__, exc)
+
+    def _write_html(self, path: str) -> None:
+        """html_path: rank 0's report as a page, with the timeline (render/html_report.py, through HTML_WRITER)."""
+        if HTML_WRITER is None:
+            log.warning("ddpdoctor: no HTML writer plugged in (import ddpdoctor, not ddpdoctor.callback.doctor): "
+                        "%s not written", path)
+            return
+        try:
+            HTML_WRITER(path, self._json_doc(), self._timeline())
+        except Exception as exc:  # a full disk or a bug of ours must not fail the job
+            log.error("ddpdoctor: cannot write %s: %s: %s", path, type(exc).__name__, exc)
+
+    def _json_doc(self) -> dict[str, Any]:
+        """This rank's report as its JSON file (and the page) have it."""
+        return ({"rank": self.rank, "world_size": self.world_size, "steps": self._steps,
+                 "findings": [f.to_json() for f in self.report()]}
+                | ({"summary": self.summary} if self.summary is not None else {}))
 
     def _write_json(self, json_path: str) -> None:
         from ddpdoctor.core.files import atomic_write_json
 
         path = json_path if self.rank == 0 else f"{json_path}.rank{self.rank}"
         try:
-            atomic_write_json({"rank": self.rank, "world_size": self.world_size, "steps": self._steps,
-                               "findings": [f.to_json() for f in self.report()]}
-                              | ({"summary": self.summary} if self.summary is not None else {}), path)
+            atomic_write_json(self._json_doc(), path)
         except OSError as exc:
             log.error("ddpdoctor: cannot write %s: %s", path, exc)
 

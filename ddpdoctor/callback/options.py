@@ -54,6 +54,9 @@ class DoctorOptions:
     """Rank 0 writes the run's timeline here at the end (and at a hang): Chrome trace-event JSON that Perfetto and
     chrome://tracing open, the kept steps of every rank split into data, compute and waiting for peers, and the
     findings (docs/pictures.md); its folder must exist."""
+    html_path: Optional[str] = None
+    """Rank 0 writes its report at the end as one self-contained HTML page here: the verdict, the findings, the
+    summary's chart and the timeline (charts need `pip install ddpdoctor[html]`); its folder must exist."""
     summary: bool = True
     """At the end of the run, rank 0 prints the run summary (verdict, per-rank step time and its parts) to stderr;
     False keeps it in the JSON and the log line only."""
@@ -65,6 +68,7 @@ class DoctorOptions:
         object.__setattr__(self, "json_path", _file("json_path", self.json_path))
         object.__setattr__(self, "history", _file("history", self.history))
         object.__setattr__(self, "trace_path", _file("trace_path", self.trace_path))
+        object.__setattr__(self, "html_path", _file("html_path", self.html_path))
         _callable("on_finding", self.on_finding)
         _callable("on_metrics", self.on_metrics)
         _flag("raise_on_finding", self.raise_on_finding)

@@ -59,6 +59,7 @@ class CheckConfig:
     json_path: Optional[str] = None
     prom_path: Optional[str] = None  # --prom: the verdict and measurements for node_exporter, rewritten each run
     trace_path: Optional[str] = None  # --trace: the ranks' timeline, Chrome trace-event JSON (core/timeline.py)
+    html_path: Optional[str] = None  # --html: the report as one self-contained page (render/html_report.py)
     # --force: replace existing output files (--json, --csv, --plot). Without it the CLI
     # refuses them before any rank starts, and a file that appears during the run is not
     # replaced: the report goes to a free sibling name (report.1.json).

@@ -78,7 +78,7 @@ def run(p: Plan, cfg: CheckConfig, argv: list[str], launch: Launch) -> dict[str,
     began = time.monotonic()
     timeout = min(cfg.timeout_s, TRY_TIMEOUT_S)
     try_cfg = dataclasses.replace(cfg, probes=(p.probe,), live=False, timeout_s=timeout, port=None,
-                                  json_path=None, prom_path=None, trace_path=None)
+                                  json_path=None, prom_path=None, trace_path=None, html_path=None)
     # The ranks read their probes and deadline from their command line; the last --probes and --timeout win.
     try_argv = [*argv, "--probes", p.probe, "--timeout", f"{timeout:g}"]
     out: dict[str, Any] = {"stage": p.stage, "probe": p.probe, "without": list(p.names)}

@@ -61,6 +61,17 @@ def _write_trace(report: Report, path: str, overwrite: bool) -> None:
         sys.stderr.write(f"ddpdoctor: could not write --trace {path}: {type(exc).__name__}: {exc}\n")
 
 
+def _write_html(report: Report, cfg: Any, overwrite: bool) -> None:
+    """--html: the report as one self-contained page (render/html_report.py)."""
+    from ddpdoctor.render import html_report
+
+    kind = "allreduce-bench" if getattr(cfg, "command", "check") == "allreduce-bench" else "check"
+    try:
+        html_report.write(cfg.html_path, kind, report.to_json(), overwrite=overwrite)
+    except Exception as exc:  # the report itself is written already: one line, never a traceback
+        sys.stderr.write(f"ddpdoctor: could not write --html {cfg.html_path}: {type(exc).__name__}: {exc}\n")
+
+
 def write_outputs(report: Report, cfg: Any) -> None:
     """The report's JSON, then what the probes write besides (the bench's CSV and plot).
 
@@ -75,6 +86,8 @@ def write_outputs(report: Report, cfg: Any) -> None:
         _write_prom(report, cfg.prom_path)
     if getattr(cfg, "trace_path", None):
         _write_trace(report, cfg.trace_path, overwrite=bool(getattr(cfg, "force", False)))
+    if getattr(cfg, "html_path", None):
+        _write_html(report, cfg, overwrite=bool(getattr(cfg, "force", False)))
     for section in report.probes:
         extra = getattr(get_probe(section.name), "write_outputs", None)
         if extra is None or not section.facts:

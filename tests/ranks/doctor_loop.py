@@ -40,6 +40,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--json", required=True)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--trace", default=None, help="the Doctor's trace_path (rank 0's timeline)")
+    parser.add_argument("--html", default=None, help="the Doctor's html_path (rank 0's report page)")
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--check-every-s", type=float, default=0.0,
                         help="the Doctor's check_every_s (0 here: checks by --every alone, at known steps)")
@@ -125,7 +126,7 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
         loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
     doctor = ddpdoctor.Doctor(model, optimizer, loader=loader, every=args.every, json_path=args.json,
                               check_every_s=args.check_every_s, step_deadline_s=3.0, on_hang="exit",
-                              trace_path=args.trace)
+                              trace_path=args.trace, html_path=args.html)
     judged: list[dict] = []
     if args.facts and rank == 0:
         record_verdicts(doctor, judged)

@@ -210,6 +210,7 @@ def _loop(tmp_path: Path, fault: str | None, epochs: int = 70) -> tuple[dict, li
     tag = os.urandom(8).hex()
     procs = [subprocess.Popen(["taskset", "-c", str(r), sys.executable, str(LOOP), "--case", "healthy", "--json",
                                str(out), "--epochs", str(epochs), "--trace", str(tmp_path / "loop.trace.json"),
+                               "--html", str(tmp_path / "loop.html"),
                                "--floor-ms", str(FLOOR_MS if fault == "preempt" else 0.0)],
                               env=_env(tag, {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}),
@@ -252,6 +253,9 @@ def test_the_callback_names_the_rank_slowed_from_outside(tmp_path, fault, cause)
     assert len(steps[0]) >= 16 and len(steps[1]) >= 16, steps
     waits = {r: sum(e["dur"] for e in spans_of(doc, r, "phase") if e["name"] == "wait for peers") for r in (0, 1)}
     assert waits[0] > waits[1], waits
+    # And the page (html_path): the verdict first, then STR001 among the findings, then the timeline.
+    page = (tmp_path / "loop.html").read_text()
+    assert page.index('id="verdict"') < page.index('data-code="STR001"') < page.index('id="block-timeline"')
 
 
 @pytest.mark.slow

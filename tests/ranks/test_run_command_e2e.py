@@ -73,7 +73,8 @@ def test_an_unedited_script_under_ddpdoctor_run_inside_the_launcher_names_slow_d
     report, timeline = tmp_path / "run.json", tmp_path / "run.trace.json"
     results = run_script_ranks(SCRIPT, ["--case", "slowdata,noepoch", "--epochs", str(epochs_for(20.0))],
                                {0: port, 1: port}, timeout_s=120, extra_env=CLEAN,
-                               python_args=(*RUN, "--json", str(report), "--trace", str(timeline)))
+                               python_args=(*RUN, "--json", str(report), "--trace", str(timeline),
+                                            "--html", str(tmp_path / "run.html")))
     assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:]
     found = by_code(json.loads(report.read_text()))
     assert found["STR001"]["ranks"] == [1] and found["STR001"]["evidence"]["cause"] == "data loading", found
@@ -86,6 +87,8 @@ def test_an_unedited_script_under_ddpdoctor_run_inside_the_launcher_names_slow_d
     check_rules(doc)
     data = {r: sum(e["dur"] for e in spans_of(doc, r, "phase") if e["name"] == "data") for r in (0, 1)}
     assert data[1] > 3 * data[0], data
+    page = (tmp_path / "run.html").read_text()  # `--html`: the same run as a page, its verdict first
+    assert page.index('id="verdict"') < page.index('data-code="STR001"') < page.index('id="block-timeline"')
 
 
 def test_srun_tasks_under_ddpdoctor_run_name_an_unsharded_loader_and_count_optimizer_steps(tmp_path):

@@ -27,7 +27,8 @@ def _codes(report, code):
 def test_slow_compute_and_slow_data_are_each_named_with_their_cause(tmp_path):
     timeline = tmp_path / "trace.json"
     run = run_check(tmp_path, "--nproc", "4", "--probes", "stragglers", "--straggler-seconds", "2",
-                    "--inject", "slow:rank=1:factor=2,slowdata:rank=2:ms=6", "--trace", str(timeline))
+                    "--inject", "slow:rank=1:factor=2,slowdata:rank=2:ms=6", "--trace", str(timeline),
+                    "--html", str(tmp_path / "check.html"))
     assert run.returncode == 1, run.explain()
     named = {f["ranks"][0]: f for f in _codes(run.report, "STR001")}
     assert sorted(named) == [1, 2], run.explain()
@@ -53,6 +54,8 @@ def test_slow_compute_and_slow_data_are_each_named_with_their_cause(tmp_path):
     assert median_us(1, "compute") > max(median_us(r, "compute") for r in (0, 3))
     assert median_us(0, "wait for peers") > median_us(1, "wait for peers")
     assert median_us(2, "data") > max(median_us(r, "data") for r in (0, 1, 3))
+    page = (tmp_path / "check.html").read_text()
+    assert page.index('id="verdict"') < page.index('data-code="STR001"') < page.index('id="block-timeline"')
 
 
 @pytest.mark.slow
