@@ -45,7 +45,7 @@ def from_report(report: Mapping[str, Any]) -> Timeline:
         r = rank["rank"]
         shift = offsets.get(r, 0.0)
         for stage in rank.get("timeline") or []:
-            span = _stage_span(r, stage, shift, findings)
+            span = _stage_span(r, stage, shift, findings, ended_s=ended, ok=rank.get("state") == "ok")
             if span is not None:
                 timeline.spans.append(span)
                 ended = max(ended, span.start_s)
@@ -83,7 +83,10 @@ def _probe_facts(report: Mapping[str, Any], name: str) -> dict[str, Any]:
     return {}
 
 
-def _stage_span(rank: int, stage: Any, shift: float, findings: list[Mapping[str, Any]]) -> Optional[Span]:
+def _stage_span(rank: int, stage: Any, shift: float, findings: list[Mapping[str, Any]], ended_s: float,
+                ok: bool) -> Optional[Span]:
+    """A stage as a span; one not ended is open (stuck) unless its rank ended well: the report stage is still
+    running while the report is made, and a rank that finished is not stuck anywhere (closed at the end)."""
     if not isinstance(stage, Mapping) or not isinstance(stage.get("started"), (int, float)):
         return None
     name = str(stage.get("name") or "stage")
@@ -94,7 +97,9 @@ def _stage_span(rank: int, stage: Any, shift: float, findings: list[Mapping[str,
     if stage.get("detail"):
         args["detail"] = stage["detail"]
     end = float(ended) - shift if isinstance(ended, (int, float)) and status not in ("running", "timeout") else None
-    if end is None:
+    if end is None and (ok or name == "report") and status != "timeout":
+        end = max(start, ended_s)
+    elif end is None:
         args.update(_why_stuck(rank, findings))
     return Span(rank=rank, name=name, start_s=start, end_s=None if end is None else max(start, end),
                 cat="probe" if name.startswith("probe:") else "stage", args=args)

@@ -182,3 +182,5 @@ def test_a_node_throttled_by_tc_is_the_long_bar_of_every_node_pair_it_is_in():
     with_slow = [d for name, d in bars if slow in name]
     without = [d for name, d in bars if slow not in name]
     assert with_slow and without and min(with_slow) > 10 * max(without), bars
+    # Every rank ended well: the report stage, still running while its report was made, is no hang.
+    assert not [e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and e["name"].endswith(trace.OPEN)]
