@@ -34,6 +34,8 @@ OPTIONAL = {
     "transformers": ("ddpdoctor/adapters.py", "hf_callback(), for Hugging Face Trainer users (the adapters extra)"),
     "matplotlib": (("probes/allreduce/outputs.py", "ddpdoctor/render/history.py"),
                    "allreduce-bench --plot x.png and history --plot only; without it a usage error says so"),
+    "plotly": ("ddpdoctor/render/html_report.py",
+               "--html pages' charts only (the html extra); without it the page keeps the figures as tables"),
 }
 # Emulates a machine without numpy: the path finder does not see it, so `import numpy`
 # fails and importlib.util.find_spec("numpy") is None, as where it was never installed
