@@ -206,6 +206,10 @@ def render_report(report: Report, console: Console, charts: bool = True) -> None
     head.append(f"  {max(0.0, rec.ended - rec.started):.1f}s")
     console.print(head)
     console.print(Text("verdict: " + causal_order.verdict_line(report.findings), style=_STYLE[report.verdict]))
+    if charts and any(f.kind != "ok" for f in report.fates.values()):  # a hang or a failure, as rich's bars
+        from ddpdoctor.render import rank_strip
+
+        rank_strip.show(report.to_json(), console)
 
     _probe_details(report, console, charts)
     render_findings(report.findings, console)
