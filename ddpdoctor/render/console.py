@@ -153,11 +153,15 @@ def _details(name: str, facts: Mapping[Any, Any], console: Console) -> None:
 
 def _chart(name: str, facts: Mapping[Any, Any], findings: list[Finding], console: Console, enabled: bool) -> None:
     """Under the allreduce table, its busbw against message size, with the expectation its verdict was judged
-    by; only on a terminal (render/charts.py)."""
-    if name != "allreduce" or not facts:
+    by; under the stragglers table, each rank's median step by phase; only on a terminal (render/charts.py)."""
+    if name not in ("allreduce", "stragglers") or not facts:
         return
     from ddpdoctor.render import charts
 
+    if name == "stragglers":  # each rank's median step by phase: the straggler computes, its peers wait
+        rows = charts.stragglers_rows(facts)
+        charts.show(console, lambda width, color: charts.step_phases_chart(rows, width, color=color), enabled)
+        return
     expected = charts.expected_busbw(findings)
     charts.show(console, lambda width, color: charts.busbw_chart(facts, width, expected_gbps=expected, color=color),
                 enabled)

@@ -276,3 +276,18 @@ def test_colour_is_only_there_when_asked():
     facts = _allreduce_facts(H100_BENCH)
     assert "\x1b[" in charts.busbw_chart(facts, 100, color=True)
     assert "\x1b[" not in charts.busbw_chart(facts, 100)
+
+
+def test_checks_stragglers_probe_is_charted_by_phase_from_its_recorded_steps():
+    """check's stragglers table gets the summary's chart: on the recorded check whose rank 1 was stopped from
+    outside (STR001), rank 1's median step is more compute and rank 0's more waiting for it."""
+    report = json.loads((Path(__file__).resolve().parents[1] / "fixtures/trace/check_preempt_rank1.json").read_text())
+    facts = next(p for p in report["probes"] if p["name"] == "stragglers")["facts"]
+    rows = {r["rank"]: r for r in charts.stragglers_rows(facts)}
+    assert sorted(rows) == [0, 1]
+    assert rows[1]["compute_pct"] > rows[0]["compute_pct"] and rows[0]["wait_pct"] > rows[1]["wait_pct"]
+    assert all(abs(r["data_pct"] + r["compute_pct"] + r["wait_pct"] - 100) < 1e-6 for r in rows.values())
+    drawn = charts.step_phases_chart(list(rows.values()), 100)
+    lines = {line.split("┤")[0].strip(): line for line in drawn.splitlines() if "┤" in line and "rank" in line}
+    assert lines["rank 1"].count("█") > lines["rank 0"].count("█")
+    assert lines["rank 0"].count("░") > lines["rank 1"].count("░")
