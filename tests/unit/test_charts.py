@@ -291,3 +291,16 @@ def test_checks_stragglers_probe_is_charted_by_phase_from_its_recorded_steps():
     lines = {line.split("┤")[0].strip(): line for line in drawn.splitlines() if "┤" in line and "rank" in line}
     assert lines["rank 1"].count("█") > lines["rank 0"].count("█")
     assert lines["rank 0"].count("░") > lines["rank 1"].count("░")
+
+
+def test_a_node_throttled_by_tc_is_charted_as_its_node_pairs_points_far_under_the_good_pair():
+    """The recorded allreduce-bench over three namespace nodes, the third throttled by tc (BW005): each node pair
+    is a point of its own, the two with the slow node far under the third."""
+    report = json.loads((Path(__file__).resolve().parents[1] / "fixtures/trace/bench_tbf_node3.json").read_text())
+    facts = next(p for p in report["probes"] if p["name"] == "allreduce")["facts"]
+    slow = report["nodes"][-1]
+    drawn = charts.busbw_chart(facts, 100)
+    pairs = [line for line in drawn.splitlines() if "nodes " in line]
+    assert len(pairs) == 3 and sum(slow in line for line in pairs) == 2, drawn
+    top = max(float(line.split("┤")[0]) for line in drawn.splitlines() if "┤" in line and line.split("┤")[0].strip())
+    assert top > 1.0  # the axis reaches the good pair's 1.38 GB/s, where the job's line stays near 0.02
