@@ -45,7 +45,8 @@ def from_report(report: Mapping[str, Any]) -> Timeline:
         r = rank["rank"]
         shift = offsets.get(r, 0.0)
         for stage in rank.get("timeline") or []:
-            span = _stage_span(r, stage, shift, findings, ended_s=ended, ok=rank.get("state") == "ok")
+            span = _stage_span(r, stage, shift, findings, ended_s=ended, ok=rank.get("state") == "ok",
+                               in_flight=rank.get("collective_in_flight"))
             if span is not None:
                 timeline.spans.append(span)
                 ended = max(ended, span.start_s)
@@ -84,7 +85,7 @@ def _probe_facts(report: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def _stage_span(rank: int, stage: Any, shift: float, findings: list[Mapping[str, Any]], ended_s: float,
-                ok: bool) -> Optional[Span]:
+                ok: bool, in_flight: Any = None) -> Optional[Span]:
     """A stage as a span; one not ended is open (stuck) unless its rank ended well: the report stage is still
     running while the report is made, and a rank that finished is not stuck anywhere (closed at the end)."""
     if not isinstance(stage, Mapping) or not isinstance(stage.get("started"), (int, float)):
@@ -101,6 +102,8 @@ def _stage_span(rank: int, stage: Any, shift: float, findings: list[Mapping[str,
         end = max(start, ended_s)
     elif end is None:
         args.update(_why_stuck(rank, findings))
+        if in_flight:  # the collective it was in when the run ended, where it was in one
+            args["collective_in_flight"] = in_flight
     return Span(rank=rank, name=name, start_s=start, end_s=None if end is None else max(start, end),
                 cat="probe" if name.startswith("probe:") else "stage", args=args)
 

@@ -55,6 +55,9 @@ def test_a_frozen_rank_is_an_open_span_to_the_end_named_stuck_with_the_finding_t
     assert all(e["ts"] + e["dur"] == pytest.approx(end, abs=1.0) for e in stuck)
     assert any(e["args"].get("finding", "").startswith("RUN005") for e in stuck), stuck
     assert {e["name"] for e in stuck} == {"probe:gpu-count" + trace.OPEN, "train" + trace.OPEN}
+    # It was inside DDP's gradient all-reduce, call 97 at step 93, when the run ended (the report's in-flight record).
+    assert all(e["args"]["collective_in_flight"] == {"op": "ddp_gradient_allreduce", "seq": 97, "step": 93}
+               for e in stuck)
     # Its victim's stages all ended (rank 0's train in error, when the frozen peer's connection was reset).
     assert not [e for e in spans_of(doc, 0) if e["name"].endswith(trace.OPEN)]
     [train0] = [e for e in spans_of(doc, 0) if e["name"] == "train"]
