@@ -115,12 +115,15 @@ def test_a_compute_straggler_in_backward_is_named_at_destroy_process_group_under
     assert s["ranks"][0]["wait_pct"] > 50, s["ranks"]  # rank 0 waits in the all-reduce for rank 1's backward
 
 
-@pytest.mark.parametrize("launch", ["env", "torchrun", pytest.param("srun", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("launch", ["env", pytest.param("torchrun", marks=pytest.mark.slow),
+                                    pytest.param("srun", marks=pytest.mark.slow)])
 def test_a_rank_gone_before_the_end_is_named_and_costs_no_wait(tmp_path, launch):
     """Rank 1 exits after its last step without closing (a crash after training): rank 0 names it dead at once
-    (its process is gone from this host), reports, and leaves; nothing is left behind. Under torchrun the rows
-    go through the store its agent serves; srun's (slow tier) through the script's tcp:// rendezvous, whose
-    default path test_run_command_e2e.py's srun test crosses."""
+    (its process is gone from this host), reports, and leaves; nothing is left behind. Under torchrun (slow tier
+    since the pictures' tests joined the default run) the rows go through the store its agent serves, whose
+    default path test_run_command_e2e.py's around-torchrun test crosses (its workers' end exchange); srun's
+    (slow tier) through the script's tcp:// rendezvous, whose default path test_run_command_e2e.py's srun test
+    crosses."""
     result = run_loop(tmp_path, "nosampler,die", epochs="2", torchrun=launch == "torchrun", srun=launch == "srun")
     assert set(result["exit"]) == {0}, result["stderr"][0][-3000:]
     report = result["report"]
