@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ddpdoctor.core.timeline import Span, Timeline
-from ddpdoctor.render import html_report
+from ddpdoctor.render import html_parts, html_report
 from tests.page_parts import FIXTURES, block, load, outside_scripts
 
 # The Doctor's JSON (callback/doctor.py `_write_json`) of `tests/ranks/doctor_loop.py --spawn 2 --case straggler
@@ -252,8 +252,8 @@ def test_the_timeline_is_capped_keeping_the_latest_bars_and_every_stuck_one() ->
     timeline.spans.append(Span(1, "train", 100.0, None, "stage"))
     text = html_report.page("doctor", DOCTOR_JSON, timeline.to_json())
     drawn = block(text, "timeline")
-    assert f'data-bars="{html_report.MAX_BARS}"' in drawn
-    assert f"the latest {html_report.MAX_BARS - 1} of 4001 spans drawn, and every stuck one" in drawn
+    assert f'data-bars="{html_parts.MAX_BARS}"' in drawn
+    assert f"the latest {html_parts.MAX_BARS - 1} of 4001 spans drawn, and every stuck one" in drawn
     assert "train (stuck)" in drawn
     if "Plotly.newPlot" in drawn:  # the bars' names are in the chart's data
         assert '"step 3999\\u003cbr' in drawn and '"step 1001\\u003cbr' in drawn and '"step 1000\\u003cbr' not in drawn

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.render import html_report
+from ddpdoctor.render import html_parts, html_report
 from tests.page_parts import block, load, outside_scripts
 
 CHROMIUM = "/usr/bin/chromium"
@@ -126,8 +126,8 @@ def test_the_pages_in_headless_chromium(tmp_path: Path) -> None:
     sampled = [row[x:x + 3] for row in rows[::8] for x in range(0, len(row), bpp * 2)]
     white = sum(1 for p in sampled if p == b"\xff\xff\xff")
     assert len(set(sampled)) > 50 and white < 0.97 * len(sampled), "the screenshot is blank"
-    stuck = _hex_rgb(html_report.BAR_CLASSES["stuck"][1])
-    stuck_inside = _hex_rgb(html_report.STUCK_INSIDE)
+    stuck = _hex_rgb(html_parts.BAR_CLASSES["stuck"][1])
+    stuck_inside = _hex_rgb(html_parts.STUCK_INSIDE)
     red = sum(1 for row in rows for x in range(0, len(row), bpp) if row[x:x + 3] in (stuck, stuck_inside))
     assert red > 5000, f"the stuck spans are not drawn red ({red} pixels)"
     print(f"browser test: {time.monotonic() - began:.1f} s")
