@@ -599,6 +599,8 @@ def _record_snapshot(snapshot: dict[str, Any], store: Optional[str]) -> int:
 
 def _check_reports(files: list[str]) -> list[dict[str, Any]]:
     """The `check --json` reports among diagnose's files (what their ranks ran is what is drawn)."""
+    from ddpdoctor.render.trace_check import is_check_report
+
     reports = []
     for path in files:
         try:
@@ -606,7 +608,7 @@ def _check_reports(files: list[str]) -> list[dict[str, Any]]:
                 data = json.load(f)
         except (OSError, ValueError):
             continue  # said below as the diagnosis reads it
-        if isinstance(data, dict) and isinstance(data.get("ranks"), list) and "started_at" in data:
+        if is_check_report(data):
             reports.append(data)
     return reports
 

@@ -230,29 +230,12 @@ def step_phases_chart(ranks: Sequence[Mapping[str, Any]], width: int, *, color: 
 
 
 def stragglers_rows(facts: Mapping[Any, Any]) -> list[dict[str, Any]]:
-    """The stragglers probe's facts (per rank: its steps' columns) as the rows `step_phases_chart` draws: each
-    rank's median step, and each phase's share of it by the phases' medians (data; compute = forward, backward
-    and the optimizer; wait = the gradient all-reduce's wait)."""
-    rows = []
-    for key, fact in sorted(facts.items(), key=lambda kv: int(kv[0])):
-        steps = fact.get("steps") if isinstance(fact, Mapping) else None
-        if not isinstance(steps, Mapping) or not steps.get("step_ms"):
-            continue
-        med = {k: _median(steps.get(k) or [0.0]) for k in ("data_ms", "forward_ms", "backward_ms", "comm_wait_ms",
-                                                             "optimizer_ms", "step_ms")}
-        parts = {"data_pct": med["data_ms"], "compute_pct": med["forward_ms"] + med["backward_ms"] + med["optimizer_ms"],
-                 "wait_pct": med["comm_wait_ms"]}
-        total = sum(parts.values())
-        if total <= 0:
-            continue
-        rows.append({"rank": int(key), "step_ms_median": med["step_ms"],
-                     **{k: 100.0 * v / total for k, v in parts.items()}})
-    return rows
+    """The stragglers probe's facts as the rows `step_phases_chart` draws: each rank's median step, and each
+    phase's share of it by the phases' medians (render/step_phases.py: the page reads them alike)."""
+    from ddpdoctor.render.step_phases import from_stragglers
 
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(float(v) for v in values)
-    return ordered[len(ordered) // 2] if ordered else 0.0
+    return [{"rank": r.rank, "step_ms_median": r.step_ms, **r.shares_pct()}
+            for r in from_stragglers(facts) if r.shares_pct()]
 
 
 # -- `ddpdoctor history`: a named node's speed over its runs ------------------------------------------

@@ -5,19 +5,19 @@ each rank's median step by phase from the stragglers probe or the callback's sum
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ddpdoctor.render.html_parts import BAR_CLASSES, MAX_ROWS, Chart, figures_table, findings_of, layout, plot_text
 from ddpdoctor.render.html_timeline import timeline_chart
+from ddpdoctor.render.step_phases import from_stragglers, from_summary
+from ddpdoctor.render.trace_check import probe_facts
 
 def _probe_facts(sources: Iterable[Mapping[str, Any]], name: str) -> tuple[dict[str, Any], Optional[Mapping[str, Any]]]:
     """The first source's facts of probe `name` (rank -> facts), and the source they came from."""
     for source in sources:
-        for probe in source.get("probes") or []:
-            if isinstance(probe, Mapping) and probe.get("name") == name and isinstance(probe.get("facts"), Mapping) \
-                    and probe["facts"]:
-                return dict(probe["facts"]), source
+        facts = probe_facts(source, name)
+        if facts:
+            return facts, source
     return {}, None
 
 
@@ -103,72 +103,21 @@ def _busbw_chart(sources: Sequence[Mapping[str, Any]], data: Mapping[str, Any], 
     return chart
 
 
-@dataclass
-class _RankSteps:
-    rank: int
-    node: str
-    data_ms: float
-    compute_ms: float
-    wait_ms: float
-    step_ms: float
-
-
-def _median(values: Sequence[Any]) -> Optional[float]:
-    from ddpdoctor.core.medians import median
-
-    finite = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    return median(finite) if finite else None
-
-
-def _steps_from_facts(facts: Mapping[str, Any]) -> list[_RankSteps]:
-    """Each rank's median data, compute (forward, backward and optimizer of a step) and wait, in ms."""
-    out = []
-    for key, fact in facts.items():
-        steps = fact.get("steps") if isinstance(fact, Mapping) else None
-        if not isinstance(steps, Mapping):
-            continue
-        columns = {k: list(steps.get(k) or []) for k in ("data_ms", "forward_ms", "backward_ms", "comm_wait_ms",
-                                                          "optimizer_ms", "step_ms")}
-        n = min(len(v) for v in columns.values())
-        compute = [columns["forward_ms"][i] + columns["backward_ms"][i] + columns["optimizer_ms"][i] for i in range(n)]
-        medians = [_median(columns["data_ms"][:n]), _median(compute), _median(columns["comm_wait_ms"][:n]),
-                   _median(columns["step_ms"][:n])]
-        if n and all(m is not None for m in medians):
-            data, work, wait, step = (float(m or 0.0) for m in medians)
-            out.append(_RankSteps(int(key), str(fact.get("host") or ""), data, work, wait, step))
-    return sorted(out, key=lambda r: r.rank)
-
-
-def _steps_from_summary(summary: Mapping[str, Any]) -> list[_RankSteps]:
-    """The callback's summary rows: each rank's median step cut by its data, compute and wait shares."""
-    out = []
-    for row in summary.get("ranks") or []:
-        if not isinstance(row, Mapping) or not row.get("arrived", True):
-            continue
-        values = [row.get(k) for k in ("step_ms_median", "data_pct", "compute_pct", "wait_pct")]
-        if not all(isinstance(v, (int, float)) for v in values):
-            continue
-        step, data, work, wait = (float(v or 0.0) for v in values)
-        out.append(_RankSteps(int(row.get("rank") or 0), str(row.get("node") or ""), step * data / 100,
-                              step * work / 100, step * wait / 100, step))
-    return sorted(out, key=lambda r: r.rank)
-
-
 def _steps_chart(sources: Sequence[Mapping[str, Any]], data: Mapping[str, Any], go: Any) -> Optional[Chart]:
     """Each rank's step as a stacked horizontal bar: data, compute, waiting for peers. A straggler's compute
     stands out, and so does the wait its peers spend on it."""
     facts, _ = _probe_facts(sources, "stragglers")
-    rows = _steps_from_facts(facts) if facts else []
+    rows = from_stragglers(facts) if facts else []
     origin = "the stragglers probe's steps, median of each phase"
     summary = data.get("summary")
     if not rows and isinstance(summary, Mapping):
-        rows, origin = _steps_from_summary(summary), "the end-of-run summary: median step cut by each phase's share"
+        rows, origin = from_summary(summary), "the end-of-run summary: median step cut by each phase's share"
     if not rows:
         return None
     title = f"step time by rank (ms): {origin}"
     table = figures_table(["rank", "node", "data (ms)", "compute (ms)", "wait for peers (ms)", "median step (ms)"],
-                   [[r.rank, r.node, f"{r.data_ms:.3f}", f"{r.compute_ms:.3f}", f"{r.wait_ms:.3f}", f"{r.step_ms:.3f}"]
-                    for r in rows])
+                          [[r.rank, r.node, f"{r.data_ms:.3f}", f"{r.compute_ms:.3f}", f"{r.wait_ms:.3f}",
+                            f"{r.step_ms:.3f}"] for r in rows])
     chart = Chart("steps", title, table=table)
     shown = rows
     if len(rows) > MAX_ROWS:

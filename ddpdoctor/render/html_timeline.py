@@ -13,10 +13,10 @@ from ddpdoctor.render.html_parts import (BAR_CLASSES, BAR_FAILED, MAX_BARS, MAX_
 
 def timeline_of(kind: str, data: Mapping[str, Any], reports: Sequence[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
     """A check report's own timeline (render/trace_check.py), or the one check report a diagnosis read."""
-    from ddpdoctor.render.trace_check import from_report
+    from ddpdoctor.render.trace_check import from_report, is_check_report
 
     report = data if kind in ("check", "allreduce-bench") else (reports[0] if len(reports) == 1 else None)
-    if report is None or not isinstance(report.get("ranks"), list) or "started_at" not in report:
+    if report is None or not is_check_report(report):
         return None
     try:
         return from_report(report).to_json()

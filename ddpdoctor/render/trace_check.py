@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ddpdoctor.judge.busbw import busbw_gbps
+from ddpdoctor.judge.busbw import busbw_gbps, format_size
 from ddpdoctor.core.timeline import Mark, Span, Timeline
 
 STEPS_KEPT = 200  # per rank, the probe's last steps
@@ -63,7 +63,7 @@ def from_report(report: Mapping[str, Any]) -> Timeline:
 
 def _offsets(report: Mapping[str, Any]) -> tuple[dict[int, float], str]:
     """Each rank's host clock minus rank 0's (s), from the stragglers probe's measurement."""
-    facts = _probe_facts(report, "stragglers")
+    facts = probe_facts(report, "stragglers")
     offsets: dict[int, float] = {}
     for key, fact in facts.items():
         clock = fact.get("clock") if isinstance(fact, Mapping) else None
@@ -77,7 +77,13 @@ def _offsets(report: Mapping[str, Any]) -> tuple[dict[int, float], str]:
                 else "hosts' clocks as read (no offset measured: run the stragglers probe to correct them)")
 
 
-def _probe_facts(report: Mapping[str, Any], name: str) -> dict[str, Any]:
+def is_check_report(data: Any) -> bool:
+    """A `check --json` report (also allreduce-bench's, scaling's): its ranks and their stages are there to draw."""
+    return isinstance(data, Mapping) and isinstance(data.get("ranks"), list) and "started_at" in data
+
+
+def probe_facts(report: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The report's facts of probe `name` (rank -> facts); empty where the probe did not run."""
     for probe in report.get("probes") or []:
         if isinstance(probe, Mapping) and probe.get("name") == name and isinstance(probe.get("facts"), Mapping):
             return dict(probe["facts"])
@@ -128,7 +134,7 @@ def _probe_steps(report: Mapping[str, Any]) -> list[Span]:
     """The stragglers probe's last steps per rank: data, compute and the all-reduce's wait, each step laid from
     its arrival at the all-reduce (the end of its backward compute's first bucket; rank 0's clock)."""
     spans: list[Span] = []
-    for key, fact in _probe_facts(report, "stragglers").items():
+    for key, fact in probe_facts(report, "stragglers").items():
         if not isinstance(fact, Mapping) or not isinstance(fact.get("steps"), Mapping):
             continue
         rank = int(key)
@@ -158,7 +164,7 @@ def _probe_steps(report: Mapping[str, Any]) -> list[Span]:
 def _collectives(report: Mapping[str, Any], stages: Mapping[int, list[Any]], offsets: Mapping[int, float]) -> list[Span]:
     """The allreduce probe's measured calls per rank, laid end to end from its stage's start."""
     spans: list[Span] = []
-    for key, fact in _probe_facts(report, "allreduce").items():
+    for key, fact in probe_facts(report, "allreduce").items():
         if not isinstance(fact, Mapping):
             continue
         rank = int(key)
@@ -192,12 +198,12 @@ def _timed_calls(fact: Mapping[str, Any]) -> list[tuple[int, str, list[float]]]:
     for result in fact.get("results") or []:
         if isinstance(result, Mapping) and isinstance(result.get("times_s"), list):
             size = int(result.get("size_bytes") or 0)
-            out.append((size, f"{op} {_size(size)}", [float(t) for t in result["times_s"]]))
+            out.append((size, f"{op} {format_size(size)}", [float(t) for t in result["times_s"]]))
     found = fact.get("pairs")
     pairs: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     for pair, times in sorted((pairs.get("times_s") or {}).items()):
         size = int(pairs.get("size_bytes") or 0)
-        out.append((size, f"pair {pair} {_size(size)}", [float(t) for t in times]))
+        out.append((size, f"pair {pair} {format_size(size)}", [float(t) for t in times]))
     found = fact.get("nodes")
     nodes: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     for host, times in sorted((nodes.get("intra_times_s") or {}).items()):
@@ -208,10 +214,3 @@ def _timed_calls(fact: Mapping[str, Any]) -> list[tuple[int, str, list[float]]]:
         named = " - ".join(str(node_of[int(r)]) if r.isdigit() and int(r) < len(node_of) else r for r in (a, b))
         out.append((int(nodes.get("size_bytes") or 0), f"nodes {named}", [float(t) for t in times]))
     return out
-
-
-def _size(size_bytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size_bytes >= scale:
-            return f"{size_bytes / scale:g} {unit}"
-    return f"{size_bytes} B"
