@@ -492,14 +492,15 @@ class Doctor:
             log.warning("ddpdoctor: the end-of-run check failed on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
         self._cpu.close()
         self._batch = None
-        self._write_trace()
+        timeline = self._timeline()  # once, for the trace file and the page
+        self._write_trace(timeline)
         if self.rank == 0 and self.history:
             recording.record_callback(self.history, self._history.windows, self.findings,
                                       world_size=self.world_size, started_at=self._started_at)
         if self.json_path and (self.rank == 0 or self.findings):
             self._write_json(self.json_path)  # the last word: the steps done, every finding, the summary
         if self.rank == 0 and self.html_path:
-            self._write_html(self.html_path)
+            self._write_html(self.html_path, timeline)
         if self.rank != 0 and not self.findings:
             return
         found = self.report()
@@ -987,7 +988,7 @@ class Doctor:
         if self._trace is not None:
             self._trace.finding(finding, time.time())
             if finding.code in HANG_CODES:  # the process may end next (on_hang="exit"): the timeline now
-                self._write_trace()
+                self._write_trace(self._timeline())
         if self.on_finding is not None:
             try:
                 self.on_finding(finding)
@@ -995,30 +996,35 @@ class Doctor:
                 log.exception("ddpdoctor: on_finding raised")
 
     def _timeline(self) -> Optional[dict[str, Any]]:
-        """Rank 0's kept windows, findings and any hang as a trace-event document (callback/trace_keep.py)."""
+        """Rank 0's kept windows, findings and any hang as a trace-event document (callback/trace_keep.py); None
+        where none is kept, or where making it failed (said in the log: a bug of ours must not fail the job)."""
         if self._trace is None:
             return None
-        return self._trace.timeline(time.time(), {"steps_done": self._steps}).to_json()
+        try:
+            return self._trace.timeline(time.time(), {"steps_done": self._steps}).to_json()
+        except Exception as exc:
+            log.error("ddpdoctor: cannot make the timeline: %s: %s", type(exc).__name__, exc)
+            return None
 
-    def _write_trace(self) -> None:
+    def _write_trace(self, timeline: Optional[dict[str, Any]]) -> None:
         """trace_path: the timeline, written (at the end, and at a hang)."""
-        if self._trace is None or not self.trace_path:
+        if timeline is None or not self.trace_path:
             return
         from ddpdoctor.core.files import atomic_write_json
 
         try:
-            atomic_write_json(self._timeline(), self.trace_path)
-        except Exception as exc:  # a full disk or a bug of ours must not fail the job
+            atomic_write_json(timeline, self.trace_path)
+        except Exception as exc:  # a full disk must not fail the job
             log.error("ddpdoctor: cannot write the timeline %s: %s: %s", self.trace_path, type(exc).__name__, exc)
 
-    def _write_html(self, path: str) -> None:
+    def _write_html(self, path: str, timeline: Optional[dict[str, Any]]) -> None:
         """html_path: rank 0's report as a page, with the timeline (render/html_report.py, through HTML_WRITER)."""
         if HTML_WRITER is None:
             log.warning("ddpdoctor: no HTML writer plugged in (import ddpdoctor, not ddpdoctor.callback.doctor): "
                         "%s not written", path)
             return
         try:
-            HTML_WRITER(path, self._json_doc(), self._timeline())
+            HTML_WRITER(path, self._json_doc(), timeline)
         except Exception as exc:  # a full disk or a bug of ours must not fail the job
             log.error("ddpdoctor: cannot write %s: %s: %s", path, type(exc).__name__, exc)
 

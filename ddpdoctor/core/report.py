@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import platform
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ddpdoctor import __version__
 from ddpdoctor.core.findings import EXIT_UNKNOWN, Finding, Severity, exit_code_for, rank_ranges
@@ -152,8 +152,9 @@ class Report:
         }
 
 
-def write_json(report: Report, path: str, *, overwrite: bool = False) -> str:
-    """The report as JSON; returns where it went (see atomic_write_bytes on `overwrite`)."""
-    return atomic_write_json(report.to_json(), path, overwrite=overwrite)
+def write_json(report: Report, path: str, *, overwrite: bool = False, doc: Optional[dict[str, Any]] = None) -> str:
+    """The report as JSON; returns where it went (see atomic_write_bytes on `overwrite`). `doc`: its `to_json()`,
+    where the caller made it already for its other outputs."""
+    return atomic_write_json(doc if doc is not None else report.to_json(), path, overwrite=overwrite)
 
 

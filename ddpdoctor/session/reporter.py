@@ -40,34 +40,34 @@ def build_report(record: RunRecord, backend: str = "", device: str = "",
                   fates=rank_fates(record), verdict_line=verdict_line(every), shown=ordered(every))
 
 
-def _write_prom(report: Report, path: str) -> None:
+def _write_prom(doc: dict[str, Any], path: str) -> None:
     """--prom: a textfile the collector may be reading right now, so replaced whole, every run."""
     from ddpdoctor.render.prom import write_prom
 
     try:
-        write_prom(report.to_json(), path)
+        write_prom(doc, path)
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"ddpdoctor: could not write --prom {path}: {type(exc).__name__}: {exc}\n")
 
 
-def _write_trace(report: Report, path: str, overwrite: bool) -> None:
+def _write_trace(doc: dict[str, Any], path: str, overwrite: bool) -> None:
     """--trace: the ranks' stages, the measured steps and the findings as a timeline (render/trace_check.py)."""
     from ddpdoctor.core.files import atomic_write_json
     from ddpdoctor.render.trace_check import from_report
 
     try:
-        atomic_write_json(from_report(report.to_json()).to_json(), path, overwrite=overwrite)
+        atomic_write_json(from_report(doc).to_json(), path, overwrite=overwrite)
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"ddpdoctor: could not write --trace {path}: {type(exc).__name__}: {exc}\n")
 
 
-def _write_html(report: Report, cfg: Any, overwrite: bool) -> None:
+def _write_html(doc: dict[str, Any], cfg: Any, overwrite: bool) -> None:
     """--html: the report as one self-contained page (render/html_report.py)."""
     from ddpdoctor.render import html_report
 
     kind = "allreduce-bench" if getattr(cfg, "command", "check") == "allreduce-bench" else "check"
     try:
-        html_report.write(cfg.html_path, kind, report.to_json(), overwrite=overwrite)
+        html_report.write(cfg.html_path, kind, doc, overwrite=overwrite)
     except Exception as exc:  # the report itself is written already: one line, never a traceback
         sys.stderr.write(f"ddpdoctor: could not write --html {cfg.html_path}: {type(exc).__name__}: {exc}\n")
 
@@ -80,14 +80,18 @@ def write_outputs(report: Report, cfg: Any) -> None:
     CLI already refused existing files before any rank started, so without it a file found
     now appeared during the run, and the report goes to a free sibling name instead.
     """
+    overwrite = bool(getattr(cfg, "force", False))
+    wanted = [cfg.json_path, getattr(cfg, "prom_path", None), getattr(cfg, "trace_path", None),
+              getattr(cfg, "html_path", None)]
+    doc = report.to_json() if any(wanted) else {}  # once for every file made of it
     if cfg.json_path:
-        write_json(report, cfg.json_path, overwrite=bool(getattr(cfg, "force", False)))
+        write_json(report, cfg.json_path, overwrite=overwrite, doc=doc)
     if getattr(cfg, "prom_path", None):
-        _write_prom(report, cfg.prom_path)
+        _write_prom(doc, cfg.prom_path)
     if getattr(cfg, "trace_path", None):
-        _write_trace(report, cfg.trace_path, overwrite=bool(getattr(cfg, "force", False)))
+        _write_trace(doc, cfg.trace_path, overwrite=overwrite)
     if getattr(cfg, "html_path", None):
-        _write_html(report, cfg, overwrite=bool(getattr(cfg, "force", False)))
+        _write_html(doc, cfg, overwrite=overwrite)
     for section in report.probes:
         extra = getattr(get_probe(section.name), "write_outputs", None)
         if extra is None or not section.facts:
