@@ -246,13 +246,16 @@ def test_the_callback_names_the_rank_slowed_from_outside(tmp_path, fault, cause)
     assert [rc for rc, _ in results] == [0, 0], results[0][1][-2000:]
     named = [f for f in report["findings"] if f["code"] == "STR001"]
     assert [f["ranks"] for f in named] == [[1]] and named[0]["evidence"]["cause"] == cause, report["findings"]
-    # The timeline shows it at a glance: rank 1's steps take longest, and rank 0 waits for it.
+    # The timeline: both ranks' kept steps, and the verdict's marker on rank 1's track. (Not "rank 0 waits
+    # longer": a rank stopped at random points is stopped inside its own all-reduce too, and the reducer's
+    # mean wait then went either way: 346 against 401 ms in one CI run. The waiting is asserted where the
+    # slowdown is compute: test_stragglers_e2e.py, and the recorded preempted check in tests/unit/test_trace.py.)
     doc = json.loads((tmp_path / "loop.trace.json").read_text())
     check_rules(doc)
     steps = {r: sorted(e["dur"] for e in spans_of(doc, r, "step")) for r in (0, 1)}
     assert len(steps[0]) >= 16 and len(steps[1]) >= 16, steps
-    waits = {r: sum(e["dur"] for e in spans_of(doc, r, "phase") if e["name"] == "wait for peers") for r in (0, 1)}
-    assert waits[0] > waits[1], waits
+    marks = [e for e in doc["traceEvents"] if e["ph"] == "i" and e["name"].startswith("STR001")]
+    assert marks and {e["tid"] for e in marks} == {1}, marks
     # And the page (html_path): the verdict first, then STR001 among the findings, then the timeline.
     page = (tmp_path / "loop.html").read_text()
     assert page.index('id="verdict"') < page.index('data-code="STR001"') < page.index('id="block-timeline"')
